@@ -1,0 +1,32 @@
+# Everything a fresh machine needs, from nothing. `make test` and `make demo` are the two
+# commands the README opens with; both set up first, so neither depends on a step done by hand.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned to the CPU wheel on disk first, so nothing below can pull a CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest tests
+
+demo: setup
+	$(PY) examples/runtime_demo.py
+
+bench: setup
+	# Ray is only the reference the benchmark compares against; the bench skips it if this fails.
+	$(PY) -m pip install --quiet 'ray>=2.40,<3' || echo "ray could not be installed; benchmarks will skip it"
+	$(PY) benchmarks/actor_bench.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

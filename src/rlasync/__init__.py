@@ -1,0 +1,54 @@
+"""rlasync: an asyncio-first runtime for asynchronous RL post-training of language models.
+
+    import rlasync
+
+    class Echo(rlasync.Actor):
+        @rlasync.endpoint
+        async def echo(self, x: str) -> str:
+            return x
+
+    async def main() -> None:
+        async with rlasync.LocalCluster(nodes=2) as cluster:
+            echo = await cluster.spawn(Echo, node=1)
+            print(await echo.echo("hi"))
+
+    rlasync.run(main())
+"""
+
+from __future__ import annotations
+
+from typing import Any, Coroutine, TypeVar
+
+from .config import RuntimeConfig
+from .runtime import (
+    Actor,
+    ActorError,
+    ActorNotFound,
+    ActorRef,
+    CallTimeout,
+    ClusterStartError,
+    JoinError,
+    LocalCluster,
+    Node,
+    NodeLostError,
+    NotAnEndpoint,
+    endpoint,
+)
+from .transport.auth import new_secret
+
+__version__ = "0.1.0"
+
+T = TypeVar("T")
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop, the event loop every rlasync process uses."""
+    import uvloop
+
+    return uvloop.run(main)
+
+
+__all__ = [
+    "Actor", "ActorError", "ActorNotFound", "ActorRef", "CallTimeout", "ClusterStartError", "JoinError",
+    "LocalCluster", "Node", "NodeLostError", "NotAnEndpoint", "RuntimeConfig", "endpoint", "new_secret", "run",
+]  # fmt: skip

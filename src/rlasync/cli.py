@@ -1,0 +1,60 @@
+"""The ``rlasync`` command line. Heavy imports happen inside commands, so ``--help`` is instant."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="rlasync: asynchronous RL post-training without Ray.", no_args_is_help=True, add_completion=False)
+
+
+@app.command()
+def node(
+    rank: int = typer.Option(..., help="This node's rank; 0 is the head."),
+    listen: str = typer.Option("tcp://0.0.0.0:29600", help="Address to listen on: tcp://host:port or ipc:///path."),
+    head: Optional[str] = typer.Option(None, help="The head's address, e.g. tcp://10.0.0.1:29600 (omit on rank 0)."),
+    config: Optional[str] = typer.Option(None, help="YAML experiment config; its runtime section is used."),
+    override: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set runtime.node_dead_after_s=5."),
+    log_level: str = typer.Option("INFO", help="Logging level."),
+) -> None:
+    """Run one node process until it is shut down. The cluster secret comes from RLASYNC_CLUSTER_SECRET."""
+    import logging
+
+    import uvloop
+
+    from .config import ConfigError, load_config
+    from .runtime.errors import RuntimeErrorBase
+    from .runtime.types import SECRET_ENV
+    from .runtime.worker import serve
+
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s node-{rank} %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(config, override)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    secret = os.environ.get(SECRET_ENV)
+    if listen.startswith("tcp://") and not secret:
+        raise typer.BadParameter(f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)")
+    try:
+        raise typer.Exit(uvloop.run(serve(rank, listen, head, cfg.runtime, secret)))
+    except RuntimeErrorBase as exc:
+        typer.echo(f"node-{rank}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def secret() -> None:
+    """Print a fresh cluster secret for RLASYNC_CLUSTER_SECRET."""
+    from .transport.auth import new_secret
+
+    typer.echo(new_secret())
+
+
+@app.command()
+def version() -> None:
+    """Print the rlasync version."""
+    from . import __version__
+
+    typer.echo(__version__)

@@ -1,0 +1,72 @@
+"""Read a YAML experiment config and apply dotted command-line overrides.
+
+    cfg = load_config("configs/runtime.yaml", ["runtime.call_timeout_s=5"])
+
+A bad value is rejected with its dotted path and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import yaml
+
+from .runtime import RuntimeConfig
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed; the message names the dotted path."""
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A whole experiment. Each component nests its own section."""
+
+    runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
+
+
+def _set_dotted(tree: dict[str, Any], override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.field=value")
+    path, _, raw = override.partition("=")
+    keys = path.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"override {override!r} has an empty name in its dotted path")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {key!r} is a value, not a section")
+        node = child
+    # YAML parsing gives "5" -> 5, "true" -> True, "[1, 2]" -> list, as in the config file.
+    node[keys[-1]] = yaml.safe_load(raw)
+
+
+def convert(tree: Any, kind: type[T]) -> T:
+    """Turn plain data into a typed config, or raise ConfigError naming the dotted path."""
+    try:
+        return msgspec.convert(tree, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        # msgspec writes paths as `$.runtime.call_timeout_s`; users write them without `$.`.
+        message = str(exc).replace("`$.", "`").replace("`$`", "`<top level>`")
+        raise ConfigError(f"invalid config: {message}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load ``path`` (YAML; None means all defaults), then apply ``section.field=value`` overrides."""
+    tree: Any = {}
+    if path is not None:
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
+    for override in overrides:
+        _set_dotted(tree, override)
+    return convert(tree, Config)

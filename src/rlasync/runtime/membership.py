@@ -1,0 +1,217 @@
+"""The head's membership and name registry, and the service actor every node runs.
+
+The head (node-0) hosts ``Membership`` as ``_membership``: nodes join through it, heartbeat
+to it, and register actor names with it. A node silent for ``runtime.node_dead_after_s``
+is declared dead: the head pushes that news to every live node at once (and repeats it in
+heartbeat replies), and each node fails its pending calls to the dead one with
+``NodeLostError``. Every node hosts a ``NodeService`` as ``_node`` for spawning, stats and
+shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import sys
+import time
+from typing import Any
+
+from .actor import Actor, endpoint
+from .errors import ActorNotFound
+from .types import ActorInfo, HeartbeatReply, JoinReply, NodeInfo, NodeStats, SpawnSpec
+
+log = logging.getLogger(__name__)
+
+
+class Membership(Actor):
+    """Who is in the cluster and where each named actor lives (on the head only)."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, NodeInfo] = {}
+        self.last_seen: dict[str, float] = {}
+        self.dead: list[str] = []  # node ids declared dead, most recent last
+        self.epoch = 0
+        self.names: dict[str, ActorInfo] = {}
+        self._changed = asyncio.Event()  # set and replaced on every change, for waiters
+        self._checker: asyncio.Task[None] | None = None
+
+    async def on_start(self) -> None:
+        self.members[self.node.node_id] = self.node.info
+        self._checker = asyncio.create_task(self._check_heartbeats(), name="rlasync-heartbeat-check")
+
+    async def on_stop(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+
+    def _bump(self) -> None:
+        self.epoch += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @endpoint
+    async def join(self, info: NodeInfo) -> JoinReply:
+        old = self.members.get(info.node_id)
+        if old is not None and old.incarnation != info.incarnation:
+            # A restarted node of the same rank replaces the old incarnation, which is dead.
+            self._declare_dead(info.node_id, "replaced by a new process of the same rank")
+        self.members[info.node_id] = info
+        self.last_seen[info.node_id] = time.monotonic()
+        if info.node_id in self.dead:
+            self.dead.remove(info.node_id)
+        self._bump()
+        log.info("%s joined from %s (pid %d on %s)", info.node_id, info.address, info.pid, info.host)
+        return JoinReply(self.node.info, self.epoch, list(self.members.values()))
+
+    @endpoint
+    async def heartbeat(self, node_id: str, incarnation: str, epoch: int) -> HeartbeatReply:
+        info = self.members.get(node_id)
+        if info is None or info.incarnation != incarnation:
+            return HeartbeatReply(self.epoch, fenced=True)
+        self.last_seen[node_id] = time.monotonic()
+        if epoch == self.epoch:
+            return HeartbeatReply(self.epoch)
+        return HeartbeatReply(self.epoch, members=list(self.members.values()), dead=list(self.dead))
+
+    @endpoint
+    async def leave(self, node_id: str) -> None:
+        if node_id in self.members:
+            self._declare_dead(node_id, "it shut down", graceful=True)
+
+    @endpoint
+    async def register(self, info: ActorInfo) -> None:
+        taken = self.names.get(info.name)
+        if taken is not None and taken.node.node_id in self.members:
+            raise ValueError(f"actor name {info.name!r} is taken by an actor on {taken.node.node_id}; pick another name")
+        self.names[info.name] = info
+        self._bump()
+
+    @endpoint
+    async def unregister(self, name: str) -> None:
+        if self.names.pop(name, None) is not None:
+            self._bump()
+
+    @endpoint
+    async def lookup(self, name: str, timeout: float = 0.0) -> ActorInfo:
+        """The actor named ``name``, waiting up to ``timeout`` seconds for it to be spawned."""
+        deadline = time.monotonic() + timeout
+        while (info := self.names.get(name)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ActorNotFound(
+                    f"no live actor is named {name!r} (it was never spawned, or its node died); "
+                    "pass lookup(..., timeout=...) to wait for it to appear"
+                )
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                pass
+        return info
+
+    @endpoint
+    async def members_list(self) -> list[NodeInfo]:
+        return sorted(self.members.values(), key=lambda m: int(m.node_id.rsplit("-", 1)[-1]))
+
+    @endpoint
+    async def wait_members(self, count: int, timeout: float) -> list[NodeInfo]:
+        """The members once there are at least ``count``; ``TimeoutError`` after ``timeout`` s."""
+        async with asyncio.timeout(timeout):
+            while len(self.members) < count:
+                await self._changed.wait()
+        return await self.members_list()
+
+    async def _check_heartbeats(self) -> None:
+        config = self.node.config
+        period = min(config.heartbeat_interval_s, config.node_dead_after_s) / 4
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for node_id, seen in list(self.last_seen.items()):
+                if now - seen > config.node_dead_after_s and node_id in self.members:
+                    self._declare_dead(node_id, f"no heartbeat for {now - seen:.1f}s (runtime.node_dead_after_s={config.node_dead_after_s})")
+
+    def _declare_dead(self, node_id: str, reason: str, graceful: bool = False) -> None:
+        info = self.members.pop(node_id, None)
+        self.last_seen.pop(node_id, None)
+        if info is None:
+            return
+        log.log(logging.INFO if graceful else logging.WARNING, "%s declared dead: %s", node_id, reason)
+        self.dead.append(node_id)
+        del self.dead[:-1024]
+        for name in [n for n, a in self.names.items() if a.node.node_id == node_id]:
+            del self.names[name]
+        self._bump()
+        self.node.on_node_dead(node_id, reason)
+        for member in self.members.values():
+            if member.node_id != self.node.node_id:
+                self.node.tell_service(member, "node_dead", [node_id, reason])
+
+
+class NodeService(Actor):
+    """The runtime's own actor on every node (``_node``)."""
+
+    @endpoint
+    async def spawn(self, spec: SpawnSpec) -> ActorInfo:
+        cls = import_actor_class(spec)
+        ref = await self.node.spawn_here(cls, list(spec.args), dict(spec.kwargs), spec.name)
+        return ref.info
+
+    @endpoint
+    async def node_dead(self, node_id: str, reason: str) -> None:
+        self.node.on_node_dead(node_id, reason)
+
+    @endpoint
+    async def stats(self) -> NodeStats:
+        return self.node.stats()
+
+    @endpoint
+    async def ping(self) -> str:
+        return self.node.node_id
+
+    @endpoint
+    async def shutdown(self) -> None:
+        # Stop after this call has answered, so the caller is not left waiting on it.
+        asyncio.get_running_loop().call_soon(self.node.request_stop)
+
+
+def import_actor_class(spec: SpawnSpec) -> type[Actor]:
+    """The class ``spec`` names, imported on this node; the error says how to make it importable."""
+    try:
+        if spec.file and spec.module == "__main__":
+            module = _import_script(spec.file)
+        else:
+            module = importlib.import_module(spec.module)
+        obj: Any = module
+        for part in spec.qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, OSError) as exc:
+        raise ImportError(
+            f"cannot import actor class {spec.module}:{spec.qualname} on this node ({exc}); define actor "
+            "classes at module level in a module every node can import (install it, or add it to PYTHONPATH)"
+        ) from exc
+    if not (isinstance(obj, type) and issubclass(obj, Actor)):
+        raise TypeError(f"{spec.module}:{spec.qualname} is not an rlasync.Actor subclass")
+    return obj
+
+
+def _import_script(path: str) -> Any:
+    # A script's classes live in its __main__; load the file under another name so its
+    # `if __name__ == "__main__":` block does not run again here.
+    name = "__rlasync_main__"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load script {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except RuntimeError as exc:
+            del sys.modules[name]
+            raise ImportError(
+                f"running {path} to import its actor classes failed ({exc}); start the script's "
+                'work under `if __name__ == "__main__":` so importing it only defines classes'
+            ) from exc
+    return module

@@ -1,0 +1,557 @@
+"""``Node``: one process's share of the cluster: its actors, its sockets, its membership.
+
+One node per process, all on one event loop. A node listens on one ROUTER socket for
+calls to its actors and keeps one DEALER per peer for its own calls (``Peer``). Calls
+between actors of the same node skip sockets and serialisation altogether.
+
+Start-up is a handshake: a node binds, joins the head (``join_timeout_s``), then
+heartbeats. Shutdown order (``stop``): stop heartbeating and leave the head; run each
+actor's ``on_stop``; cancel the calls still being served; fail this node's own pending
+calls; close every socket with linger 0. ``stop`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+import traceback
+import uuid
+from typing import Any, AsyncIterator, TypeVar
+
+import zmq
+
+from ..config import RuntimeConfig
+from ..transport import Call, Cancel, Codec, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
+from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
+from ..transport.zmq_io import SocketPump
+from .actor import Actor, endpoints_of
+from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
+from .membership import Membership, NodeService
+from .peer import Peer
+from .ref import ActorRef
+from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
+
+log = logging.getLogger(__name__)
+
+A = TypeVar("A", bound=Actor)
+EXT_ACTOR_REF = 16
+HEAD_ID = "node-0"
+
+
+class _Serving:
+    """A call this node is running for a peer; streaming calls also track send credit."""
+
+    __slots__ = ("task", "credit", "more")
+
+    def __init__(self, task: asyncio.Task[None], credit: int) -> None:
+        self.task = task
+        self.credit = credit
+        self.more: asyncio.Event | None = None
+
+
+class Node:
+    """Hosts actors in this process and reaches the actors of every other node.
+
+    ``rank`` 0 is the head; other ranks join the head at ``head`` (its address). ``listen``
+    is this node's address: ``ipc:///path`` or ``tcp://host:port`` (port 0 picks one).
+    ``secret`` authenticates TCP peers (CURVE); it is required when any address is TCP.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        listen: str,
+        *,
+        head: str | None = None,
+        config: RuntimeConfig | None = None,
+        secret: str | bytes | None = None,
+    ) -> None:
+        if rank != 0 and head is None:
+            raise ValueError(f"node rank {rank} needs the head's address (head=...); only rank 0 is the head")
+        self.rank = rank
+        self.node_id = f"node-{rank}"
+        # ZeroMQ spells "any free port" as "*"; accept the usual ":0" too.
+        self.listen = listen[:-2] + ":*" if listen.startswith("tcp://") and listen.endswith(":0") else listen
+        self.head_address = head
+        self.config = config or RuntimeConfig()
+        self._keys = CurveKeys.from_secret(secret) if secret else None
+        self.codec = Codec(self.config.zero_copy_threshold)
+        self.codec.register(ActorRef, EXT_ACTOR_REF, self._ref_to_wire, self._ref_from_wire)
+        self.stats_ = NodeStats(self.node_id)
+        self.auth = AuthCounters()
+        self._actors: dict[str, Actor] = {}
+        self._peers: dict[str, Peer] = {}
+        self._dead: dict[str, str] = {}  # node id -> reason, for nodes declared dead
+        self._serving: dict[tuple[bytes, int], _Serving] = {}
+        self._members: dict[str, NodeInfo] = {}
+        self._epoch = -1
+        self._pumps: list[SocketPump] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._started = False
+        self._stopping = False
+        self.stopped = asyncio.Event()
+        self.info: NodeInfo
+        self.address = ""
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    def require_keys(self) -> CurveKeys:
+        if self._keys is None:
+            raise ValueError(
+                "TCP between nodes is authenticated: give every node the same cluster secret "
+                "(secret=... or the RLASYNC_CLUSTER_SECRET environment variable)"
+            )
+        return self._keys
+
+    # -- start ------------------------------------------------------------------------------
+    async def start(self) -> Node:
+        """Bind, join the head (or become it), start heartbeating. Returns self."""
+        if self._started:
+            return self
+        self._started = True
+        self.loop = asyncio.get_running_loop()
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises instead of vanishing
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes over its identity
+        if self.listen.startswith("tcp://"):
+            self._secure(router)
+        try:
+            router.bind(self.listen)
+        except zmq.ZMQError as exc:
+            router.close(linger=0)
+            self.ctx.destroy(linger=0)
+            raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
+        self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._router = SocketPump(router, self._on_request, recheck_s=self.config.io_recheck_s, loop=self.loop)
+        self._pumps.append(self._router)
+        self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname())
+        self._members[self.node_id] = self.info
+        await self.spawn_here(NodeService, [], {}, "_node")
+        if self.is_head:
+            self._membership = await self.spawn_here(Membership, [], {}, "_membership")
+        else:
+            head_info = NodeInfo(HEAD_ID, self.head_address or "", "unknown")
+            self._membership = ActorRef(self, _service_info("_membership", Membership, head_info), Membership)
+            await self._join()
+        return self
+
+    def _secure(self, router: zmq.Socket[Any]) -> None:
+        keys = self.require_keys()
+        self.auth._client_public = keys.client_public
+        zap = self.ctx.socket(zmq.REP)
+        zap.setsockopt(zmq.LINGER, 0)
+        zap.bind(ZAP_ENDPOINT)
+
+        def on_zap(frames: list[Any]) -> None:
+            zap_pump.send(self.auth.on_zap_request(frames))
+
+        zap_pump = SocketPump(zap, on_zap, recheck_s=self.config.io_recheck_s, loop=self.loop)
+        self._pumps.append(zap_pump)
+        monitor = router.get_monitor_socket(monitor_events())
+        self._pumps.append(SocketPump(monitor, self.auth.on_monitor_event, recheck_s=self.config.io_recheck_s, loop=self.loop))
+        keys.make_server(router)
+
+    async def _join(self) -> None:
+        timeout = self.config.join_timeout_s
+        try:
+            reply: JoinReply = await self._membership.join.options(timeout=timeout)(self.info)
+        except CallTimeout:
+            await self.stop()
+            raise JoinError(
+                f"{self.node_id} could not join the head at {self.head_address} within "
+                f"runtime.join_timeout_s={timeout:g}s: check that the head runs at that address and that "
+                "every node has the same cluster secret (RLASYNC_CLUSTER_SECRET)"
+            ) from None
+        except RuntimeErrorBase as exc:
+            await self.stop()
+            raise JoinError(f"{self.node_id} was refused by the head: {exc}") from None
+        self._membership = ActorRef(self, _service_info("_membership", Membership, reply.head), Membership)
+        self._apply_members(reply.epoch, reply.members, [])
+        self._tasks.append(self.loop.create_task(self._heartbeat(), name=f"rlasync-heartbeat-{self.node_id}"))
+
+    async def _heartbeat(self) -> None:
+        config = self.config
+        beat = self._membership.heartbeat.options(timeout=config.node_dead_after_s)
+        while True:
+            try:
+                reply = await beat(self.node_id, self.info.incarnation, self._epoch)
+            except (CallTimeout, NodeLostError) as exc:
+                log.error("%s lost the head (%s); stopping", self.node_id, exc)
+                self.on_node_dead(HEAD_ID, f"the head did not answer heartbeats for {config.node_dead_after_s}s")
+                self.request_stop()
+                return
+            if reply.fenced:
+                log.error("%s was declared dead by the head; stopping", self.node_id)
+                self.request_stop()
+                return
+            if reply.members is not None:
+                self._apply_members(reply.epoch, reply.members, reply.dead)
+            await asyncio.sleep(config.heartbeat_interval_s)
+
+    def _apply_members(self, epoch: int, members: list[NodeInfo], dead: list[str]) -> None:
+        self._epoch = epoch
+        self._members = {m.node_id: m for m in members}
+        for node_id in dead:
+            if node_id not in self._members:
+                self.on_node_dead(node_id, "declared dead by the head")
+
+    # -- actors -----------------------------------------------------------------------------
+    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
+        """Start ``cls(*args, **kwargs)`` on ``node`` (a rank or node id; default: here).
+
+        Returns an ``ActorRef`` whose endpoints type-check as ``cls``'s. The class must be
+        importable on the target node (module level in an installed module, or the
+        running script). ``name`` must be unique in the cluster; look it up from any node.
+        """
+        target = self.node_id if node is None else (f"node-{node}" if isinstance(node, int) else node)
+        name = name or f"{cls.__name__}-{uuid.uuid4().hex[:8]}"
+        if target == self.node_id:
+            return await self.spawn_here(cls, list(args), kwargs, name)  # type: ignore[return-value]
+        info = self._members.get(target)
+        if info is None:
+            self._apply_members(self._epoch, await self._membership.members_list(), [])
+            info = self._members.get(target)
+            if info is None:
+                known = ", ".join(sorted(self._members))
+                raise ValueError(f"no live node {target!r} in the cluster (members: {known})")
+        module = cls.__module__
+        script = getattr(sys.modules.get("__main__"), "__file__", "") if module == "__main__" else ""
+        spec = SpawnSpec(module, cls.__qualname__, name, list(args), kwargs, file=script or "")
+        service = ActorRef(self, _service_info("_node", NodeService, info), NodeService)
+        actor_info: ActorInfo = await service.spawn.options(timeout=self.config.join_timeout_s)(spec)
+        return ActorRef(self, actor_info, cls)  # type: ignore[return-value]
+
+    async def spawn_here(self, cls: type[Actor], args: list[Any], kwargs: dict[str, Any], name: str) -> ActorRef:
+        """Start an actor on this node and register its name with the head."""
+        if self._stopping:
+            raise RuntimeError(f"{self.node_id} is stopping; it spawns no more actors")
+        if name in self._actors:
+            raise ValueError(f"an actor named {name!r} already runs on {self.node_id}")
+        actor = cls(*args, **kwargs)
+        actor.node = self
+        actor.name = name
+        info = _service_info(name, cls, self.info)
+        self._actors[name] = actor
+        try:
+            await actor.on_start()
+            if not name.startswith("_"):
+                await self._membership.register(info)
+        except BaseException:
+            del self._actors[name]
+            raise
+        self.stats_.actors = len(self._actors)
+        return ActorRef(self, info, cls)
+
+    async def lookup(self, name: str, cls: type[A] | None = None, *, timeout: float = 0.0) -> A:
+        """A ref to the actor named ``name``, waiting up to ``timeout`` s for it to appear."""
+        call = self._membership.lookup.options(timeout=timeout + self.config.call_timeout_s)
+        info: ActorInfo = await call(name, timeout)
+        return ActorRef(self, info, cls)  # type: ignore[return-value]
+
+    async def members(self) -> list[NodeInfo]:
+        """The live nodes, as the head knows them now."""
+        members: list[NodeInfo] = await self._membership.members_list()
+        return members
+
+    def local_actor(self, name: str) -> Actor:
+        actor = self._actors.get(name)
+        if actor is None:
+            raise ActorNotFound(f"no actor named {name!r} on {self.node_id}")
+        return actor
+
+    def stats(self) -> NodeStats:
+        stats = self.stats_
+        stats.handshakes_failed = self.auth.handshakes_failed
+        stats.zap_denied = self.auth.zap_denied
+        stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(p.pump.rescued for p in self._peers.values())
+        return stats
+
+    # -- calls out ------------------------------------------------------------------------------
+    def _peer(self, info: NodeInfo) -> Peer:
+        """The connection to ``info``'s node, made on first use; a lost one fails fast."""
+        peer = self._peers.get(info.node_id)
+        if peer is not None:
+            if peer.info.incarnation == "unknown":  # the head, before its join reply named it
+                if info.incarnation != "unknown":
+                    peer.info = info
+                return peer
+            if info.incarnation in ("unknown", peer.info.incarnation):
+                return peer
+            # The ref names another process of that rank: the old one is gone.
+            peer.mark_lost(NodeLostError(info.node_id, "a new process of that rank replaced it"))
+        if self._stopping:
+            raise NodeLostError(self.node_id, "this node is stopping")
+        peer = Peer(self, info)
+        self._peers[info.node_id] = peer
+        member = self._members.get(info.node_id)
+        if info.node_id in self._dead and (member is None or member.incarnation != info.incarnation):
+            peer.mark_lost(NodeLostError(info.node_id, self._dead[info.node_id]))
+        return peer
+
+    def _call(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> asyncio.Future[Any]:
+        timeout = timeout or self.config.call_timeout_s
+        where = ref.info.node
+        if where.node_id == self.node_id:
+            return self.loop.create_task(self._call_local(ref.info.name, method, args, kwargs, timeout))
+        try:
+            peer = self._peer(where)
+        except NodeLostError as exc:
+            future = self.loop.create_future()
+            future.set_exception(exc)
+            return future
+        return peer.call(ref.info.name, method, args, kwargs, timeout, convert)
+
+    def _stream(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> AsyncIterator[Any]:
+        timeout = timeout or self.config.call_timeout_s
+        where = ref.info.node
+        if where.node_id == self.node_id:
+            return self._stream_local(ref.info.name, method, args, kwargs, timeout)
+        return self._peer(where).stream(ref.info.name, method, args, kwargs, timeout, convert)
+
+    async def _call_local(self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Any:
+        actor = self.local_actor(name)
+        ep = endpoints_of(type(actor)).get(method)
+        if ep is None or ep.streaming:
+            raise NotAnEndpoint(f"{method!r} is not a unary endpoint of actor {name!r}")
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                return await ep.fn(actor, *args, **kwargs)
+        except TimeoutError:
+            if deadline.expired():
+                raise CallTimeout(
+                    f"call to {name}.{method} on {self.node_id} got no answer within {timeout:.3g}s; "
+                    "raise runtime.call_timeout_s or pass .options(timeout=...)"
+                ) from None
+            raise _wrap(name, method, self.node_id) from None
+        except RuntimeErrorBase:
+            raise
+        except Exception as exc:
+            raise _wrap(name, method, self.node_id) from exc
+
+    async def _stream_local(self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float) -> AsyncIterator[Any]:
+        actor = self.local_actor(name)
+        ep = endpoints_of(type(actor)).get(method)
+        if ep is None or not ep.streaming:
+            raise NotAnEndpoint(f"{method!r} is not a streaming endpoint of actor {name!r}")
+        items = ep.fn(actor, *args, **kwargs)
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        item = await items.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise CallTimeout(f"stream {name}.{method} sent no item for {timeout:.3g}s; raise runtime.call_timeout_s") from None
+                except RuntimeErrorBase:
+                    raise
+                except Exception as exc:
+                    raise _wrap(name, method, self.node_id) from exc
+                yield item
+        finally:
+            await items.aclose()
+
+    def tell_service(self, info: NodeInfo, method: str, args: list[Any]) -> None:
+        """Send a one-way call to ``info``'s ``_node`` service (no reply, no wait)."""
+        if info.node_id != self.node_id and not self._stopping:
+            self._peer(info).send_oneway("_node", method, args)
+
+    # -- calls in ---------------------------------------------------------------------------
+    def _on_request(self, frames: list[Any]) -> None:
+        if len(frames) < 3:
+            self.stats_.malformed_frames += 1
+            return
+        ident = frames[0].bytes
+        try:
+            msg = self.codec.decode(frames[1:])
+        except DecodeError as exc:
+            self.stats_.malformed_frames += 1
+            log.debug("dropped malformed request from %r: %s", ident[:32], exc)
+            return
+        kind = type(msg)
+        if kind is Call:
+            self._serve(ident, msg)
+        elif kind is Cancel:
+            serving = self._serving.get((ident, msg.id))
+            if serving is not None:
+                serving.task.cancel()
+        elif kind is StreamAck:
+            serving = self._serving.get((ident, msg.id))
+            if serving is not None:
+                serving.credit += msg.n
+                if serving.more is not None:
+                    serving.more.set()
+        else:
+            self.stats_.malformed_frames += 1
+
+    def _serve(self, ident: bytes, call: Call) -> None:
+        actor = self._actors.get(call.actor)
+        if actor is None:
+            detail = "it was never spawned here, or it stopped"
+            return self._fail(ident, call.id, "no_actor", ActorNotFound, f"no actor named {call.actor!r} on {self.node_id} ({detail})")
+        ep = endpoints_of(type(actor)).get(call.method)
+        if ep is None or ep.streaming != call.stream:
+            what = "a streaming" if call.stream else "a unary"
+            return self._fail(ident, call.id, "no_endpoint", NotAnEndpoint, f"{call.method!r} is not {what} endpoint of actor {call.actor!r}")
+        self.stats_.calls_served += 1
+        run = self._run_stream if call.stream else self._run_unary
+        task = self.loop.create_task(run(ident, call, ep, actor))
+        if call.id:
+            self._serving[(ident, call.id)] = _Serving(task, self.config.stream_window)
+
+    def _fail(self, ident: bytes, call_id: int, code: str, kind: type, message: str) -> None:
+        if call_id:
+            self._send(ident, Error(call_id, code, f"{kind.__module__}.{kind.__qualname__}", message))
+
+    def _send(self, ident: bytes, msg: Any) -> None:
+        try:
+            frames = self.codec.encode(msg)
+        except TypeError as exc:  # an unencodable return value: tell the caller why
+            frames = self.codec.encode(Error(msg.id, "raised", "TypeError", str(exc), traceback.format_exc()))
+        try:
+            self._router.send([ident, *frames], copy=False)
+        except zmq.ZMQError:  # EHOSTUNREACH: the caller is gone; nobody to tell
+            self.stats_.unknown_replies += 1
+
+    async def _run_unary(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
+        try:
+            args, kwargs = ep.convert_args(call.args, call.kwargs)
+            result = await ep.fn(actor, *args, **kwargs)
+        except asyncio.CancelledError:
+            return  # the caller cancelled or timed out, or this node is stopping: no reply wanted
+        except Exception as exc:
+            if call.id:
+                self._send(ident, _error(call.id, exc))
+            return
+        finally:
+            if call.id:
+                self._serving.pop((ident, call.id), None)
+        if call.id:
+            self._send(ident, Reply(call.id, self.codec.lift_one(result)))
+
+    async def _run_stream(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
+        key = (ident, call.id)
+        timeout = self.config.call_timeout_s
+        try:
+            args, kwargs = ep.convert_args(call.args, call.kwargs)
+            items = ep.fn(actor, *args, **kwargs)
+            try:
+                async for item in items:
+                    serving = self._serving[key]
+                    while serving.credit <= 0:  # the caller has not consumed enough: wait for its ack
+                        serving.more = asyncio.Event()
+                        try:
+                            async with asyncio.timeout(timeout):
+                                await serving.more.wait()
+                        except TimeoutError:
+                            raise CallTimeout(f"the caller consumed nothing for {timeout:g}s (runtime.call_timeout_s)") from None
+                    serving.credit -= 1
+                    self._send(ident, StreamItem(call.id, self.codec.lift_one(item)))
+            finally:
+                await items.aclose()
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            self._send(ident, _error(call.id, exc))
+        else:
+            self._send(ident, StreamEnd(call.id))
+        finally:
+            self._serving.pop(key, None)
+
+    # -- failure and stop -------------------------------------------------------------------
+    def on_node_dead(self, node_id: str, reason: str) -> None:
+        """Fail every call to ``node_id`` and stop serving its calls. Safe to call repeatedly."""
+        if node_id == self.node_id:
+            log.error("%s was declared dead (%s); stopping", node_id, reason)
+            self.request_stop()
+            return
+        self._dead[node_id] = reason
+        self._members.pop(node_id, None)
+        peer = self._peers.get(node_id)
+        if peer is not None:
+            peer.mark_lost(NodeLostError(node_id, reason))
+        ident = node_id.encode()
+        for key, serving in list(self._serving.items()):
+            if key[0] == ident:
+                serving.task.cancel()
+
+    def request_stop(self) -> None:
+        """Start ``stop`` in the background (from inside a callback or an endpoint)."""
+        if not self._stopping:
+            self._tasks.append(self.loop.create_task(self.stop()))
+
+    async def stop(self) -> None:
+        """Stop this node in the documented order. Idempotent; safe after a failed start."""
+        if self._stopping:
+            await self.stopped.wait()
+            return
+        self._stopping = True
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        timeout = self.config.shutdown_timeout_s
+        if not self.is_head and self._started and HEAD_ID not in self._dead and hasattr(self, "info"):
+            head = self._peers.get(HEAD_ID)
+            if head is not None:
+                head.send_oneway("_membership", "leave", [self.node_id])
+        for name, actor in reversed(list(self._actors.items())):
+            try:
+                async with asyncio.timeout(timeout):
+                    await actor.on_stop()
+            except Exception:
+                log.exception("on_stop of actor %s failed", name)
+        serving = [s.task for s in self._serving.values()]
+        for task in serving:
+            task.cancel()
+        if serving:
+            await asyncio.wait(serving, timeout=timeout)
+        for peer in self._peers.values():
+            peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped"))
+        for pump in self._pumps:
+            pump.close()
+        if hasattr(self, "ctx"):
+            self.ctx.destroy(linger=0)
+        self._actors.clear()
+        self.stopped.set()
+
+    # -- actor refs on the wire -------------------------------------------------------------
+    @staticmethod
+    def _ref_to_wire(ref: ActorRef) -> Any:
+        return ref.info
+
+    def _ref_from_wire(self, data: Any) -> ActorRef:
+        import msgspec
+
+        return ActorRef(self, msgspec.convert(data, ActorInfo))
+
+    async def __aenter__(self) -> Node:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _service_info(name: str, cls: type[Actor], node: NodeInfo) -> ActorInfo:
+    endpoints = {n: ep.streaming for n, ep in endpoints_of(cls).items()}
+    return ActorInfo(name, node, endpoints, f"{cls.__module__}:{cls.__qualname__}")
+
+
+def _error(call_id: int, exc: BaseException) -> Error:
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return Error(call_id, "raised", name, str(exc), "".join(traceback.format_exception(exc)))
+
+
+def _wrap(actor: str, method: str, node: str) -> ActorError:
+    exc = sys.exc_info()[1]
+    assert exc is not None
+    error = _error(0, exc)
+    return ActorError(actor, method, error.type, error.message, error.traceback, node)

@@ -1,0 +1,257 @@
+"""The calls one node has outstanding to another: a DEALER socket and its pending table.
+
+Each pending call holds a future, a deadline timer and, once answered, the answer. A call
+ends in exactly one of: reply, remote error, ``CallTimeout`` (the callee is told to stop),
+cancellation by the caller (the callee is told to stop), or ``NodeLostError`` when the
+membership declares the peer dead. Nothing waits without a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+import zmq
+
+from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
+from ..transport.zmq_io import SocketPump
+from .errors import ActorError, ActorNotFound, CallTimeout, NodeLostError, NotAnEndpoint, RuntimeErrorBase
+from .types import NodeInfo
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger(__name__)
+
+_ITEM, _END, _FAIL = 0, 1, 2
+
+# Runtime errors that cross the wire keep their type (the rest arrive as ActorError).
+_RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
+    f"{cls.__module__}.{cls.__qualname__}": cls for cls in (ActorNotFound, NotAnEndpoint, CallTimeout)
+}
+
+
+class _Pending:
+    __slots__ = ("future", "timer", "convert", "actor", "method", "timeout", "timed_out")
+
+    def __init__(self, future: asyncio.Future[Any], actor: str, method: str, timeout: float, convert: Any) -> None:
+        self.future = future
+        self.actor = actor
+        self.method = method
+        self.timeout = timeout
+        self.convert = convert
+        self.timed_out = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Peer:
+    """Outgoing calls from this node to one other node."""
+
+    def __init__(self, node: Node, info: NodeInfo) -> None:
+        self.node = node
+        self.info = info
+        self.loop = node.loop
+        self.codec = node.codec
+        self.max_inflight = node.config.max_inflight_per_peer
+        sock = node.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, node.node_id.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        if info.address.startswith("tcp://"):
+            node.require_keys().make_client(sock)
+        sock.connect(info.address)
+        self.pump = SocketPump(sock, self._on_message, recheck_s=node.config.io_recheck_s, loop=self.loop)
+        self.pending: dict[int, _Pending] = {}
+        self.streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], str, str]] = {}
+        self.slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.next_id = 0
+        self.lost: NodeLostError | None = None
+
+    # -- unary calls ------------------------------------------------------------------------
+    def call(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
+        if self.lost is None and len(self.pending) < self.max_inflight and not self.slot_waiters:
+            return self._start(actor, method, args, kwargs, timeout, convert)
+        return self.loop.create_task(self._call_when_free(actor, method, args, kwargs, timeout, convert))
+
+    async def _call_when_free(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> Any:
+        deadline = self.loop.time() + timeout
+        while self.lost is None and len(self.pending) >= self.max_inflight:
+            waiter = self.loop.create_future()
+            self.slot_waiters.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+            except TimeoutError:
+                raise CallTimeout(
+                    f"call to {actor}.{method} on {self.info.node_id} waited {timeout:.3g}s for one of "
+                    f"runtime.max_inflight_per_peer={self.max_inflight} call slots: the callee is slower "
+                    "than its callers; raise that setting or runtime.call_timeout_s"
+                ) from None
+            finally:
+                self._wake_one()  # pass the wake-up on if this waiter gave up
+        if self.lost is not None:
+            raise self._lost_error()
+        return await self._start(actor, method, args, kwargs, max(deadline - self.loop.time(), 1e-3), convert)
+
+    def _start(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
+        future = self.loop.create_future()
+        if self.lost is not None:
+            future.set_exception(self._lost_error())
+            return future
+        self.next_id += 1
+        call_id = self.next_id
+        frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs))
+        pending = _Pending(future, actor, method, timeout, convert)
+        pending.timer = self.loop.call_later(timeout, self._expire, call_id)
+        self.pending[call_id] = pending
+        future.add_done_callback(functools.partial(self._settled, call_id))
+        self.pump.send(frames, copy=False)
+        self.node.stats_.calls_sent += 1
+        return future
+
+    def _expire(self, call_id: int) -> None:
+        pending = self.pending.get(call_id)
+        if pending is not None and not pending.future.done():
+            pending.timed_out = True
+            pending.future.set_exception(
+                CallTimeout(
+                    f"call to {pending.actor}.{pending.method} on {self.info.node_id} got no answer within "
+                    f"{pending.timeout:.3g}s; raise runtime.call_timeout_s or pass .options(timeout=...)"
+                )
+            )
+
+    def _settled(self, call_id: int, future: asyncio.Future[Any]) -> None:
+        pending = self.pending.pop(call_id, None)
+        if pending is None:
+            return
+        if pending.timer is not None:
+            pending.timer.cancel()
+        if (pending.timed_out or future.cancelled()) and self.lost is None:
+            self.pump.send(self.codec.encode(Cancel(call_id)))  # the callee stops working on it
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self.slot_waiters:
+            waiter = self.slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # -- streaming calls --------------------------------------------------------------------
+    async def stream(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> AsyncIterator[Any]:
+        if self.lost is not None:
+            raise self._lost_error()
+        self.next_id += 1
+        call_id = self.next_id
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.streams[call_id] = (queue, actor, method)
+        self.pump.send(self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, stream=True)), copy=False)
+        self.node.stats_.calls_sent += 1
+        ack_every = max(1, self.node.config.stream_window // 2)
+        unacked = 0
+        finished = False
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        kind, value = await queue.get()
+                except TimeoutError:
+                    raise CallTimeout(
+                        f"stream {actor}.{method} on {self.info.node_id} sent no item for {timeout:.3g}s; "
+                        "raise runtime.call_timeout_s or pass .options(timeout=...)"
+                    ) from None
+                if kind == _ITEM:
+                    unacked += 1
+                    if unacked >= ack_every:
+                        self.pump.send(self.codec.encode(StreamAck(call_id, unacked)))
+                        unacked = 0
+                    yield convert(value) if convert is not None else value
+                elif kind == _END:
+                    finished = True
+                    return
+                else:
+                    finished = True
+                    raise value
+        finally:
+            self.streams.pop(call_id, None)
+            if not finished and self.lost is None:
+                self.pump.send(self.codec.encode(Cancel(call_id)))
+
+    # -- input ------------------------------------------------------------------------------
+    def _on_message(self, frames: list[Any]) -> None:
+        try:
+            msg = self.codec.decode(frames)
+        except DecodeError as exc:
+            self.node.stats_.malformed_frames += 1
+            log.debug("dropped malformed message from %s: %s", self.info.node_id, exc)
+            return
+        kind = type(msg)
+        if kind is Reply:
+            pending = self.pending.get(msg.id)
+            if pending is None:
+                self.node.stats_.unknown_replies += 1
+            elif not pending.future.done():
+                value = msg.value
+                if pending.convert is not None:
+                    try:
+                        value = pending.convert(value)
+                    except Exception as exc:
+                        pending.future.set_exception(TypeError(f"{pending.actor}.{pending.method} returned {exc}"))
+                        return
+                pending.future.set_result(value)
+        elif kind is StreamItem:
+            entry = self.streams.get(msg.id)
+            if entry is not None:
+                entry[0].put_nowait((_ITEM, msg.value))
+        elif kind is StreamEnd:
+            entry = self.streams.get(msg.id)
+            if entry is not None:
+                entry[0].put_nowait((_END, None))
+        elif kind is Error:
+            pending = self.pending.get(msg.id)
+            if pending is not None:
+                if not pending.future.done():
+                    pending.future.set_exception(self._remote_error(msg, pending.actor, pending.method))
+                return
+            entry = self.streams.get(msg.id)
+            if entry is not None:
+                entry[0].put_nowait((_FAIL, self._remote_error(msg, entry[1], entry[2])))
+            else:
+                self.node.stats_.unknown_replies += 1
+        else:  # a Call, Cancel or StreamAck has no business on a DEALER
+            self.node.stats_.malformed_frames += 1
+
+    def _remote_error(self, msg: Error, actor: str, method: str) -> Exception:
+        runtime_type = _RUNTIME_ERRORS.get(msg.type)
+        if runtime_type is not None:
+            return runtime_type(msg.message)
+        return ActorError(actor, method, msg.type, msg.message, msg.traceback, self.info.node_id)
+
+    # -- failure ----------------------------------------------------------------------------
+    def _lost_error(self) -> NodeLostError:
+        assert self.lost is not None
+        return NodeLostError(self.lost.node, str(self.lost).split(": ", 1)[-1])
+
+    def mark_lost(self, error: NodeLostError) -> None:
+        """Fail every pending call and stream with ``error``, refuse new ones, close the socket."""
+        if self.lost is not None:
+            return
+        self.lost = error
+        for pending in list(self.pending.values()):
+            if not pending.future.done():
+                pending.future.set_exception(self._lost_error())
+        for queue, _, _ in list(self.streams.values()):
+            queue.put_nowait((_FAIL, self._lost_error()))
+        while self.slot_waiters:
+            waiter = self.slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+        self.pump.close()
+
+    def send_oneway(self, actor: str, method: str, args: list[Any]) -> None:
+        if self.lost is None:
+            self.pump.send(self.codec.encode(Call(0, actor, method, self.codec.lift(args))), copy=False)
+
+
