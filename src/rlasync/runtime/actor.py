@@ -35,7 +35,6 @@ from typing import (
     TYPE_CHECKING,
     Any,
     AsyncIterator,
-    Awaitable,
     Callable,
     Concatenate,
     Coroutine,
@@ -66,7 +65,7 @@ _NATIVE = {Any, int, float, str, bool, bytes, type(None), None, dict, list, insp
 class BoundEndpoint(Protocol[P, R_co]):
     """An endpoint reached through an actor ref: call it and await the answer."""
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R_co]: ...
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
 
     def options(self, *, timeout: float | None = None) -> BoundEndpoint[P, R_co]: ...
 

@@ -47,6 +47,7 @@ class Membership(Actor):
 
     def _bump(self) -> None:
         self.epoch += 1
+        self.node.set_members(self.epoch, list(self.members.values()))
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import traceback
+import types
 import uuid
 from typing import Any, AsyncIterator, TypeVar
 
@@ -30,7 +31,7 @@ from ..transport.zmq_io import SocketPump
 from .actor import Actor, endpoints_of
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .membership import Membership, NodeService
-from .peer import Peer
+from .peer import CallTask, Peer
 from .ref import ActorRef
 from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
@@ -195,6 +196,11 @@ class Node:
                 self._apply_members(reply.epoch, reply.members, reply.dead)
             await asyncio.sleep(config.heartbeat_interval_s)
 
+    def set_members(self, epoch: int, members: list[NodeInfo]) -> None:
+        """The head's membership changed (called by ``Membership`` on the head itself)."""
+        self._epoch = epoch
+        self._members = {m.node_id: m for m in members}
+
     def _apply_members(self, epoch: int, members: list[NodeInfo], dead: list[str]) -> None:
         self._epoch = epoch
         self._members = {m.node_id: m for m in members}
@@ -260,6 +266,17 @@ class Node:
         members: list[NodeInfo] = await self._membership.members_list()
         return members
 
+    async def node_stats(self, node: int | str | None = None) -> NodeStats:
+        """The counters of ``node`` (a rank or node id; default: this one)."""
+        node_id = self.node_id if node is None else (f"node-{node}" if isinstance(node, int) else node)
+        if node_id == self.node_id:
+            return self.stats()
+        info = self._members.get(node_id)
+        if info is None:
+            raise NodeLostError(node_id, "not a live member of the cluster")
+        stats: NodeStats = await ActorRef(self, _service_info("_node", NodeService, info), NodeService).stats()
+        return stats
+
     def local_actor(self, name: str) -> Actor:
         actor = self._actors.get(name)
         if actor is None:
@@ -299,13 +316,12 @@ class Node:
         timeout = timeout or self.config.call_timeout_s
         where = ref.info.node
         if where.node_id == self.node_id:
-            return self.loop.create_task(self._call_local(ref.info.name, method, args, kwargs, timeout))
+            return CallTask(self._call_local(ref.info.name, method, args, kwargs, timeout), loop=self.loop)
         try:
             peer = self._peer(where)
         except NodeLostError as exc:
-            future = self.loop.create_future()
-            future.set_exception(exc)
-            return future
+            task = CallTask(_raise(exc), loop=self.loop)
+            return task
         return peer.call(ref.info.name, method, args, kwargs, timeout, convert)
 
     def _stream(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> AsyncIterator[Any]:
@@ -401,10 +417,27 @@ class Node:
             what = "a streaming" if call.stream else "a unary"
             return self._fail(ident, call.id, "no_endpoint", NotAnEndpoint, f"{call.method!r} is not {what} endpoint of actor {call.actor!r}")
         self.stats_.calls_served += 1
-        run = self._run_stream if call.stream else self._run_unary
-        task = self.loop.create_task(run(ident, call, ep, actor))
-        if call.id:
+        if call.stream:
+            task = self.loop.create_task(self._run_stream(ident, call, ep, actor))
             self._serving[(ident, call.id)] = _Serving(task, self.config.stream_window)
+            return
+        # Run the endpoint eagerly up to its first real wait: an endpoint that answers
+        # without waiting costs no task and no extra loop iteration.
+        try:
+            args, kwargs = ep.convert_args(call.args, call.kwargs)
+            coro = ep.fn(actor, *args, **kwargs)
+            blocked_on = coro.send(None)
+        except StopIteration as done:
+            if call.id:
+                self._send(ident, Reply(call.id, self.codec.lift_one(done.value)))
+            return
+        except Exception as exc:
+            if call.id:
+                self._send(ident, _error(call.id, exc))
+            return
+        task = self.loop.create_task(self._finish_unary(ident, call.id, _resume(coro, blocked_on)))
+        if call.id:
+            self._serving[(ident, call.id)] = _Serving(task, 0)
 
     def _fail(self, ident: bytes, call_id: int, code: str, kind: type, message: str) -> None:
         if call_id:
@@ -420,21 +453,20 @@ class Node:
         except zmq.ZMQError:  # EHOSTUNREACH: the caller is gone; nobody to tell
             self.stats_.unknown_replies += 1
 
-    async def _run_unary(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
+    async def _finish_unary(self, ident: bytes, call_id: int, rest: Any) -> None:
         try:
-            args, kwargs = ep.convert_args(call.args, call.kwargs)
-            result = await ep.fn(actor, *args, **kwargs)
+            result = await rest
         except asyncio.CancelledError:
             return  # the caller cancelled or timed out, or this node is stopping: no reply wanted
         except Exception as exc:
-            if call.id:
-                self._send(ident, _error(call.id, exc))
+            if call_id:
+                self._send(ident, _error(call_id, exc))
             return
         finally:
-            if call.id:
-                self._serving.pop((ident, call.id), None)
-        if call.id:
-            self._send(ident, Reply(call.id, self.codec.lift_one(result)))
+            if call_id:
+                self._serving.pop((ident, call_id), None)
+        if call_id:
+            self._send(ident, Reply(call_id, self.codec.lift_one(result)))
 
     async def _run_stream(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
         key = (ident, call.id)
@@ -537,6 +569,33 @@ class Node:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+@types.coroutine
+def _resume(coro: Any, blocked_on: Any) -> Any:
+    """Drive a coroutine that was started by hand and is now waiting on ``blocked_on``.
+
+    This is ``yield from`` for a coroutine past its first step: what the task sends or
+    throws in goes to ``coro``, what ``coro`` yields goes to the task.
+    """
+    to_yield = blocked_on
+    try:
+        while True:
+            try:
+                sent = yield to_yield
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                to_yield = coro.throw(exc)
+            else:
+                to_yield = coro.send(sent)
+    except StopIteration as done:
+        return done.value
+
+
+async def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 def _service_info(name: str, cls: type[Actor], node: NodeInfo) -> ActorInfo:

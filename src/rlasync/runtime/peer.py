@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
+import collections.abc
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import zmq
 
@@ -34,16 +34,63 @@ _RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
 }
 
 
-class _Pending:
-    __slots__ = ("future", "timer", "convert", "actor", "method", "timeout", "timed_out")
+class _AlsoACoroutine:
+    """Lets a call's future go wherever a coroutine goes (``asyncio.create_task``, TaskGroup).
 
-    def __init__(self, future: asyncio.Future[Any], actor: str, method: str, timeout: float, convert: Any) -> None:
+    A call is sent the moment it is made and its answer is a future, so ``gather`` of many
+    calls creates no tasks. Users also write ``asyncio.create_task(ref.m(x))``, which wants
+    a coroutine: these three methods make the future drive a task as a coroutine would.
+    """
+
+    def send(self, value: Any) -> Any:
+        if self.done():  # type: ignore[attr-defined]
+            raise StopIteration(self.result())  # type: ignore[attr-defined]
+        self._asyncio_future_blocking = True
+        return self
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        exc = typ if val is None else val
+        if isinstance(exc, type):
+            exc = exc()
+        if isinstance(exc, asyncio.CancelledError):
+            self.cancel()  # type: ignore[attr-defined]
+        raise exc
+
+    def close(self) -> None:
+        pass
+
+
+class CallTask(_AlsoACoroutine, asyncio.Task):  # type: ignore[type-arg,misc]
+    """A call that needs a task (local, or waiting for a free slot); also usable as a coroutine."""
+
+
+class CallFuture(_AlsoACoroutine, asyncio.Future):  # type: ignore[type-arg]
+    """The answer to one remote call. Cancelling it (or the task awaiting it) tells the callee.
+
+    A subclass rather than a done-callback: the hot path then schedules nothing extra.
+    """
+
+    def __init__(self, peer: Peer, call_id: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.peer = peer
+        self.call_id = call_id
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not asyncio.Future.cancel(self, msg):
+            return False
+        self.peer._end(self.call_id, tell_callee=True)
+        return True
+
+
+class _Pending:
+    __slots__ = ("future", "timer", "convert", "actor", "method", "timeout")
+
+    def __init__(self, future: CallFuture, actor: str, method: str, timeout: float, convert: Any) -> None:
         self.future = future
         self.actor = actor
         self.method = method
         self.timeout = timeout
         self.convert = convert
-        self.timed_out = False
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -73,7 +120,7 @@ class Peer:
     def call(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
         if self.lost is None and len(self.pending) < self.max_inflight and not self.slot_waiters:
             return self._start(actor, method, args, kwargs, timeout, convert)
-        return self.loop.create_task(self._call_when_free(actor, method, args, kwargs, timeout, convert))
+        return CallTask(self._call_when_free(actor, method, args, kwargs, timeout, convert), loop=self.loop)
 
     async def _call_when_free(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> Any:
         deadline = self.loop.time() + timeout
@@ -96,25 +143,23 @@ class Peer:
         return await self._start(actor, method, args, kwargs, max(deadline - self.loop.time(), 1e-3), convert)
 
     def _start(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
-        future = self.loop.create_future()
+        self.next_id += 1
+        call_id = self.next_id
+        future = CallFuture(self, call_id, self.loop)
         if self.lost is not None:
             future.set_exception(self._lost_error())
             return future
-        self.next_id += 1
-        call_id = self.next_id
         frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs))
         pending = _Pending(future, actor, method, timeout, convert)
         pending.timer = self.loop.call_later(timeout, self._expire, call_id)
         self.pending[call_id] = pending
-        future.add_done_callback(functools.partial(self._settled, call_id))
         self.pump.send(frames, copy=False)
         self.node.stats_.calls_sent += 1
         return future
 
     def _expire(self, call_id: int) -> None:
-        pending = self.pending.get(call_id)
+        pending = self._end(call_id, tell_callee=True)
         if pending is not None and not pending.future.done():
-            pending.timed_out = True
             pending.future.set_exception(
                 CallTimeout(
                     f"call to {pending.actor}.{pending.method} on {self.info.node_id} got no answer within "
@@ -122,15 +167,18 @@ class Peer:
                 )
             )
 
-    def _settled(self, call_id: int, future: asyncio.Future[Any]) -> None:
+    def _end(self, call_id: int, tell_callee: bool = False) -> _Pending | None:
+        """Forget a call (answered, timed out or cancelled) and free its slot."""
         pending = self.pending.pop(call_id, None)
         if pending is None:
-            return
+            return None
         if pending.timer is not None:
             pending.timer.cancel()
-        if (pending.timed_out or future.cancelled()) and self.lost is None:
+        if tell_callee and self.lost is None:
             self.pump.send(self.codec.encode(Cancel(call_id)))  # the callee stops working on it
-        self._wake_one()
+        if self.slot_waiters:
+            self._wake_one()
+        return pending
 
     def _wake_one(self) -> None:
         while self.slot_waiters:
@@ -189,7 +237,7 @@ class Peer:
             return
         kind = type(msg)
         if kind is Reply:
-            pending = self.pending.get(msg.id)
+            pending = self._end(msg.id)
             if pending is None:
                 self.node.stats_.unknown_replies += 1
             elif not pending.future.done():
@@ -210,7 +258,7 @@ class Peer:
             if entry is not None:
                 entry[0].put_nowait((_END, None))
         elif kind is Error:
-            pending = self.pending.get(msg.id)
+            pending = self._end(msg.id)
             if pending is not None:
                 if not pending.future.done():
                     pending.future.set_exception(self._remote_error(msg, pending.actor, pending.method))
@@ -239,8 +287,9 @@ class Peer:
         if self.lost is not None:
             return
         self.lost = error
-        for pending in list(self.pending.values()):
-            if not pending.future.done():
+        for call_id in list(self.pending):
+            pending = self._end(call_id)
+            if pending is not None and not pending.future.done():
                 pending.future.set_exception(self._lost_error())
         for queue, _, _ in list(self.streams.values()):
             queue.put_nowait((_FAIL, self._lost_error()))
@@ -255,3 +304,7 @@ class Peer:
             self.pump.send(self.codec.encode(Call(0, actor, method, self.codec.lift(args))), copy=False)
 
 
+
+
+collections.abc.Coroutine.register(CallFuture)
+collections.abc.Coroutine.register(CallTask)

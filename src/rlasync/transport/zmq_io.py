@@ -51,6 +51,7 @@ class SocketPump:
         self.outbox: collections.deque[tuple[list[Any], bool]] = collections.deque()
         self._closed = False
         self._drain_scheduled = False
+        self._check_scheduled = False
         self._fd = sock.getsockopt(zmq.FD)
         self.loop.add_reader(self._fd, self._drain)
         self._timer: asyncio.TimerHandle | None = None
@@ -96,7 +97,7 @@ class SocketPump:
             events = self.sock.getsockopt(zmq.EVENTS)
         except zmq.ZMQError:
             return
-        if events & zmq.POLLIN and not self._drain_scheduled:
+        if events & zmq.POLLIN and not self._drain_scheduled and not self._check_scheduled:
             self.rescued += 1
             log.debug("socket had input with no wake-up; drained by the safety timer")
             self._drain()
@@ -117,9 +118,24 @@ class SocketPump:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             self.outbox.append((frames, copy))
-        # A send can consume the descriptor's edge: look for input it may have hidden.
-        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._schedule_drain()
+        # A send can consume the descriptor's edge: look for input it may have hidden, once
+        # per loop iteration however many messages this iteration sends.
+        if not self._check_scheduled:
+            self._check_scheduled = True
+            self.loop.call_soon(self._check_after_send)
+
+    def _check_after_send(self) -> None:
+        self._check_scheduled = False
+        if self._closed or self._drain_scheduled:
+            return
+        try:
+            events = self.sock.getsockopt(zmq.EVENTS)
+        except zmq.ZMQError:
+            return
+        if events & zmq.POLLIN:
+            self._drain()
+        elif self.outbox and events & zmq.POLLOUT:
+            self._flush()
 
     def _flush(self) -> None:
         sock = self.sock

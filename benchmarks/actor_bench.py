@@ -1,0 +1,243 @@
+"""Actor-call speed: raw pyzmq vs rlasync vs Ray, between two processes, in one run.
+
+    make bench                                  # installs ray first, then runs this
+    .venv/bin/python benchmarks/actor_bench.py  # ray is skipped (with a note) if absent
+
+Measures (a) synchronous pyzmq DEALER/ROUTER over ipc with msgspec messages, the transport
+limit; (b) rlasync actor calls between two node processes of a LocalCluster; (c) Ray
+actors doing the same. Prints a table, then one JSON line; ratios are ours / reference.
+Absolute figures move 2-3x between sittings on shared machines: read the ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Awaitable, Callable
+
+import msgspec
+import zmq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # children import this file's actors
+
+import rlasync
+from rlasync.transport import Call, Reply
+
+RTT_CALLS = 3000
+PIPELINED_CALLS = 30000
+WINDOW = 1000
+MIB = 1 << 20
+MIB_CALLS = 300
+MIB_WINDOW = 8
+
+
+class Echo(rlasync.Actor):
+    @rlasync.endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @rlasync.endpoint
+    async def size(self, blob: bytes) -> int:
+        return len(blob)
+
+
+# -- (a) raw pyzmq ----------------------------------------------------------------------------
+def _zmq_server(address: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(address)
+    dec = msgspec.msgpack.Decoder(Call)
+    enc = msgspec.msgpack.Encoder()
+    while True:
+        ident, body, *rest = sock.recv_multipart()
+        call = dec.decode(body)
+        if call.method == "stop":
+            break
+        value = len(rest[0]) if rest else call.args[0]
+        sock.send_multipart([ident, enc.encode(Reply(call.id, value))])
+    sock.close(linger=0)
+    ctx.term()
+
+
+def bench_zmq() -> dict[str, float]:
+    address = f"ipc://{tempfile.mkdtemp()}/bench.sock"
+    server = multiprocessing.get_context("spawn").Process(target=_zmq_server, args=(address,))
+    server.start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(address)
+    enc = msgspec.msgpack.Encoder()
+    dec = msgspec.msgpack.Decoder(Reply)
+
+    def call(i: int, blob: bytes | None = None) -> None:
+        frames = [enc.encode(Call(i, "echo", "echo", [i]))]
+        if blob is not None:
+            frames.append(blob)
+        sock.send_multipart(frames, copy=blob is None)
+
+    for i in range(200):  # warm-up (and wait for the server to bind)
+        call(i)
+        dec.decode(sock.recv())
+    samples = []
+    for i in range(RTT_CALLS):
+        t = time.perf_counter()
+        call(i)
+        dec.decode(sock.recv())
+        samples.append(time.perf_counter() - t)
+
+    def pipelined(n: int, window: int, blob: bytes | None = None) -> float:
+        t = time.perf_counter()
+        sent = received = 0
+        while received < n:
+            while sent < n and sent - received < window:
+                call(sent, blob)
+                sent += 1
+            dec.decode(sock.recv())
+            received += 1
+        return time.perf_counter() - t
+
+    calls_s = PIPELINED_CALLS / pipelined(PIPELINED_CALLS, WINDOW)
+    blob = os.urandom(MIB)
+    gb_s = MIB_CALLS * MIB / pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9
+    sock.send_multipart([enc.encode(Call(0, "x", "stop"))])
+    server.join(10)
+    sock.close(linger=0)
+    ctx.term()
+    return {"rtt_p50_us": statistics.median(samples) * 1e6, "calls_per_s": calls_s, "mib_payload_gb_s": gb_s}
+
+
+# -- (b) rlasync -------------------------------------------------------------------------------
+async def _window(call: Callable[[int], Awaitable[Any]], n: int, window: int) -> float:
+    """Keep ``window`` calls in flight until ``n`` have answered; seconds taken."""
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    state = {"sent": 0, "done": 0}
+
+    def launch() -> None:
+        state["sent"] += 1
+        asyncio.ensure_future(call(state["sent"])).add_done_callback(on_done)
+
+    def on_done(fut: asyncio.Future[Any]) -> None:
+        fut.result()
+        state["done"] += 1
+        if state["sent"] < n:
+            launch()
+        elif state["done"] == n and not finished.done():
+            finished.set_result(None)
+
+    t = time.perf_counter()
+    for _ in range(min(window, n)):
+        launch()
+    await finished
+    return time.perf_counter() - t
+
+
+async def bench_rlasync() -> dict[str, float]:
+    t = time.perf_counter()
+    async with rlasync.LocalCluster(nodes=2) as cluster:
+        echo = await cluster.spawn(Echo, node=1)
+        await echo.echo(0)
+        start_s = time.perf_counter() - t
+        for i in range(200):
+            await echo.echo(i)
+        samples = []
+        for i in range(RTT_CALLS):
+            t = time.perf_counter()
+            await echo.echo(i)
+            samples.append(time.perf_counter() - t)
+        calls_s = PIPELINED_CALLS / await _window(echo.echo, PIPELINED_CALLS, WINDOW)
+        blob = os.urandom(MIB)
+        gb_s = MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9
+        stats = cluster.head.stats()
+    return {
+        "rtt_p50_us": statistics.median(samples) * 1e6,
+        "calls_per_s": calls_s,
+        "mib_payload_gb_s": gb_s,
+        "cluster_start_s": start_s,
+        "lost_wakeups": stats.lost_wakeups,
+    }
+
+
+# -- (c) Ray -----------------------------------------------------------------------------------
+def bench_ray() -> dict[str, float] | str:
+    try:
+        import ray
+    except ImportError:
+        return "ray is not installed (make bench installs it)"
+    t = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+
+    @ray.remote
+    class RayEcho:
+        def echo(self, x: int) -> int:
+            return x
+
+        def size(self, blob: bytes) -> int:
+            return len(blob)
+
+    actor = RayEcho.remote()  # type: ignore[attr-defined]
+    ray.get(actor.echo.remote(0))
+    start_s = time.perf_counter() - t
+    for i in range(100):
+        ray.get(actor.echo.remote(i))
+    samples = []
+    for i in range(min(RTT_CALLS, 1000)):
+        t = time.perf_counter()
+        ray.get(actor.echo.remote(i))
+        samples.append(time.perf_counter() - t)
+
+    def pipelined(n: int, window: int, submit: Callable[[int], Any]) -> float:
+        t = time.perf_counter()
+        inflight = [submit(i) for i in range(min(window, n))]
+        sent = len(inflight)
+        while inflight:
+            done, inflight = ray.wait(inflight, num_returns=1)
+            ray.get(done)
+            if sent < n:
+                inflight.append(submit(sent))
+                sent += 1
+        return time.perf_counter() - t
+
+    n = PIPELINED_CALLS // 5  # Ray is ~20x slower; fewer calls keep the run short
+    calls_s = n / pipelined(n, WINDOW, actor.echo.remote)
+    blob = os.urandom(MIB)
+    gb_s = MIB_CALLS * MIB / pipelined(MIB_CALLS, MIB_WINDOW, lambda i: actor.size.remote(blob)) / 1e9
+    ray.shutdown()
+    return {"rtt_p50_us": statistics.median(samples) * 1e6, "calls_per_s": calls_s, "mib_payload_gb_s": gb_s, "cluster_start_s": start_s}
+
+
+def main() -> None:
+    zmq_r = bench_zmq()
+    ours = rlasync.run(bench_rlasync())
+    ray_r = bench_ray()
+    rows = [("raw pyzmq (sync, ipc)", zmq_r), ("rlasync actors", ours)]
+    if isinstance(ray_r, dict):
+        rows.append(("Ray actors", ray_r))
+    print(f"{'':24} {'RTT p50 us':>11} {'calls/s':>10} {'1MiB GB/s':>10} {'start s':>8}")
+    for label, r in rows:
+        start = f"{r['cluster_start_s']:8.2f}" if "cluster_start_s" in r else f"{'-':>8}"
+        print(f"{label:24} {r['rtt_p50_us']:11.0f} {r['calls_per_s']:10.0f} {r['mib_payload_gb_s']:10.2f} {start}")
+    if not isinstance(ray_r, dict):
+        print(f"Ray skipped: {ray_r}")
+    print(f"lost wake-ups rescued by the safety timer: {ours['lost_wakeups']}")
+    result = {
+        "rtt_p50_us": round(ours["rtt_p50_us"], 1),
+        "rtt_vs_zmq": round(ours["rtt_p50_us"] / zmq_r["rtt_p50_us"], 3),
+        "rtt_vs_ray": round(ours["rtt_p50_us"] / ray_r["rtt_p50_us"], 3) if isinstance(ray_r, dict) else None,
+        "calls_per_s": round(ours["calls_per_s"]),
+        "calls_vs_zmq": round(ours["calls_per_s"] / zmq_r["calls_per_s"], 3),
+        "calls_vs_ray": round(ours["calls_per_s"] / ray_r["calls_per_s"], 2) if isinstance(ray_r, dict) else None,
+        "mib_payload_gb_s": round(ours["mib_payload_gb_s"], 3),
+        "cluster_start_s": round(ours["cluster_start_s"], 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Test tiers: unit (pure), runtime (real sockets and processes), multinode (root), gpu (CUDA)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    skip_root = pytest.mark.skip(reason="needs root for network namespaces")
+    cuda = None
+    for item in items:
+        if "gpu" in item.keywords:
+            cuda = _has_cuda() if cuda is None else cuda
+            if not cuda:
+                item.add_marker(skip_gpu)
+        if "multinode" in item.keywords and os.geteuid() != 0:
+            item.add_marker(skip_root)

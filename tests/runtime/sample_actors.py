@@ -1,0 +1,132 @@
+"""Actors the runtime tests spawn in node processes (importable there through PYTHONPATH)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, AsyncIterator
+
+import msgspec
+
+from rlasync import Actor, endpoint
+
+
+class Point(msgspec.Struct):
+    x: int
+    y: int
+
+
+class Counter(Actor):
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    @endpoint
+    async def add(self, n: int) -> int:
+        self.value += n
+        return self.value
+
+    @endpoint
+    async def norm1(self, p: Point) -> int:
+        return abs(p.x) + abs(p.y)
+
+    @endpoint
+    async def mirror(self, p: Point) -> Point:
+        return Point(p.y, p.x)
+
+    @endpoint
+    async def echo(self, value: Any) -> Any:
+        return value
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def helper(self) -> int:  # not an endpoint
+        return 1
+
+
+class Slow(Actor):
+    """Sleeps on request and records what it saw, for cancellation and backpressure tests."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.max_running = 0
+        self.cancelled = 0
+        self.finished = 0
+
+    @endpoint
+    async def sleep(self, seconds: float) -> float:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+        self.finished += 1
+        return seconds
+
+    @endpoint
+    async def report(self) -> dict[str, int]:
+        return {"running": self.running, "max_running": self.max_running, "cancelled": self.cancelled, "finished": self.finished}
+
+
+class Streamer(Actor):
+    def __init__(self) -> None:
+        self.produced = 0
+        self.closed = 0
+
+    @endpoint
+    async def count(self, n: int, delay: float = 0.0) -> AsyncIterator[int]:
+        try:
+            for i in range(n):
+                self.produced += 1
+                if delay:
+                    await asyncio.sleep(delay)
+                yield i
+        finally:
+            self.closed += 1
+
+    @endpoint
+    async def fail_after(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+        raise RuntimeError(f"stream broke after {n}")
+
+    @endpoint
+    async def report(self) -> dict[str, int]:
+        return {"produced": self.produced, "closed": self.closed}
+
+
+class Failer(Actor):
+    @endpoint
+    async def fail(self, message: str) -> None:
+        self._deep(message)
+
+    def _deep(self, message: str) -> None:
+        raise KeyError(message)
+
+
+class PingPong(Actor):
+    """Calls back into another actor, so traffic flows both ways on every socket."""
+
+    @endpoint
+    async def bounce(self, other: Any, n: int) -> int:
+        results = await asyncio.gather(*[other.add(1) for _ in range(n)])
+        return len(results)
+
+
+class Relay(Actor):
+    """Calls a third actor and reports how the call ended."""
+
+    @endpoint
+    async def relay(self, slow: Any, seconds: float) -> str:
+        from rlasync import NodeLostError
+
+        try:
+            await slow.sleep(seconds)
+        except NodeLostError as exc:
+            return type(exc).__name__
+        return "finished"

@@ -1,0 +1,108 @@
+"""Dead nodes, garbage on the wire, intruders, lost wake-ups: typed errors, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import time
+
+import pytest
+import zmq
+from sample_actors import Counter, PingPong, Relay, Slow
+
+from rlasync import JoinError, LocalCluster, Node, NodeLostError, RuntimeConfig
+
+FAST = RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=1.5, call_timeout_s=30, join_timeout_s=20)
+
+
+async def test_kill_9_raises_node_lost_within_the_deadline() -> None:
+    async with LocalCluster(nodes=3, config=FAST) as cluster:
+        slow = await cluster.spawn(Slow, node=1)
+        survivor = await cluster.spawn(Counter, node=2)
+        pending = [asyncio.ensure_future(slow.sleep(60)) for _ in range(5)]
+        await asyncio.sleep(0.2)
+        killed_at = time.monotonic()
+        os.kill(cluster.pid(1), signal.SIGKILL)
+        for call in pending:
+            with pytest.raises(NodeLostError, match="node-1"):
+                await call
+        elapsed = time.monotonic() - killed_at
+        # Declared dead within node_dead_after_s of its last heartbeat, plus the check period.
+        assert elapsed <= FAST.node_dead_after_s + FAST.heartbeat_interval_s + 1.0, elapsed
+        with pytest.raises(NodeLostError):  # later calls fail at once
+            await slow.sleep(1)
+        assert await survivor.add(1) == 1  # the rest of the cluster keeps working
+        assert [m.node_id for m in await cluster.members()] == ["node-0", "node-2"]
+
+
+async def test_node_to_node_calls_fail_when_the_callee_dies() -> None:
+    async with LocalCluster(nodes=3, config=FAST) as cluster:
+        slow = await cluster.spawn(Slow, node=2)
+        relay = await cluster.spawn(Relay, node=1)
+        call = asyncio.ensure_future(relay.relay(slow, 60))
+        await asyncio.sleep(0.3)
+        os.kill(cluster.pid(2), signal.SIGKILL)
+        assert await asyncio.wait_for(call, 10) == "NodeLostError"
+
+
+async def test_garbage_frames_never_kill_a_node() -> None:
+    async with LocalCluster(nodes=2, config=FAST) as cluster:
+        counter = await cluster.spawn(Counter, node=1)
+        target = (await cluster.members())[1].address
+        ctx = zmq.Context()
+        rng = random.Random(1234)
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(target)
+        kinds = [bytes([k]) for k in range(1, 8)]
+        for i in range(10_000):
+            frames = [rng.choice(kinds) if rng.random() < 0.7 else rng.randbytes(rng.randint(0, 4))]
+            frames += [rng.randbytes(rng.randint(0, 48)) for _ in range(rng.randint(0, 3))]
+            sock.send_multipart(frames)
+            if i % 1000 == 0:
+                assert await counter.add(1) == i // 1000 + 1  # valid calls keep being served meanwhile
+        sock.close()
+        ctx.term()
+        assert await counter.add(0) == 10
+        node_stats = await cluster.head.node_stats(1)
+        assert node_stats.malformed_frames > 5_000
+        assert node_stats.lost_wakeups == 0
+
+
+async def test_raw_tcp_garbage_and_wrong_secret_are_refused() -> None:
+    config = RuntimeConfig(transport="tcp", heartbeat_interval_s=0.2, node_dead_after_s=1.5, join_timeout_s=20)
+    async with LocalCluster(nodes=2, config=config) as cluster:
+        counter = await cluster.spawn(Counter, node=1)
+        head_address = cluster.head.address
+        host, port = head_address.removeprefix("tcp://").rsplit(":", 1)
+        rng = random.Random(99)
+        for _ in range(20):  # raw bytes that are not ZeroMQ at all
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(rng.randbytes(rng.randint(1, 512)))
+        intruder = Node(5, "tcp://127.0.0.1:0", head=head_address, secret="not-the-cluster-secret-at-all",
+                        config=RuntimeConfig(join_timeout_s=1.5))  # fmt: skip
+        with pytest.raises(JoinError, match="same cluster secret"):
+            await intruder.start()
+        assert await counter.add(2) == 2
+        assert [m.node_id for m in await cluster.members()] == ["node-0", "node-1"]
+        assert cluster.head.stats().handshakes_failed >= 1
+
+
+async def test_no_lost_wakeups_without_the_safety_timer() -> None:
+    """With the recheck timer off, a drain that missed an edge would hang: every call must finish."""
+    config = RuntimeConfig(io_recheck_s=3600, call_timeout_s=20)
+    async with LocalCluster(nodes=2, config=config) as cluster:
+        local = await cluster.spawn(Counter)  # on the head: node-1 calls back into it
+        remote = await cluster.spawn(PingPong, node=1)
+        counter = await cluster.spawn(Counter, node=1)
+        for round_ in range(30):
+            both_ways = [remote.bounce(local, 50) for _ in range(4)]
+            one_way = [counter.add(1) for _ in range(200)]
+            results = await asyncio.wait_for(asyncio.gather(*both_ways, *one_way), 20)
+            assert results[:4] == [50] * 4, round_
+        assert await local.add(0) == 30 * 4 * 50
+        assert cluster.head.stats().lost_wakeups == 0
+

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlasync.config import ConfigError, RuntimeConfig, load_config
+
+
+def test_defaults_are_valid() -> None:
+    cfg = load_config()
+    assert cfg.runtime == RuntimeConfig()
+    assert cfg.runtime.node_dead_after_s <= 5.0  # the bound on the default
+
+
+def test_yaml_and_dotted_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  call_timeout_s: 7\n  transport: tcp\n")
+    cfg = load_config(path, ["runtime.max_inflight_per_peer=8"])
+    assert cfg.runtime.call_timeout_s == 7.0
+    assert cfg.runtime.transport == "tcp"
+    assert cfg.runtime.max_inflight_per_peer == 8
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("runtime.call_timeout_s=-1", "runtime.call_timeout_s"),
+        ("runtime.call_timeout_s=soon", "runtime.call_timeout_s"),
+        ("runtime.transport=udp", "runtime.transport"),
+        ("runtime.no_such_knob=1", "no_such_knob"),
+        ("runtime", "section.field=value"),
+    ],
+)
+def test_bad_values_name_their_dotted_path(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_shipped_configs_load() -> None:
+    for path in Path(__file__).parents[2].joinpath("configs").glob("*.yaml"):
+        load_config(path)
+
+
+def test_unreadable_or_non_mapping_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
