@@ -381,10 +381,10 @@ class Node:
 
     # -- calls in ---------------------------------------------------------------------------
     def _on_request(self, frames: list[Any]) -> None:
-        if len(frames) < 3:
+        if len(frames) < 2:
             self.stats_.malformed_frames += 1
             return
-        ident = frames[0].bytes
+        ident = frames[0] if type(frames[0]) is bytes else frames[0].bytes
         try:
             msg = self.codec.decode(frames[1:])
         except DecodeError as exc:

@@ -1,5 +1,9 @@
 """Encode wire messages to ZeroMQ frames and back, with tensors and large bytes out of band.
 
+A message is ``[body, *side_frames]``; the body's first byte names the message's Struct
+(one decoder per Struct), the rest is msgpack. The kind shares the body's frame because
+every frame costs a ZeroMQ operation on each side (measured: fewer frames, more calls/s).
+
 Values inside a message may be anything msgspec encodes, plus ``torch.Tensor`` (any dtype,
 bf16 included; any layout: non-contiguous tensors are made contiguous; 0-d and empty
 tensors too) and ``bytes``. A tensor or a top-level ``bytes`` argument of at least
@@ -71,13 +75,14 @@ class Codec:
 
     # -- encoding -------------------------------------------------------------------------
     def encode(self, msg: Message) -> list[Any]:
-        """Frames for ``msg``: kind byte, msgpack body, then any side frames."""
+        """Frames for ``msg``: the body (kind byte, then msgpack), then any side frames."""
         self._side = side = []
+        body = bytearray(KIND_OF[type(msg)])
         try:
-            body = self._encoder.encode(msg)
+            self._encoder.encode_into(msg, body, 1)
         finally:
             self._side = []
-        return [KIND_OF[type(msg)], body, *side] if side else [KIND_OF[type(msg)], body]
+        return [body, *side] if side else [body]
 
     def lift(self, values: list[Any]) -> list[Any]:
         """Mark large top-level ``bytes`` in ``values`` to travel as side frames."""
@@ -127,16 +132,17 @@ class Codec:
 
     # -- decoding -------------------------------------------------------------------------
     def decode(self, frames: Sequence[Any]) -> Message:
-        """The message in ``[kind, body, *side]``; raises DecodeError if it is not one."""
-        if len(frames) < 2:
-            raise DecodeError(f"expected at least 2 frames (kind, body), got {len(frames)}")
-        kind = _as_bytes(frames[0])
+        """The message in ``[body, *side]``; raises DecodeError if it is not one."""
+        if not frames:
+            raise DecodeError("expected at least one frame (the body), got none")
+        body = memoryview(_as_buffer(frames[0]))
+        kind = bytes(body[:1])
         decoder = self._decoders.get(kind)
         if decoder is None:
-            raise DecodeError(f"unknown message kind {kind[:8]!r}")
-        self._rx_side = frames[2:]
+            raise DecodeError(f"unknown message kind {kind!r}")
+        self._rx_side = frames[1:]
         try:
-            return decoder.decode(_as_buffer(frames[1]))
+            return decoder.decode(body[1:])
         except Exception as exc:  # garbage may fail in any way; none of it may escape
             raise DecodeError(f"malformed {TYPE_OF[kind].__name__}: {exc}") from None
         finally:

@@ -1,8 +1,8 @@
 """Wire messages of the actor runtime: one msgspec Struct per kind, one kind byte per frame.
 
-A message travels as ZeroMQ frames ``[kind, body, *side_frames]`` (a ROUTER adds the
-peer's identity in front). ``kind`` is one byte naming the Struct; ``body`` is that Struct
-as msgpack; side frames carry large tensors and bytes out of band (see ``codec``).
+A message travels as ZeroMQ frames ``[body, *side_frames]`` (a ROUTER adds the peer's
+identity in front). The body is one kind byte naming the Struct, then that Struct as
+msgpack; side frames carry large tensors and bytes out of band (see ``codec``).
 """
 
 from __future__ import annotations

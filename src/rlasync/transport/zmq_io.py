@@ -76,7 +76,7 @@ class SocketPump:
             self._flush()
         for _ in range(_BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:
