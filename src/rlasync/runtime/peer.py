@@ -1,6 +1,6 @@
 """The calls one node has outstanding to another: a DEALER socket and its pending table.
 
-Each pending call holds a future, a deadline timer and, once answered, the answer. A call
+Each pending call holds a future and a deadline (checked by one sweep per peer). A call
 ends in exactly one of: reply, remote error, ``CallTimeout`` (the callee is told to stop),
 cancellation by the caller (the callee is told to stop), or ``NodeLostError`` when the
 membership declares the peer dead. Nothing waits without a deadline.
@@ -82,8 +82,13 @@ class CallFuture(_AlsoACoroutine, asyncio.Future):  # type: ignore[type-arg]
         return True
 
 
+# Deadlines are checked by one sweep per peer this often, not by a timer per call: a call
+# times out at most this much after its deadline, and the hot path arms no timer.
+_SWEEP_S = 0.025
+
+
 class _Pending:
-    __slots__ = ("future", "timer", "convert", "actor", "method", "timeout")
+    __slots__ = ("future", "deadline", "convert", "actor", "method", "timeout")
 
     def __init__(self, future: CallFuture, actor: str, method: str, timeout: float, convert: Any) -> None:
         self.future = future
@@ -91,7 +96,7 @@ class _Pending:
         self.method = method
         self.timeout = timeout
         self.convert = convert
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = future.get_loop().time() + timeout
 
 
 class Peer:
@@ -115,6 +120,7 @@ class Peer:
         self.slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.next_id = 0
         self.lost: NodeLostError | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     # -- unary calls ------------------------------------------------------------------------
     def call(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
@@ -150,12 +156,20 @@ class Peer:
             future.set_exception(self._lost_error())
             return future
         frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs))
-        pending = _Pending(future, actor, method, timeout, convert)
-        pending.timer = self.loop.call_later(timeout, self._expire, call_id)
-        self.pending[call_id] = pending
+        self.pending[call_id] = _Pending(future, actor, method, timeout, convert)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
         self.pump.send(frames, copy=False)
         self.node.stats_.calls_sent += 1
         return future
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self.loop.time()
+        for call_id in [i for i, p in self.pending.items() if p.deadline <= now]:
+            self._expire(call_id)
+        if self.pending and self.lost is None:
+            self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
 
     def _expire(self, call_id: int) -> None:
         pending = self._end(call_id, tell_callee=True)
@@ -172,8 +186,6 @@ class Peer:
         pending = self.pending.pop(call_id, None)
         if pending is None:
             return None
-        if pending.timer is not None:
-            pending.timer.cancel()
         if tell_callee and self.lost is None:
             self.pump.send(self.codec.encode(Cancel(call_id)))  # the callee stops working on it
         if self.slot_waiters:
@@ -287,6 +299,8 @@ class Peer:
         if self.lost is not None:
             return
         self.lost = error
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for call_id in list(self.pending):
             pending = self._end(call_id)
             if pending is not None and not pending.future.done():
