@@ -130,7 +130,7 @@ class Node:
             self.ctx.destroy(linger=0)
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
         self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._router = SocketPump(router, self._on_request, recheck_s=self.config.io_recheck_s, loop=self.loop)
+        self._router = SocketPump(router, self._on_request, recheck_s=self.config.io_recheck_s, loop=self.loop, routed=True)
         self._pumps.append(self._router)
         self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname())
         self._members[self.node_id] = self.info
@@ -153,10 +153,12 @@ class Node:
         def on_zap(frames: list[Any]) -> None:
             zap_pump.send(self.auth.on_zap_request(frames))
 
-        zap_pump = SocketPump(zap, on_zap, recheck_s=self.config.io_recheck_s, loop=self.loop)
+        zap_pump = SocketPump(zap, on_zap, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False)
         self._pumps.append(zap_pump)
         monitor = router.get_monitor_socket(monitor_events())
-        self._pumps.append(SocketPump(monitor, self.auth.on_monitor_event, recheck_s=self.config.io_recheck_s, loop=self.loop))
+        self._pumps.append(
+            SocketPump(monitor, self.auth.on_monitor_event, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False)
+        )
         keys.make_server(router)
 
     async def _join(self) -> None:
@@ -288,6 +290,7 @@ class Node:
         stats.handshakes_failed = self.auth.handshakes_failed
         stats.zap_denied = self.auth.zap_denied
         stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(p.pump.rescued for p in self._peers.values())
+        stats.unroutable_replies = self._router.unroutable if hasattr(self, "_router") else 0
         return stats
 
     # -- calls out ------------------------------------------------------------------------------
@@ -448,10 +451,7 @@ class Node:
             frames = self.codec.encode(msg)
         except TypeError as exc:  # an unencodable return value: tell the caller why
             frames = self.codec.encode(Error(msg.id, "raised", "TypeError", str(exc), traceback.format_exc()))
-        try:
-            self._router.send([ident, *frames], copy=False)
-        except zmq.ZMQError:  # EHOSTUNREACH: the caller is gone; nobody to tell
-            self.stats_.unknown_replies += 1
+        self._router.send([ident, *frames], copy=False)  # a caller that is gone: counted by the pump
 
     async def _finish_unary(self, ident: bytes, call_id: int, rest: Any) -> None:
         try:

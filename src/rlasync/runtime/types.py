@@ -62,6 +62,7 @@ class NodeStats(msgspec.Struct):
     calls_served: int = 0
     malformed_frames: int = 0  # frames that were not a valid message: dropped
     unknown_replies: int = 0  # replies for calls that had already ended (timed out, cancelled)
+    unroutable_replies: int = 0  # replies whose caller had gone (its node stopped or died)
     handshakes_failed: int = 0  # TCP peers refused by authentication, or speaking garbage
     zap_denied: int = 0
     lost_wakeups: int = 0  # socket wake-ups rescued by the safety timer (should stay 0)

@@ -1,0 +1,65 @@
+"""SocketPump on real ZeroMQ sockets: batching keeps order and boundaries; garbage batches are handed on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+
+from rlasync.transport.zmq_io import BATCH_MARK, SocketPump
+
+
+async def _pair(received: list[list[bytes]], done: asyncio.Event, expect: int):  # type: ignore[no-untyped-def]
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.bind("inproc://pump")
+    dealer.setsockopt(zmq.IDENTITY, b"caller")
+    dealer.connect("inproc://pump")
+
+    def on_request(frames: list[bytes]) -> None:
+        received.append(frames)
+        if len(received) >= expect:
+            done.set()
+
+    server = SocketPump(router, on_request, recheck_s=0.05, routed=True)
+    client = SocketPump(dealer, lambda frames: None, recheck_s=0.05)
+    return ctx, server, client
+
+
+async def test_small_messages_of_one_iteration_leave_as_one_batch_in_order() -> None:
+    received: list[list[bytes]] = []
+    done = asyncio.Event()
+    ctx, server, client = await _pair(received, done, 1002)
+    sent = [bytes([1]) + i.to_bytes(4, "little") for i in range(1000)]
+    for body in sent[:500]:
+        client.send([body])
+    client.send([bytes([1]) + b"x" * 20000])  # large: flushes the batch first, then goes alone
+    client.send([bytes([1]) + b"side", b"side-frame"])  # has a side frame: goes alone
+    for body in sent[500:]:
+        client.send([body])
+    await asyncio.wait_for(done.wait(), 10)
+    bodies = [frames[1] for frames in received]
+    assert all(frames[0] == b"caller" for frames in received)
+    assert bodies[:500] == sent[:500]
+    assert bodies[500] == bytes([1]) + b"x" * 20000
+    assert received[501][1:] == [bytes([1]) + b"side", b"side-frame"]
+    assert bodies[502:] == sent[500:]
+    for pump in (server, client):
+        pump.close()
+        pump.close()  # idempotent
+    ctx.term()
+
+
+async def test_a_frame_that_only_looks_like_a_batch_goes_to_the_handler() -> None:
+    received: list[list[bytes]] = []
+    done = asyncio.Event()
+    ctx, server, client = await _pair(received, done, 1)
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect("inproc://pump")
+    raw.send(BATCH_MARK + b"\xff\xfe garbage")  # the handler decides it is malformed
+    await asyncio.wait_for(done.wait(), 10)
+    assert received[0][1] == BATCH_MARK + b"\xff\xfe garbage"
+    raw.close(linger=0)
+    server.close()
+    client.close()
+    ctx.term()
