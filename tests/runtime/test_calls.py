@@ -136,6 +136,20 @@ async def test_backpressure_bounds_calls_in_flight() -> None:
         assert report["max_running"] == 4 and report["finished"] == 40
 
 
+async def test_calls_waiting_for_a_slot_time_out_or_cancel_without_being_sent() -> None:
+    config = RuntimeConfig(max_inflight_per_peer=1, call_timeout_s=30)
+    async with LocalCluster(nodes=2, config=config) as cluster:
+        slow = await cluster.spawn(Slow, node=1)
+        first = asyncio.ensure_future(slow.sleep(1.0))  # holds the only slot
+        with pytest.raises(CallTimeout, match="max_inflight_per_peer=1"):
+            await slow.sleep.options(timeout=0.2)(0.0)
+        queued = slow.sleep(0.0)
+        queued.cancel()
+        assert await first == 1.0
+        report = await slow.report()
+        assert report["finished"] == 1 and report["max_running"] == 1  # neither waiting call ran
+
+
 async def test_tensors_and_large_bytes_through_actors(cluster: LocalCluster) -> None:
     counter = await cluster.spawn(Counter, node=1)
     payload = {

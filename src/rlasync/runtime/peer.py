@@ -88,7 +88,7 @@ _SWEEP_S = 0.025
 
 
 class _Pending:
-    __slots__ = ("future", "deadline", "convert", "actor", "method", "timeout")
+    __slots__ = ("future", "deadline", "convert", "actor", "method", "timeout", "frames")
 
     def __init__(self, future: CallFuture, actor: str, method: str, timeout: float, convert: Any) -> None:
         self.future = future
@@ -97,6 +97,7 @@ class _Pending:
         self.timeout = timeout
         self.convert = convert
         self.deadline = future.get_loop().time() + timeout
+        self.frames: list[Any] | None = None  # the encoded call while it waits for a slot
 
 
 class Peer:
@@ -117,38 +118,19 @@ class Peer:
         self.pump = SocketPump(sock, self._on_message, recheck_s=node.config.io_recheck_s, loop=self.loop)
         self.pending: dict[int, _Pending] = {}
         self.streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], str, str]] = {}
-        self.slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.waiting: collections.deque[int] = collections.deque()  # queued call ids, oldest first
+        self.inflight = 0  # calls sent and not yet answered, at most max_inflight
         self.next_id = 0
         self.lost: NodeLostError | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     # -- unary calls ------------------------------------------------------------------------
     def call(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
-        if self.lost is None and len(self.pending) < self.max_inflight and not self.slot_waiters:
-            return self._start(actor, method, args, kwargs, timeout, convert)
-        return CallTask(self._call_when_free(actor, method, args, kwargs, timeout, convert), loop=self.loop)
+        """Send a call now, or queue it until one of ``max_inflight_per_peer`` slots frees up.
 
-    async def _call_when_free(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> Any:
-        deadline = self.loop.time() + timeout
-        while self.lost is None and len(self.pending) >= self.max_inflight:
-            waiter = self.loop.create_future()
-            self.slot_waiters.append(waiter)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await waiter
-            except TimeoutError:
-                raise CallTimeout(
-                    f"call to {actor}.{method} on {self.info.node_id} waited {timeout:.3g}s for one of "
-                    f"runtime.max_inflight_per_peer={self.max_inflight} call slots: the callee is slower "
-                    "than its callers; raise that setting or runtime.call_timeout_s"
-                ) from None
-            finally:
-                self._wake_one()  # pass the wake-up on if this waiter gave up
-        if self.lost is not None:
-            raise self._lost_error()
-        return await self._start(actor, method, args, kwargs, max(deadline - self.loop.time(), 1e-3), convert)
-
-    def _start(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
+        Either way the caller gets its future at once and the deadline runs from now; the
+        arguments are encoded now, so later changes to them do not leak into the call.
+        """
         self.next_id += 1
         call_id = self.next_id
         future = CallFuture(self, call_id, self.loop)
@@ -156,12 +138,28 @@ class Peer:
             future.set_exception(self._lost_error())
             return future
         frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs))
-        self.pending[call_id] = _Pending(future, actor, method, timeout, convert)
+        pending = _Pending(future, actor, method, timeout, convert)
+        self.pending[call_id] = pending
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
+        if self.inflight < self.max_inflight and not self.waiting:
+            self._send_call(frames)
+        else:  # backpressure: the callee is behind, so this call waits its turn here
+            pending.frames = frames
+            self.waiting.append(call_id)
+        return future
+
+    def _send_call(self, frames: list[Any]) -> None:
+        self.inflight += 1
         self.pump.send(frames, copy=False)
         self.node.stats_.calls_sent += 1
-        return future
+
+    def _send_waiting(self) -> None:
+        while self.waiting and self.inflight < self.max_inflight:
+            pending = self.pending.get(self.waiting.popleft())
+            if pending is not None and pending.frames is not None:  # else it timed out or was cancelled
+                frames, pending.frames = pending.frames, None
+                self._send_call(frames)
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -173,31 +171,30 @@ class Peer:
 
     def _expire(self, call_id: int) -> None:
         pending = self._end(call_id, tell_callee=True)
-        if pending is not None and not pending.future.done():
-            pending.future.set_exception(
-                CallTimeout(
-                    f"call to {pending.actor}.{pending.method} on {self.info.node_id} got no answer within "
-                    f"{pending.timeout:.3g}s; raise runtime.call_timeout_s or pass .options(timeout=...)"
-                )
+        if pending is None or pending.future.done():
+            return
+        where = f"call to {pending.actor}.{pending.method} on {self.info.node_id}"
+        if pending.frames is not None:
+            message = (
+                f"{where} waited {pending.timeout:.3g}s for one of runtime.max_inflight_per_peer="
+                f"{self.max_inflight} call slots without being sent: the callee is slower than its "
+                "callers; raise that setting or runtime.call_timeout_s"
             )
+        else:
+            message = f"{where} got no answer within {pending.timeout:.3g}s; raise runtime.call_timeout_s or pass .options(timeout=...)"
+        pending.future.set_exception(CallTimeout(message))
 
     def _end(self, call_id: int, tell_callee: bool = False) -> _Pending | None:
-        """Forget a call (answered, timed out or cancelled) and free its slot."""
+        """Forget a call (answered, timed out or cancelled); if it was sent, free its slot."""
         pending = self.pending.pop(call_id, None)
-        if pending is None:
-            return None
+        if pending is None or pending.frames is not None:  # unknown, or never sent: no slot held
+            return pending
+        self.inflight -= 1
         if tell_callee and self.lost is None:
             self.pump.send(self.codec.encode(Cancel(call_id)))  # the callee stops working on it
-        if self.slot_waiters:
-            self._wake_one()
+        if self.waiting:
+            self._send_waiting()
         return pending
-
-    def _wake_one(self) -> None:
-        while self.slot_waiters:
-            waiter = self.slot_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
 
     # -- streaming calls --------------------------------------------------------------------
     async def stream(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> AsyncIterator[Any]:
@@ -299,6 +296,7 @@ class Peer:
         if self.lost is not None:
             return
         self.lost = error
+        self.waiting.clear()  # queued calls fail below with the rest; none may be sent now
         if self._sweeper is not None:
             self._sweeper.cancel()
         for call_id in list(self.pending):
@@ -307,10 +305,6 @@ class Peer:
                 pending.future.set_exception(self._lost_error())
         for queue, _, _ in list(self.streams.values()):
             queue.put_nowait((_FAIL, self._lost_error()))
-        while self.slot_waiters:
-            waiter = self.slot_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
         self.pump.close()
 
     def send_oneway(self, actor: str, method: str, args: list[Any]) -> None:
