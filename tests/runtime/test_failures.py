@@ -106,3 +106,33 @@ async def test_no_lost_wakeups_without_the_safety_timer() -> None:
         assert await local.add(0) == 30 * 4 * 50
         assert cluster.head.stats().lost_wakeups == 0
 
+
+
+async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Kill the head: the other node must not linger (or hang) but exit within the deadline."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG='{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5}')
+    head_address = f"ipc://{tmp_path}/head.sock"
+    worker = [sys.executable, "-m", "rlasync.runtime.worker"]
+    head = subprocess.Popen([*worker, "--rank", "0", "--listen", head_address], env=env)
+    node = subprocess.Popen([*worker, "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head_address], env=env)
+    try:
+        probe = Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address)
+        await probe.start()  # a third node: when it sees node-1 as a member, node-1 has joined
+        for _ in range(200):
+            if len(await probe.members()) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert len(await probe.members()) == 3
+        await probe.stop()
+        head.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        assert await asyncio.to_thread(node.wait, 15) == 0  # a clean exit, not a crash
+        assert time.monotonic() - killed < 1.5 + 0.2 + 2.0
+    finally:
+        for proc in (head, node):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
