@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -27,3 +28,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip_gpu)
         if "multinode" in item.keywords and os.geteuid() != 0:
             item.add_marker(skip_root)
+
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+    """Every async test runs on uvloop (what node processes use) and on the stock loop (embedders)."""
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
