@@ -71,6 +71,8 @@ def bench_zmq() -> dict[str, float]:
     server.start()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVTIMEO, 30_000)  # a lost reply fails the bench instead of hanging it
+    sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     enc = msgspec.msgpack.Encoder()
     dec = msgspec.msgpack.Decoder(Reply)
@@ -79,7 +81,8 @@ def bench_zmq() -> dict[str, float]:
         frames = [enc.encode(Call(i, "echo", "echo", [i]))]
         if blob is not None:
             frames.append(blob)
-        sock.send_multipart(frames, copy=blob is None)
+        # Copying send: on ipc it beat zero-copy for 1 MiB here (reference/transport_measurements.md).
+        sock.send_multipart(frames)
 
     for i in range(200):  # warm-up (and wait for the server to bind)
         call(i)
@@ -107,6 +110,8 @@ def bench_zmq() -> dict[str, float]:
     gb_s = MIB_CALLS * MIB / pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9
     sock.send_multipart([enc.encode(Call(0, "x", "stop"))])
     server.join(10)
+    if server.is_alive():
+        server.kill()
     sock.close(linger=0)
     ctx.term()
     return {"rtt_p50_us": statistics.median(samples) * 1e6, "calls_per_s": calls_s, "mib_payload_gb_s": gb_s}
