@@ -530,10 +530,13 @@ class Node:
             if task is not current:
                 task.cancel()
         timeout = self.config.shutdown_timeout_s
-        if not self.is_head and self._started and HEAD_ID not in self._dead and hasattr(self, "info"):
-            head = self._peers.get(HEAD_ID)
-            if head is not None:
-                head.send_oneway("_membership", "leave", [self.node_id])
+        if not self.is_head and self._epoch >= 0 and HEAD_ID not in self._dead:
+            # A call, not a one-way message: closing with linger 0 could drop the message,
+            # and the head would then wait node_dead_after_s to notice the departure.
+            try:
+                await self._membership.leave.options(timeout=min(timeout, 1.0))(self.node_id)
+            except RuntimeErrorBase as exc:
+                log.info("%s could not tell the head it leaves: %s", self.node_id, exc)
         for name, actor in reversed(list(self._actors.items())):
             try:
                 async with asyncio.timeout(timeout):
