@@ -1,8 +1,8 @@
 """``Node``: one process's share of the cluster: its actors, its sockets, its membership.
 
 One node per process, all on one event loop. A node listens on one ROUTER socket for
-calls to its actors and keeps one DEALER per peer for its own calls (``Peer``). Calls
-between actors of the same node skip sockets and serialisation altogether.
+calls to its actors (``server.Server``) and keeps one DEALER per peer for its own calls
+(``peer.Peer``). Calls between actors of the same node skip sockets and serialisation.
 
 Start-up is a handshake: a node binds, joins the head (``join_timeout_s``), then
 heartbeats. Shutdown order (``stop``): stop heartbeating and leave the head; run each
@@ -17,15 +17,13 @@ import logging
 import os
 import socket
 import sys
-import traceback
-import types
 import uuid
 from typing import Any, AsyncIterator, TypeVar
 
 import zmq
 
 from ..config import RuntimeConfig
-from ..transport import Call, Cancel, Codec, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
+from ..transport import Codec
 from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
 from ..transport.zmq_io import SocketPump
 from .actor import Actor, endpoints_of
@@ -33,6 +31,7 @@ from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostE
 from .membership import Membership, NodeService
 from .peer import CallTask, Peer
 from .ref import ActorRef
+from .server import Server, error_reply
 from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
@@ -40,17 +39,6 @@ log = logging.getLogger(__name__)
 A = TypeVar("A", bound=Actor)
 EXT_ACTOR_REF = 16
 HEAD_ID = "node-0"
-
-
-class _Serving:
-    """A call this node is running for a peer; streaming calls also track send credit."""
-
-    __slots__ = ("task", "credit", "more")
-
-    def __init__(self, task: asyncio.Task[None], credit: int) -> None:
-        self.task = task
-        self.credit = credit
-        self.more: asyncio.Event | None = None
 
 
 class Node:
@@ -86,7 +74,6 @@ class Node:
         self._actors: dict[str, Actor] = {}
         self._peers: dict[str, Peer] = {}
         self._dead: dict[str, str] = {}  # node id -> reason, for nodes declared dead
-        self._serving: dict[tuple[bytes, int], _Serving] = {}
         self._members: dict[str, NodeInfo] = {}
         self._epoch = -1
         self._pumps: list[SocketPump] = []
@@ -130,8 +117,8 @@ class Node:
             self.ctx.destroy(linger=0)
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
         self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._router = SocketPump(router, self._on_request, recheck_s=self.config.io_recheck_s, loop=self.loop, routed=True)
-        self._pumps.append(self._router)
+        self._server = Server(self, router)
+        self._pumps.append(self._server.pump)
         self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname())
         self._members[self.node_id] = self.info
         await self.spawn_here(NodeService, [], {}, "_node")
@@ -290,7 +277,7 @@ class Node:
         stats.handshakes_failed = self.auth.handshakes_failed
         stats.zap_denied = self.auth.zap_denied
         stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(p.pump.rescued for p in self._peers.values())
-        stats.unroutable_replies = self._router.unroutable if hasattr(self, "_router") else 0
+        stats.unroutable_replies = self._server.pump.unroutable if hasattr(self, "_server") else 0
         return stats
 
     # -- calls out ------------------------------------------------------------------------------
@@ -382,121 +369,6 @@ class Node:
         if info.node_id != self.node_id and not self._stopping:
             self._peer(info).send_oneway("_node", method, args)
 
-    # -- calls in ---------------------------------------------------------------------------
-    def _on_request(self, frames: list[Any]) -> None:
-        if len(frames) < 2:
-            self.stats_.malformed_frames += 1
-            return
-        ident = frames[0] if type(frames[0]) is bytes else frames[0].bytes
-        try:
-            msg = self.codec.decode(frames[1:])
-        except DecodeError as exc:
-            self.stats_.malformed_frames += 1
-            log.debug("dropped malformed request from %r: %s", ident[:32], exc)
-            return
-        kind = type(msg)
-        if kind is Call:
-            self._serve(ident, msg)
-        elif kind is Cancel:
-            serving = self._serving.get((ident, msg.id))
-            if serving is not None:
-                serving.task.cancel()
-        elif kind is StreamAck:
-            serving = self._serving.get((ident, msg.id))
-            if serving is not None:
-                serving.credit += msg.n
-                if serving.more is not None:
-                    serving.more.set()
-        else:
-            self.stats_.malformed_frames += 1
-
-    def _serve(self, ident: bytes, call: Call) -> None:
-        actor = self._actors.get(call.actor)
-        if actor is None:
-            detail = "it was never spawned here, or it stopped"
-            return self._fail(ident, call.id, "no_actor", ActorNotFound, f"no actor named {call.actor!r} on {self.node_id} ({detail})")
-        ep = endpoints_of(type(actor)).get(call.method)
-        if ep is None or ep.streaming != call.stream:
-            what = "a streaming" if call.stream else "a unary"
-            return self._fail(ident, call.id, "no_endpoint", NotAnEndpoint, f"{call.method!r} is not {what} endpoint of actor {call.actor!r}")
-        self.stats_.calls_served += 1
-        if call.stream:
-            task = self.loop.create_task(self._run_stream(ident, call, ep, actor))
-            self._serving[(ident, call.id)] = _Serving(task, self.config.stream_window)
-            return
-        # Run the endpoint eagerly up to its first real wait: an endpoint that answers
-        # without waiting costs no task and no extra loop iteration.
-        try:
-            args, kwargs = ep.convert_args(call.args, call.kwargs)
-            coro = ep.fn(actor, *args, **kwargs)
-            blocked_on = coro.send(None)
-        except StopIteration as done:
-            if call.id:
-                self._send(ident, Reply(call.id, self.codec.lift_one(done.value)))
-            return
-        except Exception as exc:
-            if call.id:
-                self._send(ident, _error(call.id, exc))
-            return
-        task = self.loop.create_task(self._finish_unary(ident, call.id, _resume(coro, blocked_on)))
-        if call.id:
-            self._serving[(ident, call.id)] = _Serving(task, 0)
-
-    def _fail(self, ident: bytes, call_id: int, code: str, kind: type, message: str) -> None:
-        if call_id:
-            self._send(ident, Error(call_id, code, f"{kind.__module__}.{kind.__qualname__}", message))
-
-    def _send(self, ident: bytes, msg: Any) -> None:
-        try:
-            frames = self.codec.encode(msg)
-        except TypeError as exc:  # an unencodable return value: tell the caller why
-            frames = self.codec.encode(Error(msg.id, "raised", "TypeError", str(exc), traceback.format_exc()))
-        self._router.send([ident, *frames], copy=False)  # a caller that is gone: counted by the pump
-
-    async def _finish_unary(self, ident: bytes, call_id: int, rest: Any) -> None:
-        try:
-            result = await rest
-        except asyncio.CancelledError:
-            return  # the caller cancelled or timed out, or this node is stopping: no reply wanted
-        except Exception as exc:
-            if call_id:
-                self._send(ident, _error(call_id, exc))
-            return
-        finally:
-            if call_id:
-                self._serving.pop((ident, call_id), None)
-        if call_id:
-            self._send(ident, Reply(call_id, self.codec.lift_one(result)))
-
-    async def _run_stream(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
-        key = (ident, call.id)
-        timeout = self.config.call_timeout_s
-        try:
-            args, kwargs = ep.convert_args(call.args, call.kwargs)
-            items = ep.fn(actor, *args, **kwargs)
-            try:
-                async for item in items:
-                    serving = self._serving[key]
-                    while serving.credit <= 0:  # the caller has not consumed enough: wait for its ack
-                        serving.more = asyncio.Event()
-                        try:
-                            async with asyncio.timeout(timeout):
-                                await serving.more.wait()
-                        except TimeoutError:
-                            raise CallTimeout(f"the caller consumed nothing for {timeout:g}s (runtime.call_timeout_s)") from None
-                    serving.credit -= 1
-                    self._send(ident, StreamItem(call.id, self.codec.lift_one(item)))
-            finally:
-                await items.aclose()
-        except asyncio.CancelledError:
-            return
-        except Exception as exc:
-            self._send(ident, _error(call.id, exc))
-        else:
-            self._send(ident, StreamEnd(call.id))
-        finally:
-            self._serving.pop(key, None)
-
     # -- failure and stop -------------------------------------------------------------------
     def on_node_dead(self, node_id: str, reason: str) -> None:
         """Fail every call to ``node_id`` and stop serving its calls. Safe to call repeatedly."""
@@ -509,10 +381,8 @@ class Node:
         peer = self._peers.get(node_id)
         if peer is not None:
             peer.mark_lost(NodeLostError(node_id, reason))
-        ident = node_id.encode()
-        for key, serving in list(self._serving.items()):
-            if key[0] == ident:
-                serving.task.cancel()
+        if hasattr(self, "_server"):
+            self._server.forget_caller(node_id)
 
     def request_stop(self) -> None:
         """Start ``stop`` in the background (from inside a callback or an endpoint)."""
@@ -543,11 +413,8 @@ class Node:
                     await actor.on_stop()
             except Exception:
                 log.exception("on_stop of actor %s failed", name)
-        serving = [s.task for s in self._serving.values()]
-        for task in serving:
-            task.cancel()
-        if serving:
-            await asyncio.wait(serving, timeout=timeout)
+        if hasattr(self, "_server"):
+            await self._server.stop(timeout)
         for peer in self._peers.values():
             peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped"))
         for pump in self._pumps:
@@ -574,29 +441,6 @@ class Node:
         await self.stop()
 
 
-@types.coroutine
-def _resume(coro: Any, blocked_on: Any) -> Any:
-    """Drive a coroutine that was started by hand and is now waiting on ``blocked_on``.
-
-    This is ``yield from`` for a coroutine past its first step: what the task sends or
-    throws in goes to ``coro``, what ``coro`` yields goes to the task.
-    """
-    to_yield = blocked_on
-    try:
-        while True:
-            try:
-                sent = yield to_yield
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                to_yield = coro.throw(exc)
-            else:
-                to_yield = coro.send(sent)
-    except StopIteration as done:
-        return done.value
-
-
 async def _raise(exc: BaseException) -> Any:
     raise exc
 
@@ -606,14 +450,8 @@ def _service_info(name: str, cls: type[Actor], node: NodeInfo) -> ActorInfo:
     return ActorInfo(name, node, endpoints, f"{cls.__module__}:{cls.__qualname__}")
 
 
-def _error(call_id: int, exc: BaseException) -> Error:
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return Error(call_id, "raised", name, str(exc), "".join(traceback.format_exception(exc)))
-
-
 def _wrap(actor: str, method: str, node: str) -> ActorError:
     exc = sys.exc_info()[1]
     assert exc is not None
-    error = _error(0, exc)
+    error = error_reply(0, exc)
     return ActorError(actor, method, error.type, error.message, error.traceback, node)
