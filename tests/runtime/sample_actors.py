@@ -130,3 +130,31 @@ class Relay(Actor):
         except NodeLostError as exc:
             return type(exc).__name__
         return "finished"
+
+
+class Tasky(Actor):
+    """Endpoints that need a current task from their first line, and results that cannot travel."""
+
+    @endpoint
+    async def with_timeout(self, seconds: float) -> str:
+        async with asyncio.timeout(seconds):
+            await asyncio.sleep(0)
+        return "ok"
+
+    @endpoint
+    async def with_taskgroup(self, n: int) -> int:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(asyncio.sleep(0, result=i)) for i in range(n)]
+        return sum(t.result() for t in tasks)
+
+    @endpoint
+    async def has_task(self) -> bool:
+        return asyncio.current_task() is not None
+
+    @endpoint
+    async def too_big(self) -> int:
+        return 2**70  # msgpack has no integer this large
+
+    @endpoint
+    async def cancels_itself(self) -> None:
+        raise asyncio.CancelledError()

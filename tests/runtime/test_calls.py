@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from sample_actors import Counter, Failer, Point, Slow, Streamer
+from sample_actors import Counter, Failer, Point, Slow, Streamer, Tasky
 
 from rlasync import ActorError, ActorNotFound, CallTimeout, LocalCluster, NotAnEndpoint, RuntimeConfig
 
@@ -186,3 +186,20 @@ async def test_members_and_stats(cluster: LocalCluster) -> None:
     members = await cluster.members()
     assert [m.node_id for m in members] == ["node-0", "node-1", "node-2"]
     assert cluster.start_seconds > 0
+
+
+async def test_endpoints_run_in_a_task_from_their_first_line(cluster: LocalCluster) -> None:
+    tasky = await cluster.spawn(Tasky, node=1)
+    assert await tasky.has_task() is True
+    assert await tasky.with_timeout(5.0) == "ok"
+    assert await tasky.with_taskgroup(4) == 6
+
+
+async def test_an_unsendable_result_is_an_error_and_spares_its_batch(cluster: LocalCluster) -> None:
+    tasky = await cluster.spawn(Tasky, node=1)
+    counter = await cluster.spawn(Counter, node=1)
+    calls = [counter.add(1), tasky.too_big(), counter.add(1), tasky.cancels_itself(), counter.add(1)]
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+    assert results[0::2] == [1, 2, 3]  # sent in one batch with the failing ones, all answered
+    assert isinstance(results[1], ActorError) and "cannot send the result" in str(results[1])
+    assert isinstance(results[3], ActorError) and results[3].remote_type.endswith("CancelledError")

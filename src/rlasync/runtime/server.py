@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-import types
+import contextvars
+import sys
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -32,8 +33,8 @@ class _Serving:
 
     __slots__ = ("task", "credit", "more")
 
-    def __init__(self, task: asyncio.Task[None], credit: int) -> None:
-        self.task = task
+    def __init__(self, credit: int) -> None:
+        self.task: asyncio.Task[None] | None = None
         self.credit = credit
         self.more: asyncio.Event | None = None
 
@@ -46,18 +47,19 @@ class Server:
         self.loop = node.loop
         self.codec = node.codec
         self.serving: dict[tuple[bytes, int], _Serving] = {}
+        self.oneway: set[asyncio.Task[None]] = set()
         self.pump = SocketPump(router, self._on_request, recheck_s=node.config.io_recheck_s, loop=self.loop, routed=True)
 
     def forget_caller(self, node_id: str) -> None:
         """Stop serving the calls of a node that was declared dead: nobody awaits their answers."""
         ident = node_id.encode()
         for key, serving in list(self.serving.items()):
-            if key[0] == ident:
+            if key[0] == ident and serving.task is not None:
                 serving.task.cancel()
 
     async def stop(self, timeout: float) -> None:
         """Cancel every call in progress and wait up to ``timeout`` s for them to unwind."""
-        tasks = [s.task for s in self.serving.values()]
+        tasks = [s.task for s in self.serving.values() if s.task is not None] + list(self.oneway)
         for task in tasks:
             task.cancel()
         if tasks:
@@ -79,7 +81,7 @@ class Server:
             self._serve(ident, msg)
         elif kind is Cancel:
             serving = self.serving.get((ident, msg.id))
-            if serving is not None:
+            if serving is not None and serving.task is not None:
                 serving.task.cancel()
         elif kind is StreamAck:
             serving = self.serving.get((ident, msg.id))
@@ -100,27 +102,17 @@ class Server:
             what = "a streaming" if call.stream else "a unary"
             return self._fail(ident, call.id, "no_endpoint", NotAnEndpoint, f"{call.method!r} is not {what} endpoint of actor {call.actor!r}")
         self.node.stats_.calls_served += 1
-        if call.stream:
-            task = self.loop.create_task(self._run_stream(ident, call, ep, actor))
-            self.serving[(ident, call.id)] = _Serving(task, self.node.config.stream_window)
-            return
-        # Run the endpoint eagerly up to its first real wait: an endpoint that answers
-        # without waiting costs no task and no extra loop iteration.
-        try:
-            args, kwargs = ep.convert_args(call.args, call.kwargs)
-            coro = ep.fn(actor, *args, **kwargs)
-            blocked_on = coro.send(None)
-        except StopIteration as done:
-            if call.id:
-                self._send(ident, Reply(call.id, self.codec.lift_one(done.value)))
-            return
-        except Exception as exc:
-            if call.id:
-                self._send(ident, error_reply(call.id, exc))
-            return
-        task = self.loop.create_task(self._finish_unary(ident, call.id, _resume(coro, blocked_on)))
-        if call.id:
-            self.serving[(ident, call.id)] = _Serving(task, 0)
+        serving = _Serving(self.node.config.stream_window)
+        if call.id:  # registered first: on 3.12+ the task may run (and end) before _task returns
+            self.serving[(ident, call.id)] = serving
+        run = self._run_stream(ident, call, ep, actor, serving) if call.stream else self._run_unary(ident, call, ep, actor)
+        # Every endpoint runs in a task of its own, so asyncio.timeout, TaskGroup and
+        # contextvars behave as in any coroutine; on 3.12+ the task starts eagerly, and an
+        # endpoint that answers without waiting finishes before this returns.
+        serving.task = task = _task(self.loop, run)
+        if not call.id and not task.done():  # one-way: nobody waits, but stop() must cancel it
+            self.oneway.add(task)
+            task.add_done_callback(self.oneway.discard)
 
     def _fail(self, ident: bytes, call_id: int, code: str, kind: type, message: str) -> None:
         if call_id:
@@ -129,15 +121,22 @@ class Server:
     def _send(self, ident: bytes, msg: Any) -> None:
         try:
             frames = self.codec.encode(msg)
-        except TypeError as exc:  # an unencodable return value: tell the caller why
-            frames = self.codec.encode(Error(msg.id, "raised", "TypeError", str(exc), traceback.format_exc()))
+        except Exception as exc:  # an unencodable result (a type, an int past 64 bits, ...): say why
+            kind = type(exc).__qualname__
+            frames = self.codec.encode(Error(msg.id, "raised", kind, f"cannot send the result: {exc}", traceback.format_exc()))
         self.pump.send([ident, *frames], copy=False)  # a caller that is gone: counted by the pump
 
-    async def _finish_unary(self, ident: bytes, call_id: int, rest: Any) -> None:
+    async def _run_unary(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
+        call_id = call.id
         try:
-            result = await rest
-        except asyncio.CancelledError:
-            return  # the caller cancelled or timed out, or this node is stopping: no reply wanted
+            args, kwargs = ep.convert_args(call.args, call.kwargs)
+            result = await ep.fn(actor, *args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if _cancelled_from_outside():
+                return  # the caller cancelled or timed out, or this node is stopping: no reply wanted
+            if call_id:  # the endpoint itself let a CancelledError out: that is its answer
+                self._send(ident, error_reply(call_id, exc))
+            return
         except Exception as exc:
             if call_id:
                 self._send(ident, error_reply(call_id, exc))
@@ -148,7 +147,7 @@ class Server:
         if call_id:
             self._send(ident, Reply(call_id, self.codec.lift_one(result)))
 
-    async def _run_stream(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
+    async def _run_stream(self, ident: bytes, call: Call, ep: Any, actor: Actor, serving: _Serving) -> None:
         key = (ident, call.id)
         timeout = self.node.config.call_timeout_s
         try:
@@ -156,7 +155,6 @@ class Server:
             items = ep.fn(actor, *args, **kwargs)
             try:
                 async for item in items:
-                    serving = self.serving[key]
                     while serving.credit <= 0:  # the caller has not consumed enough: wait for its ack
                         serving.more = asyncio.Event()
                         try:
@@ -168,7 +166,9 @@ class Server:
                     self._send(ident, StreamItem(call.id, self.codec.lift_one(item)))
             finally:
                 await items.aclose()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if not _cancelled_from_outside():
+                self._send(ident, error_reply(call.id, exc))
             return
         except Exception as exc:
             self._send(ident, error_reply(call.id, exc))
@@ -178,27 +178,45 @@ class Server:
             self.serving.pop(key, None)
 
 
-@types.coroutine
-def _resume(coro: Any, blocked_on: Any) -> Any:
-    """Drive a coroutine that was started by hand and is now waiting on ``blocked_on``.
+def _task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[None]:
+    """A task for ``coro`` that runs its first step now (eager start), when no task is current.
 
-    This is ``yield from`` for a coroutine past its first step: what the task sends or
-    throws in goes to ``coro``, what ``coro`` yields goes to the task.
+    Eager start spares an endpoint that answers at once the task scheduling and a loop
+    iteration (measured: about half the pipelined throughput on 3.11 without it).
     """
-    to_yield = blocked_on
-    try:
-        while True:
-            try:
-                sent = yield to_yield
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                to_yield = coro.throw(exc)
-            else:
-                to_yield = coro.send(sent)
-    except StopIteration as done:
-        return done.value
+    if asyncio.current_task(loop) is not None:
+        return loop.create_task(coro)
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    return _EagerTask(coro, loop)
+
+
+class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[misc,name-defined]
+    """Python 3.11's pure-Python Task, started as 3.12's ``eager_start=True`` does.
+
+    The first step runs inside ``__init__``, with this task current (so ``asyncio.timeout``,
+    ``TaskGroup`` and ``current_task`` work from the first line); what is left, if anything,
+    continues as an ordinary task. Uses two private names of CPython 3.11's asyncio, which
+    3.12 replaced with the public ``eager_start``; only 3.11 takes this path.
+    """
+
+    def __init__(self, coro: Any, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.futures._PyFuture.__init__(self, loop=loop)  # type: ignore[attr-defined]
+        self._name = "rlasync-endpoint"
+        self._num_cancels_requested = 0
+        self._must_cancel = False
+        self._fut_waiter = None
+        self._coro = coro
+        self._context = contextvars.copy_context()
+        self._context.run(self._Task__step)
+        if not self.done():
+            asyncio.tasks._register_task(self)
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether this task was cancelled by ``Task.cancel`` (the caller or a stopping node)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def error_reply(call_id: int, exc: BaseException) -> Error:

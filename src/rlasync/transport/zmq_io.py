@@ -122,13 +122,11 @@ class SocketPump:
         except (msgspec.DecodeError, msgspec.ValidationError):
             self.on_message(frames)  # not a batch after all: let the handler count it as malformed
             return
-        if self.routed:
-            ident = frames[0]
-            for body in bodies:
-                self.on_message([ident, body])
-        else:
-            for body in bodies:
-                self.on_message([body])
+        for body in bodies:  # one bad message must not take the rest of its batch with it
+            try:
+                self.on_message([frames[0], body] if self.routed else [body])
+            except Exception:
+                log.exception("message handler failed; message dropped")
 
     def _recheck(self) -> None:
         if self._closed:
