@@ -136,3 +136,15 @@ async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # 
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+async def test_heartbeats_do_not_queue_behind_a_full_call_window() -> None:
+    """node-1 keeps more slow calls to the head than its in-flight limit for longer than the
+    dead-node deadline: its heartbeats must still get through, so nobody is declared dead."""
+    config = RuntimeConfig(max_inflight_per_peer=2, heartbeat_interval_s=0.2, node_dead_after_s=1.0, call_timeout_s=30)
+    async with LocalCluster(nodes=2, config=config) as cluster:
+        slow = await cluster.spawn(Slow)  # on the head
+        relay = await cluster.spawn(Relay, node=1)
+        results = await asyncio.gather(*[relay.relay(slow, 2.5) for _ in range(4)])
+        assert results == ["finished"] * 4
+        assert [m.node_id for m in await cluster.members()] == ["node-0", "node-1"]

@@ -76,8 +76,9 @@ class Membership(Actor):
         return HeartbeatReply(self.epoch, members=list(self.members.values()), dead=list(self.dead))
 
     @endpoint
-    async def leave(self, node_id: str) -> None:
-        if node_id in self.members:
+    async def leave(self, node_id: str, incarnation: str) -> None:
+        member = self.members.get(node_id)
+        if member is not None and member.incarnation == incarnation:  # not a newer process of that rank
             self._declare_dead(node_id, "it shut down", graceful=True)
 
     @endpoint
@@ -130,7 +131,11 @@ class Membership(Actor):
             now = time.monotonic()
             for node_id, seen in list(self.last_seen.items()):
                 if now - seen > config.node_dead_after_s and node_id in self.members:
-                    self._declare_dead(node_id, f"no heartbeat for {now - seen:.1f}s (runtime.node_dead_after_s={config.node_dead_after_s})")
+                    try:
+                        self._declare_dead(node_id, f"no heartbeat for {now - seen:.1f}s (runtime.node_dead_after_s={config.node_dead_after_s})")
+                    except Exception:  # the checker must outlive any one failure, or no death is seen again
+                        log.exception("declaring %s dead failed", node_id)
+                        self.members.pop(node_id, None)
 
     def _declare_dead(self, node_id: str, reason: str, graceful: bool = False) -> None:
         info = self.members.pop(node_id, None)

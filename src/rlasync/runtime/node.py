@@ -31,7 +31,7 @@ from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostE
 from .membership import Membership, NodeService
 from .peer import CallTask, Peer
 from .ref import ActorRef
-from .server import Server, error_reply
+from .server import Server, _cancelled_from_outside, error_reply
 from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Node:
         self._tasks: list[asyncio.Task[Any]] = []
         self._started = False
         self._stopping = False
+        self._fenced = False  # the head declared this process dead: it must not speak for its rank
         self.stopped = asyncio.Event()
         self.info: NodeInfo
         self.address = ""
@@ -177,8 +178,13 @@ class Node:
                 self.on_node_dead(HEAD_ID, f"the head did not answer heartbeats for {config.node_dead_after_s}s")
                 self.request_stop()
                 return
+            except Exception:  # anything else is a bug; a node that cannot heartbeat must not linger
+                log.exception("%s: heartbeat failed; stopping", self.node_id)
+                self.request_stop()
+                return
             if reply.fenced:
                 log.error("%s was declared dead by the head; stopping", self.node_id)
+                self._fenced = True
                 self.request_stop()
                 return
             if reply.members is not None:
@@ -206,6 +212,8 @@ class Node:
         running script). ``name`` must be unique in the cluster; look it up from any node.
         """
         target = self.node_id if node is None else (f"node-{node}" if isinstance(node, int) else node)
+        if name is not None and name.startswith("_"):
+            raise ValueError(f"actor names starting with '_' belong to the runtime; rename {name!r}")
         name = name or f"{cls.__name__}-{uuid.uuid4().hex[:8]}"
         if target == self.node_id:
             return await self.spawn_here(cls, list(args), kwargs, name)  # type: ignore[return-value]
@@ -400,29 +408,36 @@ class Node:
             if task is not current:
                 task.cancel()
         timeout = self.config.shutdown_timeout_s
-        if not self.is_head and self._epoch >= 0 and HEAD_ID not in self._dead:
+        try:
+            await self._stop_politely(timeout)
+        finally:  # whatever happened above (even cancellation), the sockets close and waiters wake
+            for peer in self._peers.values():
+                peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped"))
+            for pump in self._pumps:
+                pump.close()
+            if hasattr(self, "ctx"):
+                self.ctx.destroy(linger=0)
+            self._actors.clear()
+            self.stopped.set()
+
+    async def _stop_politely(self, timeout: float) -> None:
+        if not self.is_head and self._epoch >= 0 and HEAD_ID not in self._dead and not self._fenced:
             # A call, not a one-way message: closing with linger 0 could drop the message,
             # and the head would then wait node_dead_after_s to notice the departure.
             try:
-                await self._membership.leave.options(timeout=min(timeout, 1.0))(self.node_id)
+                await self._membership.leave.options(timeout=min(timeout, 1.0))(self.node_id, self.info.incarnation)
             except RuntimeErrorBase as exc:
                 log.info("%s could not tell the head it leaves: %s", self.node_id, exc)
         for name, actor in reversed(list(self._actors.items())):
             try:
                 async with asyncio.timeout(timeout):
                     await actor.on_stop()
-            except Exception:
+            except (Exception, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
+                    raise  # stop() itself is being cancelled: the finally above still closes
                 log.exception("on_stop of actor %s failed", name)
         if hasattr(self, "_server"):
             await self._server.stop(timeout)
-        for peer in self._peers.values():
-            peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped"))
-        for pump in self._pumps:
-            pump.close()
-        if hasattr(self, "ctx"):
-            self.ctx.destroy(linger=0)
-        self._actors.clear()
-        self.stopped.set()
 
     # -- actor refs on the wire -------------------------------------------------------------
     @staticmethod

@@ -142,7 +142,9 @@ class Peer:
         self.pending[call_id] = pending
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
-        if self.inflight < self.max_inflight and not self.waiting:
+        if (self.inflight < self.max_inflight and not self.waiting) or actor[:1] == "_":
+            # The runtime's own actors (heartbeats, membership) never queue behind user calls:
+            # a node busy with slow calls must not be declared dead for it.
             self._send_call(frames)
         else:  # backpressure: the callee is behind, so this call waits its turn here
             pending.frames = frames

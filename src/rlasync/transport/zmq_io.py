@@ -133,16 +133,18 @@ class SocketPump:
             return
         try:
             events = self.sock.getsockopt(zmq.EVENTS)
-        except zmq.ZMQError:
-            return
-        if events & zmq.POLLIN and not self._drain_scheduled and not self._flush_scheduled:
-            self.rescued += 1
-            log.debug("socket had input with no wake-up; drained by the safety timer")
-            self._drain()
-        elif self.outbox and events & zmq.POLLOUT:
-            self._flush_outbox()
-        assert self._recheck_s is not None
-        self._timer = self.loop.call_later(self._recheck_s, self._recheck)
+            if events & zmq.POLLIN and not self._drain_scheduled and not self._flush_scheduled:
+                self.rescued += 1
+                log.debug("socket had input with no wake-up; drained by the safety timer")
+                self._drain()
+            elif self.outbox and events & zmq.POLLOUT:
+                self._flush_outbox()
+                self._schedule_drain()  # the flush may have consumed an input edge
+        except Exception:  # the safety net itself must never stop
+            log.exception("socket re-check failed")
+        finally:
+            if not self._closed and self._recheck_s is not None:
+                self._timer = self.loop.call_later(self._recheck_s, self._recheck)
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frames: list[Any], copy: bool = True) -> None:
@@ -182,13 +184,17 @@ class SocketPump:
             return
         if self._batches:
             self._flush_batches()
-        # A send can consume the descriptor's edge: look for input it may have hidden.
+        # A send can consume the descriptor's edge: look for input it may have hidden, and
+        # for room to flush the outbox (reading EVENTS consumes the edge that would say so).
         if not self._drain_scheduled:
             try:
                 events = self.sock.getsockopt(zmq.EVENTS)
             except zmq.ZMQError:
                 return
-            if events & zmq.POLLIN:
+            if self.outbox and events & zmq.POLLOUT:
+                self._flush_outbox()
+                self._schedule_drain()
+            elif events & zmq.POLLIN:
                 self._drain()
 
     def _flush_batches(self) -> None:
@@ -229,8 +235,9 @@ class SocketPump:
     def close(self) -> None:
         """Stop reading and close the socket at once (linger 0). Idempotent.
 
-        Messages still batched for this iteration are sent first, so a one-way message sent
-        just before closing (a node telling the head it leaves) is not lost.
+        Messages still batched for this iteration are handed to ZeroMQ first, but with linger
+        0 it may drop what it has not written yet: whatever must arrive (a node leaving the
+        cluster) is a call whose answer is awaited before closing.
         """
         if self._closed:
             return
