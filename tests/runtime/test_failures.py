@@ -148,3 +148,40 @@ async def test_heartbeats_do_not_queue_behind_a_full_call_window() -> None:
         results = await asyncio.gather(*[relay.relay(slow, 2.5) for _ in range(4)])
         assert results == ["finished"] * 4
         assert [m.node_id for m in await cluster.members()] == ["node-0", "node-1"]
+
+
+async def test_a_restarted_rank_replaces_its_dead_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Kill node-1 and start a new process with rank 1 at once: refs to the old process fail
+    fast with NodeLostError, the new process serves, and nothing confuses the two."""
+    import subprocess
+    import sys
+
+    import msgspec
+
+    async with LocalCluster(nodes=2, config=FAST) as cluster:
+        old = await cluster.spawn(Counter, node=1)
+        old_incarnation = old.info.node.incarnation  # type: ignore[attr-defined]
+        os.kill(cluster.pid(1), signal.SIGKILL)
+        env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(FAST).decode(), PYTHONPATH=os.pathsep.join(sys.path))
+        new_process = subprocess.Popen(
+            [sys.executable, "-m", "rlasync.runtime.worker", "--rank", "1", "--listen", f"ipc://{tmp_path}/n1b.sock",
+             "--head", cluster.head.address], env=env,
+        )  # fmt: skip
+        try:
+            for _ in range(200):
+                members = {m.node_id: m for m in await cluster.members()}
+                if "node-1" in members and members["node-1"].incarnation != old_incarnation:
+                    break
+                await asyncio.sleep(0.05)
+            assert members["node-1"].incarnation != old_incarnation
+            with pytest.raises(NodeLostError):
+                await old.add(1)
+            new = await cluster.spawn(Counter, 100, node=1)
+            assert await new.pid() == new_process.pid
+            assert await new.add(1) == 101
+            with pytest.raises(NodeLostError):  # the old ref still fails, and does not break the new peer
+                await old.add(1)
+            assert await new.add(1) == 102
+        finally:
+            new_process.kill()
+            new_process.wait(timeout=10)

@@ -148,10 +148,10 @@ class Membership(Actor):
         for name in [n for n, a in self.names.items() if a.node.node_id == node_id]:
             del self.names[name]
         self._bump()
-        self.node.on_node_dead(node_id, reason)
+        self.node.on_node_dead(node_id, reason, info.incarnation)
         for member in self.members.values():
             if member.node_id != self.node.node_id:
-                self.node.tell_service(member, "node_dead", [node_id, reason])
+                self.node.tell_service(member, "node_dead", [node_id, info.incarnation, reason])
 
 
 class NodeService(Actor):
@@ -164,8 +164,8 @@ class NodeService(Actor):
         return ref.info
 
     @endpoint
-    async def node_dead(self, node_id: str, reason: str) -> None:
-        self.node.on_node_dead(node_id, reason)
+    async def node_dead(self, node_id: str, incarnation: str, reason: str) -> None:
+        self.node.on_node_dead(node_id, reason, incarnation)
 
     @endpoint
     async def stats(self) -> NodeStats:

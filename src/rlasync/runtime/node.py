@@ -73,7 +73,8 @@ class Node:
         self.auth = AuthCounters()
         self._actors: dict[str, Actor] = {}
         self._peers: dict[str, Peer] = {}
-        self._dead: dict[str, str] = {}  # node id -> reason, for nodes declared dead
+        self._dead: dict[str, str] = {}  # node id -> reason, for ranks with no live process
+        self._dead_incarnations: dict[str, str] = {}  # process (incarnation) -> why it is dead
         self._members: dict[str, NodeInfo] = {}
         self._epoch = -1
         self._pumps: list[SocketPump] = []
@@ -202,6 +203,10 @@ class Node:
         for node_id in dead:
             if node_id not in self._members:
                 self.on_node_dead(node_id, "declared dead by the head")
+        for member in members:  # a rank whose process changed: the one we knew is gone
+            peer = self._peers.get(member.node_id)
+            if peer is not None and peer.info.incarnation not in (member.incarnation, "unknown"):
+                self.on_node_dead(member.node_id, "a new process of that rank replaced it", peer.info.incarnation)
 
     # -- actors -----------------------------------------------------------------------------
     async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
@@ -290,7 +295,10 @@ class Node:
 
     # -- calls out ------------------------------------------------------------------------------
     def _peer(self, info: NodeInfo) -> Peer:
-        """The connection to ``info``'s node, made on first use; a lost one fails fast."""
+        """The connection to ``info``'s process, made on first use; a dead process fails fast."""
+        reason = self._dead_incarnations.get(info.incarnation)
+        if reason is not None:
+            raise NodeLostError(info.node_id, f"{reason} (that process is gone; look its actors up again)")
         peer = self._peers.get(info.node_id)
         if peer is not None:
             if peer.info.incarnation == "unknown":  # the head, before its join reply named it
@@ -299,15 +307,17 @@ class Node:
                 return peer
             if info.incarnation in ("unknown", peer.info.incarnation):
                 return peer
-            # The ref names another process of that rank: the old one is gone.
-            peer.mark_lost(NodeLostError(info.node_id, "a new process of that rank replaced it"))
+            member = self._members.get(info.node_id)
+            if member is not None and member.incarnation != info.incarnation:
+                raise NodeLostError(info.node_id, "the ref names an old process of that rank; look its actors up again")
+            # The ref names the rank's current (newer) process: the one we knew is gone.
+            self.on_node_dead(info.node_id, "a new process of that rank replaced it", peer.info.incarnation)
         if self._stopping:
             raise NodeLostError(self.node_id, "this node is stopping")
+        if info.node_id in self._dead and info.node_id not in self._members:
+            raise NodeLostError(info.node_id, self._dead[info.node_id])
         peer = Peer(self, info)
         self._peers[info.node_id] = peer
-        member = self._members.get(info.node_id)
-        if info.node_id in self._dead and (member is None or member.incarnation != info.incarnation):
-            peer.mark_lost(NodeLostError(info.node_id, self._dead[info.node_id]))
         return peer
 
     def _call(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> asyncio.Future[Any]:
@@ -378,19 +388,30 @@ class Node:
             self._peer(info).send_oneway("_node", method, args)
 
     # -- failure and stop -------------------------------------------------------------------
-    def on_node_dead(self, node_id: str, reason: str) -> None:
-        """Fail every call to ``node_id`` and stop serving its calls. Safe to call repeatedly."""
+    def on_node_dead(self, node_id: str, reason: str, incarnation: str | None = None) -> None:
+        """Fail every call to that process of ``node_id`` and stop serving its calls.
+
+        ``incarnation`` names the process; None means whichever process holds the rank now.
+        A newer process of the same rank is left alone. Safe to call repeatedly.
+        """
         if node_id == self.node_id:
-            log.error("%s was declared dead (%s); stopping", node_id, reason)
-            self.request_stop()
+            if incarnation in (None, self.info.incarnation):
+                log.error("%s was declared dead (%s); stopping", node_id, reason)
+                self._fenced = True
+                self.request_stop()
             return
-        self._dead[node_id] = reason
-        self._members.pop(node_id, None)
+        member = self._members.get(node_id)
+        if incarnation is None or member is None or member.incarnation == incarnation:
+            self._dead[node_id] = reason
+            self._members.pop(node_id, None)
         peer = self._peers.get(node_id)
-        if peer is not None:
+        if incarnation is not None:
+            self._dead_incarnations[incarnation] = reason
+        if peer is not None and incarnation in (None, peer.info.incarnation, "unknown"):
+            self._dead_incarnations[peer.info.incarnation] = reason
             peer.mark_lost(NodeLostError(node_id, reason))
         if hasattr(self, "_server"):
-            self._server.forget_caller(node_id)
+            self._server.forget_caller(node_id, incarnation)
 
     def request_stop(self) -> None:
         """Start ``stop`` in the background (from inside a callback or an endpoint)."""

@@ -110,7 +110,9 @@ class Peer:
         self.codec = node.codec
         self.max_inflight = node.config.max_inflight_per_peer
         sock = node.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, node.node_id.encode())
+        # The identity names this process, not just its rank: a restarted rank must not take
+        # over (or be taken for) its dead predecessor's connection.
+        sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
         sock.setsockopt(zmq.LINGER, 0)
         if info.address.startswith("tcp://"):
             node.require_keys().make_client(sock)

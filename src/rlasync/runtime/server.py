@@ -50,11 +50,13 @@ class Server:
         self.oneway: set[asyncio.Task[None]] = set()
         self.pump = SocketPump(router, self._on_request, recheck_s=node.config.io_recheck_s, loop=self.loop, routed=True)
 
-    def forget_caller(self, node_id: str) -> None:
-        """Stop serving the calls of a node that was declared dead: nobody awaits their answers."""
-        ident = node_id.encode()
+    def forget_caller(self, node_id: str, incarnation: str | None = None) -> None:
+        """Stop serving the calls of a dead process (None: any process of that rank)."""
+        exact = f"{node_id}:{incarnation}".encode() if incarnation else None
+        prefix = f"{node_id}:".encode()
         for key, serving in list(self.serving.items()):
-            if key[0] == ident and serving.task is not None:
+            ident = key[0]
+            if (ident == exact if exact else ident.startswith(prefix)) and serving.task is not None:
                 serving.task.cancel()
 
     async def stop(self, timeout: float) -> None:
