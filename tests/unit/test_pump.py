@@ -63,3 +63,41 @@ async def test_a_frame_that_only_looks_like_a_batch_goes_to_the_handler() -> Non
     server.close()
     client.close()
     ctx.term()
+
+
+async def test_a_peer_that_reads_nothing_does_not_block_the_others() -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.SNDHWM, 4)
+    router.bind("inproc://stuck")
+    stuck, reader = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    for sock, name in ((stuck, b"stuck"), (reader, b"reader")):
+        sock.setsockopt(zmq.IDENTITY, name)
+        sock.setsockopt(zmq.RCVHWM, 4)
+        sock.connect("inproc://stuck")
+        sock.send(b"hello")
+    seen: list[bytes] = []
+    server = SocketPump(router, lambda frames: seen.append(frames[0]), recheck_s=0.05, routed=True)
+    for _ in range(100):
+        if len(seen) == 2:
+            break
+        await asyncio.sleep(0.01)
+    big = bytes([2]) + b"x" * 20000  # large: never batched, so each is one ZeroMQ message
+    for _ in range(50):
+        server.send([b"stuck", big])  # far past what ZeroMQ holds for a peer that never reads
+    for i in range(5):
+        server.send([b"reader", bytes([2]) + bytes([i]) * 20000])
+    got = []
+    for _ in range(200):
+        try:
+            got.append(reader.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            if len(got) == 5:
+                break
+            await asyncio.sleep(0.01)
+    assert [g[1] for g in got] == [0, 1, 2, 3, 4]
+    for sock in (stuck, reader):
+        sock.close(linger=0)
+    server.close()
+    ctx.term()

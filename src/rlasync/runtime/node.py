@@ -25,7 +25,7 @@ import zmq
 from ..config import RuntimeConfig
 from ..transport import Codec
 from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
-from ..transport.zmq_io import SocketPump
+from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .membership import Membership, NodeService
@@ -109,7 +109,8 @@ class Node:
         router = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises instead of vanishing
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes over its identity
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a process reconnecting replaces its stale pipe
+        keep_alive(router, self.config.heartbeat_interval_s, self.config.node_dead_after_s)
         if self.listen.startswith("tcp://"):
             self._secure(router)
         try:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import zmq
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
-from ..transport.zmq_io import SocketPump
+from ..transport.zmq_io import SocketPump, keep_alive
 from .errors import ActorError, ActorNotFound, CallTimeout, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .types import NodeInfo
 
@@ -114,6 +114,7 @@ class Peer:
         # over (or be taken for) its dead predecessor's connection.
         sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
         sock.setsockopt(zmq.LINGER, 0)
+        keep_alive(sock, node.config.heartbeat_interval_s, node.config.node_dead_after_s)
         if info.address.startswith("tcp://"):
             node.require_keys().make_client(sock)
         sock.connect(info.address)

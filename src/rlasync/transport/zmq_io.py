@@ -31,7 +31,17 @@ log = logging.getLogger(__name__)
 
 BATCH_MARK = b"\x00"  # first byte of a batch frame; message kinds start at 1
 _BATCH_MAX_BODY = 16384  # bodies at least this large go alone (copying them into a batch costs more)
-_DRAIN_LIMIT = 512  # ZeroMQ messages handled per reader callback before yielding to the loop
+_DRAIN_LIMIT = 512
+_OUTBOX_LIMIT = 100_000  # messages waiting for one destination before the oldest are dropped  # ZeroMQ messages handled per reader callback before yielding to the loop
+
+
+def keep_alive(sock: zmq.Socket, interval_s: float, timeout_s: float) -> None:  # type: ignore[type-arg]
+    """ZeroMQ-level heartbeats (ZMTP PING/PONG): a connection whose peer stops answering
+    (a stopped process, a dead host whose TCP stays half-open) is dropped after ``timeout_s``,
+    so messages queued for it are discarded instead of piling up."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(timeout_s * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(timeout_s * 1000)))
 
 
 class SocketPump:
@@ -60,7 +70,10 @@ class SocketPump:
         self.batch = batch
         self.rescued = 0  # wake-ups the safety timer found lost
         self.unroutable = 0  # messages ZeroMQ refused for an unknown peer (a ROUTER's caller is gone)
-        self.outbox: collections.deque[tuple[list[Any], bool]] = collections.deque()
+        # Messages ZeroMQ could not take yet (its queue to that peer is full), per destination:
+        # one peer that stops reading must not hold up the replies owed to the others.
+        self._outboxes: dict[Any, collections.deque[tuple[list[Any], bool]]] = {}
+        self.dropped = 0  # messages dropped because one destination's outbox passed its limit
         self._batches: dict[Any, list[Any]] = {}  # destination -> bodies waiting for the flush
         self._batch_encoder = msgspec.msgpack.Encoder()
         self._batch_decoder = msgspec.msgpack.Decoder(list[bytes])
@@ -87,7 +100,7 @@ class SocketPump:
         if self._closed:
             return
         sock = self.sock
-        if self.outbox:
+        if self._outboxes:
             self._flush_outbox()
         body_at = 1 if self.routed else 0
         for handled in range(_DRAIN_LIMIT):
@@ -137,7 +150,7 @@ class SocketPump:
                 self.rescued += 1
                 log.debug("socket had input with no wake-up; drained by the safety timer")
                 self._drain()
-            elif self.outbox and events & zmq.POLLOUT:
+            elif self._outboxes and events & zmq.POLLOUT:
                 self._flush_outbox()
                 self._schedule_drain()  # the flush may have consumed an input edge
         except Exception:  # the safety net itself must never stop
@@ -191,7 +204,7 @@ class SocketPump:
                 events = self.sock.getsockopt(zmq.EVENTS)
             except zmq.ZMQError:
                 return
-            if self.outbox and events & zmq.POLLOUT:
+            if self._outboxes and events & zmq.POLLOUT:
                 self._flush_outbox()
                 self._schedule_drain()
             elif events & zmq.POLLIN:
@@ -208,29 +221,44 @@ class SocketPump:
             self._send_now([dest, frame] if self.routed else [frame], True)
 
     def _send_now(self, frames: list[Any], copy: bool) -> None:
-        if self.outbox:
-            self.outbox.append((frames, copy))  # keep order behind what is already waiting
+        dest = frames[0] if self.routed else None
+        waiting = self._outboxes.get(dest)
+        if waiting is not None:  # keep order behind what already waits for this destination
+            self._park(dest, waiting, frames, copy)
             return
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
-            self.outbox.append((frames, copy))
+            self._park(dest, self._outboxes.setdefault(dest, collections.deque()), frames, copy)
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY): the peer is gone
             self.unroutable += 1
             log.debug("dropping message for a peer that is gone: %s", exc)
 
+    def _park(self, dest: Any, waiting: collections.deque[tuple[list[Any], bool]], frames: list[Any], copy: bool) -> None:
+        if len(waiting) >= _OUTBOX_LIMIT:
+            # A peer that reads nothing while this much piles up is stuck; ZeroMQ's own
+            # heartbeats normally drop its connection long before (then sends fail fast).
+            waiting.popleft()
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                log.error("peer %r reads nothing: dropped %d queued messages", dest, self.dropped)
+        waiting.append((frames, copy))
+
     def _flush_outbox(self) -> None:
         sock = self.sock
-        while self.outbox:
-            frames, copy = self.outbox[0]
-            try:
-                sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                self.unroutable += 1
-                log.debug("dropping queued message: %s", exc)
-            self.outbox.popleft()
+        for dest, waiting in list(self._outboxes.items()):
+            while waiting:
+                frames, copy = waiting[0]
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                except zmq.Again:
+                    break  # this peer is still full; the others go on
+                except zmq.ZMQError as exc:
+                    self.unroutable += 1
+                    log.debug("dropping queued message: %s", exc)
+                waiting.popleft()
+            if not waiting:
+                del self._outboxes[dest]
 
     def close(self) -> None:
         """Stop reading and close the socket at once (linger 0). Idempotent.
