@@ -119,3 +119,14 @@ def test_tensor_whose_shape_lies_about_its_frame_is_rejected() -> None:
     frames[1] = b"\x00" * 12  # too short for 100 floats
     with pytest.raises(DecodeError, match="needs 400 bytes"):
         codec.decode(frames)
+
+
+def test_an_encoded_tensor_does_not_see_later_changes(pair) -> None:
+    codec = Codec(zero_copy_threshold=64)
+    t = torch.zeros(1000)
+    frames = codec.encode(Reply(1, t))
+    t.add_(7)  # the caller reuses its buffer right after the call
+    a, b = pair
+    a.send_multipart(frames, copy=False)
+    got = codec.decode(b.recv_multipart(copy=False))
+    assert torch.equal(got.value, torch.zeros(1000))  # type: ignore[union-attr]

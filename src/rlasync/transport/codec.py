@@ -10,6 +10,9 @@ tensors too) and ``bytes``. A tensor or a top-level ``bytes`` argument of at lea
 ``zero_copy_threshold`` bytes becomes its own frame, sent without copying; the body holds
 only its dtype, shape and frame index. Smaller ones ride inside the body.
 
+A tensor is copied once when encoded (the message never aliases the caller's memory);
+``bytes`` are immutable and travel as they are.
+
 No pickle: a frame that does not decode to the exact Struct of its kind raises
 ``DecodeError`` and is dropped by the caller of ``decode``.
 
@@ -121,6 +124,10 @@ class Codec:
         if t.device.type != "cpu":
             t = t.cpu()  # tensors cross processes via host memory; weights use torch.distributed
         t = t.resolve_conj().resolve_neg().contiguous()
+        if t.data_ptr() == tensor.data_ptr() and t.numel():
+            # The frame may leave later (batched, queued behind a full peer): own a copy, so the
+            # caller can change its tensor right after the call without changing the message.
+            t = t.clone()
         dtype = str(t.dtype).removeprefix("torch.")
         shape = list(t.shape)
         # Viewing as bytes works for every dtype (bf16 has no numpy type) and every shape.
