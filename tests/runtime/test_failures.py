@@ -185,3 +185,41 @@ async def test_a_restarted_rank_replaces_its_dead_process(tmp_path) -> None:  # 
         finally:
             new_process.kill()
             new_process.wait(timeout=10)
+
+
+async def test_a_call_meant_for_a_dead_process_is_refused_by_its_successor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A node that never heard of the old process's death calls it through a stored ref; the
+    new process now listening at the same address must refuse (NodeLostError), not answer."""
+    import subprocess
+    import sys
+
+    import msgspec
+
+    from rlasync import ActorRef
+
+    async with LocalCluster(nodes=2, config=FAST) as cluster:
+        old = await cluster.spawn(Counter, node=1, name="counter")
+        old_info = old.info  # type: ignore[attr-defined]
+        os.kill(cluster.pid(1), signal.SIGKILL)
+        env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(FAST).decode(), PYTHONPATH=os.pathsep.join(sys.path))
+        address = old_info.node.address  # the same socket path: the successor binds where it lived
+        successor = subprocess.Popen([sys.executable, "-m", "rlasync.runtime.worker", "--rank", "1", "--listen", address,
+                                      "--head", cluster.head.address], env=env)  # fmt: skip
+        try:
+            for _ in range(200):
+                members = {m.node_id: m for m in await cluster.members()}
+                if "node-1" in members and members["node-1"].incarnation != old_info.node.incarnation:
+                    break
+                await asyncio.sleep(0.05)
+            await cluster.spawn(Counter, 7, node=1, name="counter")  # same name, new process
+            async with Node(5, f"ipc://{tmp_path}/late.sock", head=cluster.head.address, config=FAST) as late:
+                stale = ActorRef(late, old_info, Counter)
+                started = time.monotonic()
+                with pytest.raises(NodeLostError, match="is gone"):
+                    await stale.add(1)
+                assert time.monotonic() - started < 5
+                fresh = await late.lookup("counter", Counter)
+                assert await fresh.add(1) == 8
+        finally:
+            successor.kill()
+            successor.wait(timeout=10)

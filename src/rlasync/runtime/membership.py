@@ -31,7 +31,7 @@ class Membership(Actor):
     def __init__(self) -> None:
         self.members: dict[str, NodeInfo] = {}
         self.last_seen: dict[str, float] = {}
-        self.dead: list[str] = []  # node ids declared dead, most recent last
+        self.dead: list[NodeInfo] = []  # processes declared dead, most recent last
         self.epoch = 0
         self.names: dict[str, ActorInfo] = {}
         self._changed = asyncio.Event()  # set and replaced on every change, for waiters
@@ -59,8 +59,6 @@ class Membership(Actor):
             self._declare_dead(info.node_id, "replaced by a new process of the same rank")
         self.members[info.node_id] = info
         self.last_seen[info.node_id] = time.monotonic()
-        if info.node_id in self.dead:
-            self.dead.remove(info.node_id)
         self._bump()
         log.info("%s joined from %s (pid %d on %s)", info.node_id, info.address, info.pid, info.host)
         return JoinReply(self.node.info, self.epoch, list(self.members.values()))
@@ -143,7 +141,7 @@ class Membership(Actor):
         if info is None:
             return
         log.log(logging.INFO if graceful else logging.WARNING, "%s declared dead: %s", node_id, reason)
-        self.dead.append(node_id)
+        self.dead.append(info)
         del self.dead[:-1024]
         for name in [n for n, a in self.names.items() if a.node.node_id == node_id]:
             del self.names[name]

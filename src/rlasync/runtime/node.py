@@ -72,7 +72,7 @@ class Node:
         self.stats_ = NodeStats(self.node_id)
         self.auth = AuthCounters()
         self._actors: dict[str, Actor] = {}
-        self._peers: dict[str, Peer] = {}
+        self._peers: dict[str, Peer] = {}  # by incarnation: one connection per process
         self._dead: dict[str, str] = {}  # node id -> reason, for ranks with no live process
         self._dead_incarnations: dict[str, str] = {}  # process (incarnation) -> why it is dead
         self._members: dict[str, NodeInfo] = {}
@@ -110,7 +110,7 @@ class Node:
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises instead of vanishing
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a process reconnecting replaces its stale pipe
-        keep_alive(router, self.config.heartbeat_interval_s, self.config.node_dead_after_s)
+        keep_alive(router)
         if self.listen.startswith("tcp://"):
             self._secure(router)
         try:
@@ -165,6 +165,10 @@ class Node:
         except RuntimeErrorBase as exc:
             await self.stop()
             raise JoinError(f"{self.node_id} was refused by the head: {exc}") from None
+        placeholder = self._peers.pop("unknown", None)
+        if placeholder is not None:  # the connection made for the join now knows whom it reaches
+            placeholder.info = reply.head
+            self._peers[reply.head.incarnation] = placeholder
         self._membership = ActorRef(self, _service_info("_membership", Membership, reply.head), Membership)
         self._apply_members(reply.epoch, reply.members, [])
         self._tasks.append(self.loop.create_task(self._heartbeat(), name=f"rlasync-heartbeat-{self.node_id}"))
@@ -198,16 +202,12 @@ class Node:
         self._epoch = epoch
         self._members = {m.node_id: m for m in members}
 
-    def _apply_members(self, epoch: int, members: list[NodeInfo], dead: list[str]) -> None:
+    def _apply_members(self, epoch: int, members: list[NodeInfo], dead: list[NodeInfo]) -> None:
         self._epoch = epoch
         self._members = {m.node_id: m for m in members}
-        for node_id in dead:
-            if node_id not in self._members:
-                self.on_node_dead(node_id, "declared dead by the head")
-        for member in members:  # a rank whose process changed: the one we knew is gone
-            peer = self._peers.get(member.node_id)
-            if peer is not None and peer.info.incarnation not in (member.incarnation, "unknown"):
-                self.on_node_dead(member.node_id, "a new process of that rank replaced it", peer.info.incarnation)
+        for gone in dead:
+            if gone.incarnation not in self._dead_incarnations:
+                self.on_node_dead(gone.node_id, "declared dead by the head", gone.incarnation)
 
     # -- actors -----------------------------------------------------------------------------
     async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
@@ -220,7 +220,7 @@ class Node:
         target = self.node_id if node is None else (f"node-{node}" if isinstance(node, int) else node)
         if name is not None and name.startswith("_"):
             raise ValueError(f"actor names starting with '_' belong to the runtime; rename {name!r}")
-        name = name or f"{cls.__name__}-{uuid.uuid4().hex[:8]}"
+        name = name or f"{cls.__name__.lstrip('_') or 'Actor'}-{uuid.uuid4().hex[:8]}"
         if target == self.node_id:
             return await self.spawn_here(cls, list(args), kwargs, name)  # type: ignore[return-value]
         info = self._members.get(target)
@@ -296,29 +296,21 @@ class Node:
 
     # -- calls out ------------------------------------------------------------------------------
     def _peer(self, info: NodeInfo) -> Peer:
-        """The connection to ``info``'s process, made on first use; a dead process fails fast."""
+        """The connection to ``info``'s process, made on first use.
+
+        A process the head declared dead fails fast. Any other call names the process it
+        means (``Call.to``), so a restarted process at the same address refuses it instead
+        of answering for its predecessor.
+        """
         reason = self._dead_incarnations.get(info.incarnation)
         if reason is not None:
             raise NodeLostError(info.node_id, f"{reason} (that process is gone; look its actors up again)")
-        peer = self._peers.get(info.node_id)
+        peer = self._peers.get(info.incarnation)
         if peer is not None:
-            if peer.info.incarnation == "unknown":  # the head, before its join reply named it
-                if info.incarnation != "unknown":
-                    peer.info = info
-                return peer
-            if info.incarnation in ("unknown", peer.info.incarnation):
-                return peer
-            member = self._members.get(info.node_id)
-            if member is not None and member.incarnation != info.incarnation:
-                raise NodeLostError(info.node_id, "the ref names an old process of that rank; look its actors up again")
-            # The ref names the rank's current (newer) process: the one we knew is gone.
-            self.on_node_dead(info.node_id, "a new process of that rank replaced it", peer.info.incarnation)
+            return peer
         if self._stopping:
             raise NodeLostError(self.node_id, "this node is stopping")
-        if info.node_id in self._dead and info.node_id not in self._members:
-            raise NodeLostError(info.node_id, self._dead[info.node_id])
-        peer = Peer(self, info)
-        self._peers[info.node_id] = peer
+        peer = self._peers[info.incarnation] = Peer(self, info)
         return peer
 
     def _call(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> asyncio.Future[Any]:
@@ -392,8 +384,8 @@ class Node:
     def on_node_dead(self, node_id: str, reason: str, incarnation: str | None = None) -> None:
         """Fail every call to that process of ``node_id`` and stop serving its calls.
 
-        ``incarnation`` names the process; None means whichever process holds the rank now.
-        A newer process of the same rank is left alone. Safe to call repeatedly.
+        ``incarnation`` names the process; None means every process of that rank (only used
+        when the head is lost, after which this node stops). Safe to call repeatedly.
         """
         if node_id == self.node_id:
             if incarnation in (None, self.info.incarnation):
@@ -401,16 +393,17 @@ class Node:
                 self._fenced = True
                 self.request_stop()
             return
-        member = self._members.get(node_id)
-        if incarnation is None or member is None or member.incarnation == incarnation:
-            self._dead[node_id] = reason
-            self._members.pop(node_id, None)
-        peer = self._peers.get(node_id)
         if incarnation is not None:
             self._dead_incarnations[incarnation] = reason
-        if peer is not None and incarnation in (None, peer.info.incarnation, "unknown"):
-            self._dead_incarnations[peer.info.incarnation] = reason
-            peer.mark_lost(NodeLostError(node_id, reason))
+        member = self._members.get(node_id)
+        if member is not None and incarnation in (None, member.incarnation):
+            self._dead[node_id] = reason
+            del self._members[node_id]
+        elif incarnation is None:
+            self._dead[node_id] = reason
+        for key, peer in list(self._peers.items()):
+            if peer.info.node_id == node_id and incarnation in (None, peer.info.incarnation, peer.to or None):
+                peer.mark_lost(NodeLostError(node_id, reason))
         if hasattr(self, "_server"):
             self._server.forget_caller(node_id, incarnation)
 

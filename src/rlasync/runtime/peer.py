@@ -114,7 +114,7 @@ class Peer:
         # over (or be taken for) its dead predecessor's connection.
         sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
         sock.setsockopt(zmq.LINGER, 0)
-        keep_alive(sock, node.config.heartbeat_interval_s, node.config.node_dead_after_s)
+        keep_alive(sock)
         if info.address.startswith("tcp://"):
             node.require_keys().make_client(sock)
         sock.connect(info.address)
@@ -140,7 +140,7 @@ class Peer:
         if self.lost is not None:
             future.set_exception(self._lost_error())
             return future
-        frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs))
+        frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, to=self.to))
         pending = _Pending(future, actor, method, timeout, convert)
         self.pending[call_id] = pending
         if self._sweeper is None:
@@ -209,7 +209,7 @@ class Peer:
         call_id = self.next_id
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.streams[call_id] = (queue, actor, method)
-        self.pump.send(self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, stream=True)), copy=False)
+        self.pump.send(self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, stream=True, to=self.to)), copy=False)
         self.node.stats_.calls_sent += 1
         ack_every = max(1, self.node.config.stream_window // 2)
         unacked = 0
@@ -285,7 +285,17 @@ class Peer:
         else:  # a Call, Cancel or StreamAck has no business on a DEALER
             self.node.stats_.malformed_frames += 1
 
+    @property
+    def to(self) -> str:
+        """The incarnation every call names, so a restarted process at the address refuses it."""
+        incarnation = self.info.incarnation
+        return "" if incarnation == "unknown" else incarnation
+
     def _remote_error(self, msg: Error, actor: str, method: str) -> Exception:
+        if msg.code == "gone":  # the process we meant no longer listens there: all its calls are lost
+            error = NodeLostError(self.info.node_id, msg.message)
+            self.loop.call_soon(self.node.on_node_dead, self.info.node_id, msg.message, self.info.incarnation)
+            return error
         runtime_type = _RUNTIME_ERRORS.get(msg.type)
         if runtime_type is not None:
             return runtime_type(msg.message)
@@ -314,7 +324,7 @@ class Peer:
 
     def send_oneway(self, actor: str, method: str, args: list[Any]) -> None:
         if self.lost is None:
-            self.pump.send(self.codec.encode(Call(0, actor, method, self.codec.lift(args))), copy=False)
+            self.pump.send(self.codec.encode(Call(0, actor, method, self.codec.lift(args), to=self.to)), copy=False)
 
 
 

@@ -20,7 +20,7 @@ import zmq
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
 from ..transport.zmq_io import SocketPump
 from .actor import Actor, endpoints_of
-from .errors import ActorNotFound, CallTimeout, NotAnEndpoint
+from .errors import ActorNotFound, CallTimeout, NodeLostError, NotAnEndpoint
 
 if TYPE_CHECKING:
     from .node import Node
@@ -95,6 +95,11 @@ class Server:
             self.node.stats_.malformed_frames += 1
 
     def _serve(self, ident: bytes, call: Call) -> None:
+        if call.to and call.to != self.node.info.incarnation:
+            # The caller means a process that used to listen at this address (same rank,
+            # restarted): that process is gone, whatever actor of the same name lives here now.
+            message = f"the process of {self.node.node_id} that was called ({call.to}) is gone; {self.node.info.incarnation} listens there now"
+            return self._fail(ident, call.id, "gone", NodeLostError, message)
         actor = self.node._actors.get(call.actor)
         if actor is None:
             detail = "it was never spawned here, or it stopped"
@@ -120,13 +125,17 @@ class Server:
         if call_id:
             self._send(ident, Error(call_id, code, f"{kind.__module__}.{kind.__qualname__}", message))
 
-    def _send(self, ident: bytes, msg: Any) -> None:
+    def _send(self, ident: bytes, msg: Any) -> bool:
+        """Send ``msg``; if it cannot be encoded, send that error instead and return False."""
+        ok = True
         try:
             frames = self.codec.encode(msg)
         except Exception as exc:  # an unencodable result (a type, an int past 64 bits, ...): say why
             kind = type(exc).__qualname__
             frames = self.codec.encode(Error(msg.id, "raised", kind, f"cannot send the result: {exc}", traceback.format_exc()))
+            ok = False
         self.pump.send([ident, *frames], copy=False)  # a caller that is gone: counted by the pump
+        return ok
 
     async def _run_unary(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
         call_id = call.id
@@ -165,7 +174,8 @@ class Server:
                         except TimeoutError:
                             raise CallTimeout(f"the caller consumed nothing for {timeout:g}s (runtime.call_timeout_s)") from None
                     serving.credit -= 1
-                    self._send(ident, StreamItem(call.id, self.codec.lift_one(item)))
+                    if not self._send(ident, StreamItem(call.id, self.codec.lift_one(item))):
+                        return  # the caller got the error and ended the stream: stop the generator
             finally:
                 await items.aclose()
         except asyncio.CancelledError as exc:
@@ -195,6 +205,9 @@ def _task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[None]:
 
 class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[misc,name-defined]
     """Python 3.11's pure-Python Task, started as 3.12's ``eager_start=True`` does.
+
+    (Being the pure-Python class, it is not an instance of the C ``asyncio.Task`` that
+    ``isinstance`` checks see, and it ignores a loop's task factory.)
 
     The first step runs inside ``__init__``, with this task current (so ``asyncio.timeout``,
     ``TaskGroup`` and ``current_task`` work from the first line); what is left, if anything,

@@ -51,7 +51,7 @@ class HeartbeatReply(msgspec.Struct, frozen=True):
     epoch: int
     fenced: bool = False  # the head declared this node dead: it must stop
     members: list[NodeInfo] | None = None  # the live members, sent when ``epoch`` changed
-    dead: list[str] = []  # node ids declared dead, sent when ``epoch`` changed
+    dead: list[NodeInfo] = []  # processes declared dead (recent ones), sent when ``epoch`` changed
 
 
 class NodeStats(msgspec.Struct):

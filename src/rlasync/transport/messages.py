@@ -21,6 +21,7 @@ class Call(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     stream: bool = False  # the endpoint is an async generator: reply with items
+    to: str = ""  # the callee process (incarnation) the caller means; "" = whichever listens
 
 
 class Reply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -66,7 +67,7 @@ class StreamAck(msgspec.Struct, array_like=True, gc=False):
     n: int
 
 
-ERROR_CODES = ("raised", "no_actor", "no_endpoint", "bad_request", "timeout")
+ERROR_CODES = ("raised", "no_actor", "no_endpoint", "bad_request", "timeout", "gone")
 
 # One byte per kind; the decoder for each is built once for its exact type.
 KIND_OF: dict[type[msgspec.Struct], bytes] = {

@@ -35,13 +35,20 @@ _DRAIN_LIMIT = 512
 _OUTBOX_LIMIT = 100_000  # messages waiting for one destination before the oldest are dropped  # ZeroMQ messages handled per reader callback before yielding to the loop
 
 
-def keep_alive(sock: zmq.Socket, interval_s: float, timeout_s: float) -> None:  # type: ignore[type-arg]
-    """ZeroMQ-level heartbeats (ZMTP PING/PONG): a connection whose peer stops answering
-    (a stopped process, a dead host whose TCP stays half-open) is dropped after ``timeout_s``,
-    so messages queued for it are discarded instead of piling up."""
-    sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(timeout_s * 1000)))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(timeout_s * 1000)))
+# ZeroMQ-level heartbeats only clear out connections to peers that are stuck for good. libzmq
+# resets their timers only between whole frames, so a timeout shorter than the transfer of
+# one large frame would cut that frame off (libzmq #2709): fast failure detection is the
+# membership's job (node_dead_after_s), not this one's.
+_KEEPALIVE_IVL_S = 5.0
+_KEEPALIVE_TIMEOUT_S = 600.0  # also the TTL, whose limit in libzmq is 6553.5 s
+
+
+def keep_alive(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    """Drop a connection whose peer answers no ZMTP PING for ten minutes (a stopped process,
+    a host gone with its TCP half-open), so messages queued for it are freed."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(_KEEPALIVE_IVL_S * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(_KEEPALIVE_TIMEOUT_S * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(_KEEPALIVE_TIMEOUT_S * 1000))
 
 
 class SocketPump:
@@ -150,7 +157,7 @@ class SocketPump:
                 self.rescued += 1
                 log.debug("socket had input with no wake-up; drained by the safety timer")
                 self._drain()
-            elif self._outboxes and events & zmq.POLLOUT:
+            elif self._outboxes:  # even without POLLOUT: sends to a vanished peer fail fast and free memory
                 self._flush_outbox()
                 self._schedule_drain()  # the flush may have consumed an input edge
         except Exception:  # the safety net itself must never stop
