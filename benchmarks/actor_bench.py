@@ -5,7 +5,8 @@
 
 Measures (a) synchronous pyzmq DEALER/ROUTER over ipc with msgspec messages, the transport
 limit; (b) rlasync actor calls between two node processes of a LocalCluster; (c) Ray
-actors doing the same. Prints a table, then one JSON line; ratios are ours / reference.
+actors doing the same. (a) and (b) run side by side in alternating rounds (median of each).
+Prints a table, then one JSON line; ratios are ours / reference.
 Absolute figures move 2-3x between sittings on shared machines: read the ratios.
 """
 
@@ -35,6 +36,7 @@ WINDOW = 1000
 MIB = 1 << 20
 MIB_CALLS = 300
 MIB_WINDOW = 8
+ROUNDS = 3  # alternating rounds of the reference and ours; each figure is the median
 
 
 class Echo(rlasync.Actor):
@@ -51,6 +53,10 @@ class Echo(rlasync.Actor):
 def _zmq_server(address: str) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
+    # ZeroMQ may hold well under HWM messages per pipe, and a plain ROUTER silently drops
+    # replies past it: with 1,000 in flight that lost a reply (and hung the bench) now and then.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
     sock.bind(address)
     dec = msgspec.msgpack.Decoder(Call)
     enc = msgspec.msgpack.Encoder()
@@ -65,56 +71,58 @@ def _zmq_server(address: str) -> None:
     ctx.term()
 
 
-def bench_zmq() -> dict[str, float]:
-    address = f"ipc://{tempfile.mkdtemp()}/bench.sock"
-    server = multiprocessing.get_context("spawn").Process(target=_zmq_server, args=(address,))
-    server.start()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.RCVTIMEO, 30_000)  # a lost reply fails the bench instead of hanging it
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    enc = msgspec.msgpack.Encoder()
-    dec = msgspec.msgpack.Decoder(Reply)
+class RawZmq:
+    """Synchronous DEALER to a ROUTER echo server in another process: the transport limit."""
 
-    def call(i: int, blob: bytes | None = None) -> None:
-        frames = [enc.encode(Call(i, "echo", "echo", [i]))]
+    def __init__(self) -> None:
+        address = f"ipc://{tempfile.mkdtemp()}/bench.sock"
+        self.server = multiprocessing.get_context("spawn").Process(target=_zmq_server, args=(address,))
+        self.server.start()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.RCVTIMEO, 30_000)  # a lost reply fails the bench instead of hanging it
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.connect(address)
+        self.enc = msgspec.msgpack.Encoder()
+        self.dec = msgspec.msgpack.Decoder(Reply)
+        self.rtt(200)  # warm-up (and wait for the server to bind)
+
+    def _call(self, i: int, blob: bytes | None = None) -> None:
+        frames = [self.enc.encode(Call(i, "echo", "echo", [i]))]
         if blob is not None:
             frames.append(blob)
         # Copying send: on ipc it beat zero-copy for 1 MiB here (reference/transport_measurements.md).
-        sock.send_multipart(frames)
+        self.sock.send_multipart(frames)
 
-    for i in range(200):  # warm-up (and wait for the server to bind)
-        call(i)
-        dec.decode(sock.recv())
-    samples = []
-    for i in range(RTT_CALLS):
-        t = time.perf_counter()
-        call(i)
-        dec.decode(sock.recv())
-        samples.append(time.perf_counter() - t)
+    def rtt(self, n: int) -> list[float]:
+        samples = []
+        for i in range(n):
+            t = time.perf_counter()
+            self._call(i)
+            self.dec.decode(self.sock.recv())
+            samples.append(time.perf_counter() - t)
+        return samples
 
-    def pipelined(n: int, window: int, blob: bytes | None = None) -> float:
+    def pipelined(self, n: int, window: int, blob: bytes | None = None) -> float:
         t = time.perf_counter()
         sent = received = 0
         while received < n:
             while sent < n and sent - received < window:
-                call(sent, blob)
+                self._call(sent, blob)
                 sent += 1
-            dec.decode(sock.recv())
+            self.dec.decode(self.sock.recv())
             received += 1
         return time.perf_counter() - t
 
-    calls_s = PIPELINED_CALLS / pipelined(PIPELINED_CALLS, WINDOW)
-    blob = os.urandom(MIB)
-    gb_s = MIB_CALLS * MIB / pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9
-    sock.send_multipart([enc.encode(Call(0, "x", "stop"))])
-    server.join(10)
-    if server.is_alive():
-        server.kill()
-    sock.close(linger=0)
-    ctx.term()
-    return {"rtt_p50_us": statistics.median(samples) * 1e6, "calls_per_s": calls_s, "mib_payload_gb_s": gb_s}
+    def close(self) -> None:
+        self.sock.send_multipart([self.enc.encode(Call(0, "x", "stop"))])
+        self.server.join(10)
+        if self.server.is_alive():
+            self.server.kill()
+        self.sock.close(linger=0)
+        self.ctx.term()
 
 
 # -- (b) rlasync -------------------------------------------------------------------------------
@@ -143,30 +151,49 @@ async def _window(call: Callable[[int], Awaitable[Any]], n: int, window: int) ->
     return time.perf_counter() - t
 
 
-async def bench_rlasync() -> dict[str, float]:
+async def bench_ours_and_zmq() -> tuple[dict[str, float], dict[str, float]]:
+    """Raw pyzmq and rlasync, both up at once and measured in alternating rounds, so a change
+    in the machine's state (other load, CPU wake-up latency) hits both alike."""
+    zmq_ref = RawZmq()
     t = time.perf_counter()
     async with rlasync.LocalCluster(nodes=2) as cluster:
         echo = await cluster.spawn(Echo, node=1)
         await echo.echo(0)
         start_s = time.perf_counter() - t
-        for i in range(200):
-            await echo.echo(i)
-        samples = []
-        for i in range(RTT_CALLS):
-            t = time.perf_counter()
-            await echo.echo(i)
-            samples.append(time.perf_counter() - t)
-        calls_s = PIPELINED_CALLS / await _window(echo.echo, PIPELINED_CALLS, WINDOW)
+
+        async def our_rtt(n: int) -> list[float]:
+            samples = []
+            for i in range(n):
+                t = time.perf_counter()
+                await echo.echo(i)
+                samples.append(time.perf_counter() - t)
+            return samples
+
+        await our_rtt(200)
+        zmq_rtt: list[float] = []
+        our_rtts: list[float] = []
+        for _ in range(ROUNDS * 2):
+            zmq_rtt += zmq_ref.rtt(RTT_CALLS // (ROUNDS * 2))
+            our_rtts += await our_rtt(RTT_CALLS // (ROUNDS * 2))
         blob = os.urandom(MIB)
-        gb_s = MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9
+        zmq_calls, our_calls, zmq_mib, our_mib = [], [], [], []
+        for _ in range(ROUNDS):
+            zmq_calls.append(PIPELINED_CALLS / zmq_ref.pipelined(PIPELINED_CALLS, WINDOW))
+            our_calls.append(PIPELINED_CALLS / await _window(echo.echo, PIPELINED_CALLS, WINDOW))
+            zmq_mib.append(MIB_CALLS * MIB / zmq_ref.pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9)
+            our_mib.append(MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9)
         stats = cluster.head.stats()
-    return {
-        "rtt_p50_us": statistics.median(samples) * 1e6,
-        "calls_per_s": calls_s,
-        "mib_payload_gb_s": gb_s,
+    zmq_ref.close()
+    median = statistics.median
+    zmq_r = {"rtt_p50_us": median(zmq_rtt) * 1e6, "calls_per_s": median(zmq_calls), "mib_payload_gb_s": median(zmq_mib)}
+    ours = {
+        "rtt_p50_us": median(our_rtts) * 1e6,
+        "calls_per_s": median(our_calls),
+        "mib_payload_gb_s": median(our_mib),
         "cluster_start_s": start_s,
         "lost_wakeups": stats.lost_wakeups,
     }
+    return zmq_r, ours
 
 
 # -- (c) Ray -----------------------------------------------------------------------------------
@@ -218,8 +245,7 @@ def bench_ray() -> dict[str, float] | str:
 
 
 def main() -> None:
-    zmq_r = bench_zmq()
-    ours = rlasync.run(bench_rlasync())
+    zmq_r, ours = rlasync.run(bench_ours_and_zmq())
     ray_r = bench_ray()
     rows = [("raw pyzmq (sync, ipc)", zmq_r), ("rlasync actors", ours)]
     if isinstance(ray_r, dict):
