@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 BATCH_MARK = b"\x00"  # first byte of a batch frame; message kinds start at 1
 _BATCH_MAX_BODY = 16384  # bodies at least this large go alone (copying them into a batch costs more)
 _DRAIN_LIMIT = 512
+_ON_TIME_S = 0.005  # a re-check later than this found a busy loop, not (provably) a lost wake-up
 _OUTBOX_LIMIT = 100_000  # messages waiting for one destination before the oldest are dropped  # ZeroMQ messages handled per reader callback before yielding to the loop
 
 
@@ -75,7 +76,7 @@ class SocketPump:
         self.loop = loop or asyncio.get_running_loop()
         self.routed = routed
         self.batch = batch
-        self.rescued = 0  # wake-ups the safety timer found lost
+        self.rescued = 0  # wake-ups the safety timer found lost while the loop ran on time
         self.unroutable = 0  # messages ZeroMQ refused for an unknown peer (a ROUTER's caller is gone)
         # Messages ZeroMQ could not take yet (its queue to that peer is full), per destination:
         # one peer that stops reading must not hold up the replies owed to the others.
@@ -91,8 +92,10 @@ class SocketPump:
         self.loop.add_reader(self._fd, self._drain)
         self._timer: asyncio.TimerHandle | None = None
         self._recheck_s = recheck_s
+        self._due = 0.0
+        self._last_drain = self._last_send = 0.0  # loop times, for the rescue diagnostics
         if recheck_s is not None:
-            self._timer = self.loop.call_later(recheck_s, self._recheck)
+            self._arm_recheck()
         # A message may already be queued (the edge fired before we registered).
         self._schedule_drain()
 
@@ -103,6 +106,7 @@ class SocketPump:
             self.loop.call_soon(self._drain)
 
     def _drain(self) -> None:
+        self._last_drain = self.loop.time()
         self._drain_scheduled = False
         if self._closed:
             return
@@ -148,14 +152,27 @@ class SocketPump:
             except Exception:
                 log.exception("message handler failed; message dropped")
 
+    def _arm_recheck(self) -> None:
+        assert self._recheck_s is not None
+        self._due = self.loop.time() + self._recheck_s
+        self._timer = self.loop.call_later(self._recheck_s, self._recheck)
+
     def _recheck(self) -> None:
         if self._closed:
             return
         try:
             events = self.sock.getsockopt(zmq.EVENTS)
             if events & zmq.POLLIN and not self._drain_scheduled and not self._flush_scheduled:
-                self.rescued += 1
-                log.debug("socket had input with no wake-up; drained by the safety timer")
+                # Count it as a lost wake-up only if the loop ran on time: after the loop was
+                # blocked, this timer may simply run before the reader callback that is also due.
+                assert self._recheck_s is not None
+                if self.loop.time() - self._due < _ON_TIME_S:
+                    self.rescued += 1
+                    now = self.loop.time()
+                    log.info(
+                        "lost wake-up rescued by the safety timer (router=%s, last drain %.1f ms ago, last send %.1f ms ago)",
+                        self.routed, (now - self._last_drain) * 1e3, (now - self._last_send) * 1e3,
+                    )  # fmt: skip
                 self._drain()
             elif self._outboxes:  # even without POLLOUT: sends to a vanished peer fail fast and free memory
                 self._flush_outbox()
@@ -164,7 +181,7 @@ class SocketPump:
             log.exception("socket re-check failed")
         finally:
             if not self._closed and self._recheck_s is not None:
-                self._timer = self.loop.call_later(self._recheck_s, self._recheck)
+                self._arm_recheck()
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frames: list[Any], copy: bool = True) -> None:
@@ -233,6 +250,7 @@ class SocketPump:
         if waiting is not None:  # keep order behind what already waits for this destination
             self._park(dest, waiting, frames, copy)
             return
+        self._last_send = self.loop.time()
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
