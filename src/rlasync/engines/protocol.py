@@ -1,0 +1,49 @@
+"""The one protocol every inference engine speaks (torch, vLLM, SGLang).
+
+Token-in/token-out, so agent loops never re-tokenise model output. Every engine keeps a
+weight version and tags each generated token with the version that produced it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
+
+from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot take (bad ids, too long, duplicate id, engine closed)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Run one request to its end (stop, length or abort)."""
+        ...
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """The same, chunk by chunk as tokens are produced."""
+        ...
+
+    async def abort(self, request_id: str) -> bool:
+        """End a request now; its caller gets the tokens so far with finish reason "abort"."""
+        ...
+
+    async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
+        """Stop admitting requests. "abort": end every in-flight request now and return the
+        partial outputs (to resume them after a weight update); "wait": let in-flight
+        requests finish (up to ``timeout`` s). Waiting requests stay queued until ``resume``."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        """Load these parameters (all or some, by name) and set the weight version."""
+        ...
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,65 @@
+"""Data shapes of the Engine protocol: token ids in, token ids (with logprobs and versions) out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort"]
+PauseMode = Literal["abort", "wait"]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How to sample one request (vLLM's names and meanings)."""
+
+    temperature: float = 1.0
+    """0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+    max_new_tokens: int = 64
+    """Stop after this many new tokens (finish reason "length")."""
+    stop_token_ids: list[int] = []
+    """Tokens that end the response (kept in the output, finish reason "stop")."""
+    ignore_eos: bool = False
+    """Do not stop at the model's end-of-sequence token."""
+    seed: int | None = None
+    """Seed of this request's own random generator (reproducible sampling)."""
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams = SamplingParams()
+
+
+class TokenChunk(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
+    """New tokens of a streaming request; the last chunk has a finish reason."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]  # of each sampled token, under the temperature-scaled distribution
+    versions: list[int]  # weight version that produced each token
+    finish_reason: FinishReason | None = None
+
+
+class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """A finished request: everything it generated (partial when aborted)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
+    running: int
+    waiting: int
+    tokens_per_s: float  # generated tokens per second over the last few seconds
+    kv_cache_bytes: int
+    weight_version: int
+    paused: bool
