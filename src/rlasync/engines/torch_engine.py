@@ -61,6 +61,7 @@ class TorchEngine:
     def __init__(self, model: Any, *, max_batch: int = 64, max_seq_len: int | None = None, seed: int = 0) -> None:
         self.model = model.eval()
         self.max_batch = max_batch
+        self.admit_min = max(1, max_batch // 4)
         self.max_seq_len = max_seq_len or int(getattr(model.config, "max_position_embeddings", 4096))
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos: int | None = eos[0] if isinstance(eos, list) else eos
@@ -214,7 +215,11 @@ class TorchEngine:
         while not self._closed:
             self._apply_aborts()
             admit: list[_Sequence] = []
-            if not self._paused:
+            free = self.max_batch - len(self._rows)
+            # Admit in groups: every admission costs a prefill forward and a copy of the
+            # batch's KV cache, so waiting for a quarter of the rows to free up (unless
+            # the batch is nearly idle) measured faster than refilling row by row.
+            if not self._paused and self._waiting and (free >= self.admit_min or len(self._rows) < self.admit_min):
                 while self._waiting and len(self._rows) + len(admit) < self.max_batch:
                     admit.append(self._waiting.popleft())
             if not self._rows and not admit:
