@@ -27,6 +27,7 @@ bench: setup
 	# Ray is only the reference the benchmark compares against; the bench skips it if this fails.
 	$(PY) -m pip install --quiet 'ray>=2.40,<3' || echo "ray could not be installed; benchmarks will skip it"
 	$(PY) benchmarks/actor_bench.py
+	$(PY) benchmarks/engine_bench.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
