@@ -56,3 +56,9 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
 
     host: str = "127.0.0.1"
     """Address a tcp node binds and advertises."""
+
+    preload_modules: tuple[str, ...] = ()
+    """Modules every node imports before joining the cluster, e.g. ``["rlasync.engines"]``.
+    Loading a large C extension such as torch holds the GIL for up to seconds on a busy
+    machine; done after joining, it can starve the node's heartbeats (actor modules are
+    otherwise imported in a thread when an actor is first spawned)."""

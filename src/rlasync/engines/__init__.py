@@ -1,10 +1,17 @@
-"""Inference engines behind one token-in/token-out protocol; the torch engine is the default."""
+"""Inference engines behind one token-in/token-out protocol; the torch engine is the default.
 
+``EngineActor`` hosts any engine on a node; ``Router`` spreads requests over all of them.
+"""
+
+from .actor import EngineActor, build_engine, register_backend
+from .config import EngineConfig, RouterConfig
 from .protocol import Engine, EngineError
+from .router import EngineLoad, EngineLostError, NoEngineError, Router, RouterBusyError, RouterStats
 from .torch_engine import TorchEngine
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, SamplingParams, TokenChunk
 
 __all__ = [
-    "Engine", "EngineError", "EngineStats", "FinishReason", "GenerateOutput", "GenerateRequest", "PauseMode",
-    "SamplingParams", "TokenChunk", "TorchEngine",
+    "Engine", "EngineActor", "EngineConfig", "EngineError", "EngineLoad", "EngineLostError", "EngineStats",
+    "FinishReason", "GenerateOutput", "GenerateRequest", "NoEngineError", "PauseMode", "Router", "RouterBusyError",
+    "RouterConfig", "RouterStats", "SamplingParams", "TokenChunk", "TorchEngine", "build_engine", "register_backend",
 ]  # fmt: skip

@@ -72,6 +72,7 @@ class TorchEngine:
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._by_id: dict[str, _Sequence] = {}
         self._aborts: set[str] = set()
+        self._finished = 0
         self._paused = False
         self._closed = False
         self._wake = asyncio.Event()
@@ -116,10 +117,15 @@ class TorchEngine:
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         seq = self._submit(request)
-        while True:
-            chunk = await seq.queue.get()
-            if chunk.finish_reason is not None:
-                return seq.output()
+        try:
+            while True:
+                chunk = await seq.queue.get()
+                if chunk.finish_reason is not None:
+                    return seq.output()
+        finally:
+            if seq.finish is None:  # the caller was cancelled: stop generating for it
+                self._aborts.add(request.request_id)
+                self._wake.set()
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         seq = self._submit(request)
@@ -197,6 +203,7 @@ class TorchEngine:
         return EngineStats(
             running=len(self._rows), waiting=len(self._waiting), tokens_per_s=rate,
             kv_cache_bytes=self._batch.nbytes(), weight_version=self._version, paused=self._paused,
+            finished=self._finished,
         )  # fmt: skip
 
     async def close(self) -> None:
@@ -298,6 +305,7 @@ class TorchEngine:
         seq.logprobs += logprobs
         seq.versions += versions
         seq.finish = reason
+        self._finished += 1
         self._by_id.pop(seq.request.request_id, None)
         seq.queue.put_nowait(
             TokenChunk(request_id=seq.request.request_id, token_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=reason)

@@ -54,6 +54,7 @@ class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: list[float]
     versions: list[int]
     finish_reason: FinishReason
+    engine: str = ""  # name of the engine actor that served it (set by EngineActor)
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,3 +64,4 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_bytes: int
     weight_version: int
     paused: bool
+    finished: int = 0  # requests finished (any reason) since the engine started

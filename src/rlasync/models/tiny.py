@@ -12,6 +12,7 @@ Sizes measured on our 2-core machines (``shared/reference/cpu_feasibility.md``):
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -98,6 +99,9 @@ def save_pretrained_dir(model: Any, tokenizer: Any, path: str | os.PathLike[str]
     return out
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def load_pretrained_dir(path: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
     """Load any Hugging Face causal-LM folder from disk only (never the hub)."""
     import torch
@@ -106,8 +110,11 @@ def load_pretrained_dir(path: str | os.PathLike[str], *, dtype: Any = None, devi
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); build one with rlasync.models.build_tiny_lm")
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype or torch.float32)
+    # transformers' loading patches torch globally (meta-device init), so two threads loading
+    # at once (two engines on one node) corrupt each other: one load at a time per process.
+    with _LOAD_LOCK:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype or torch.float32)
     model.to(device)
     model.eval()
     return model, tokenizer

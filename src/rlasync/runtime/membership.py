@@ -157,7 +157,9 @@ class NodeService(Actor):
 
     @endpoint
     async def spawn(self, spec: SpawnSpec) -> ActorInfo:
-        cls = import_actor_class(spec)
+        # Importing an actor's module can take seconds (torch, transformers): in a thread, so
+        # this node's heartbeats keep flowing and the head does not declare it dead meanwhile.
+        cls = await asyncio.to_thread(import_actor_class, spec)
         ref = await self.node.spawn_here(cls, list(spec.args), dict(spec.kwargs), spec.name)
         return ref.info
 

@@ -13,6 +13,7 @@ calls; close every socket with linger 0. ``stop`` is idempotent.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import socket
@@ -105,6 +106,10 @@ class Node:
             return self
         self._started = True
         self.loop = asyncio.get_running_loop()
+        for module in self.config.preload_modules:
+            # Before joining, when nobody waits for our heartbeats: loading a large C
+            # extension (torch) holds the GIL for seconds and would starve them later.
+            importlib.import_module(module)
         self.ctx: zmq.Context[Any] = zmq.Context()
         router = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)

@@ -1,0 +1,340 @@
+"""The router: spreads generate requests over engine actors on every node.
+
+    router = Router([engine_a, engine_b, engine_c], RouterConfig(max_inflight_per_engine=64))
+    out = await router.generate(request, session_id="traj-17")   # every turn of traj-17: one engine
+
+What verl's ``AsyncLLMServerManager`` does, done better:
+
+- **Least outstanding requests, counted down.** Each request goes to the engine with the
+  fewest requests outstanding, and the count drops when the request finishes (verl's
+  per-worker counters only ever grow). Ties go to the engine given the fewest requests so
+  far, so even one-at-a-time traffic spreads.
+- **One view of the whole cluster.** Every ``load_refresh_s`` the router asks each engine
+  for its running and waiting requests; what other routers (agent-loop workers on other
+  nodes) placed there counts as load here too. The same poll notices dead engines early.
+- **Sticky sessions.** Every turn of one conversation goes to the engine that served its
+  first turn, so the engine can reuse the prefix; an LRU bounds the memory of sessions.
+- **A cap per engine.** At most ``max_inflight_per_engine`` requests outstanding on one
+  engine from this router; more wait (up to ``queue_timeout_s``) in arrival order.
+- **Dead engines leave.** When an engine's node is lost its in-flight requests are retried
+  on another engine from the start (``on_engine_lost="retry"``) or fail with
+  ``EngineLostError`` (``"fail"``); the engine takes no more requests. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Iterable
+
+import msgspec
+
+from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
+
+# An engine is gone when its node is lost or its actor no longer exists there.
+_GONE = (NodeLostError, ActorNotFound)
+from .config import RouterConfig
+from .protocol import EngineError
+from .types import GenerateOutput, GenerateRequest, TokenChunk
+
+log = logging.getLogger(__name__)
+
+
+class EngineLostError(EngineError, ConnectionError):
+    """The engine serving a request died (its node was lost) and the request was not moved."""
+
+
+class NoEngineError(EngineError):
+    """The router has no live engine left."""
+
+
+class RouterBusyError(EngineError, TimeoutError):
+    """No engine had a free slot within ``router.queue_timeout_s``."""
+
+
+class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    node: str
+    outstanding: int  # this router's requests on it now
+    others: int  # requests other routers have on it, as of its last report
+    assigned: int  # requests this router ever gave it
+
+
+class RouterStats(msgspec.Struct, frozen=True, kw_only=True):
+    engines: list[EngineLoad]
+    queued: int  # requests waiting for a free slot
+    sessions: int  # conversations remembered for stickiness
+    retries: int  # requests moved to another engine after a loss
+    engines_lost: int
+
+
+class _Slot:
+    """What the router knows about one engine."""
+
+    __slots__ = ("ref", "outstanding", "others", "assigned", "alive", "requests")
+
+    def __init__(self, ref: ActorRef) -> None:
+        self.ref = ref
+        self.outstanding = 0
+        self.others = 0
+        self.assigned = 0
+        self.alive = True
+        self.requests: set[str] = set()  # request ids outstanding here (for abort)
+
+
+class Router:
+    def __init__(self, engines: Iterable[ActorRef], config: RouterConfig | None = None) -> None:
+        self.config = config or RouterConfig()
+        self._slots: dict[str, _Slot] = {}
+        self._sessions: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
+        self._queue: collections.deque[tuple[asyncio.Future[_Slot], str | None]] = collections.deque()
+        self._where: dict[str, _Slot] = {}  # request id -> engine, while outstanding
+        self._retries = 0
+        self._lost = 0
+        self._refresher: asyncio.Task[None] | None = None
+        self._closed = False
+        for ref in engines:
+            self.add_engine(ref)
+
+    # -- engines ------------------------------------------------------------------------------
+    def add_engine(self, ref: ActorRef) -> None:
+        """Start sending requests to ``ref`` (an ``EngineActor``)."""
+        if ref.name in self._slots:
+            raise ValueError(f"engine {ref.name!r} is already in the router")
+        self._slots[ref.name] = _Slot(ref)
+        self._dispatch()
+
+    def remove_engine(self, name: str) -> None:
+        """Send no new requests to ``name``; requests outstanding there finish normally."""
+        slot = self._slots.pop(name, None)
+        if slot is not None:
+            slot.alive = False
+            self._dispatch()
+
+    @property
+    def engines(self) -> list[ActorRef]:
+        """The live engines, e.g. to pause them all or update their weights."""
+        return [slot.ref for slot in self._slots.values()]
+
+    def stats(self) -> RouterStats:
+        return RouterStats(
+            engines=[
+                EngineLoad(name=name, node=s.ref.node_id, outstanding=s.outstanding, others=s.others, assigned=s.assigned)
+                for name, s in self._slots.items()
+            ],
+            queued=sum(1 for fut, _ in self._queue if not fut.done()),
+            sessions=len(self._sessions), retries=self._retries, engines_lost=self._lost,
+        )  # fmt: skip
+
+    # -- requests -------------------------------------------------------------------------------
+    async def generate(self, request: GenerateRequest, *, session_id: str | None = None) -> GenerateOutput:
+        """Run ``request`` on an engine; turns with the same ``session_id`` share one engine."""
+        moves = 0
+        while True:
+            slot = await self._acquire(session_id, request.request_id)
+            call = slot.ref.generate.options(timeout=self.config.request_timeout_s)
+            try:
+                out: GenerateOutput = await call(request)
+                return out
+            except _GONE as exc:
+                self._engine_lost(slot, exc)
+                self._check_move(slot, request, moves, exc)
+                moves += 1
+            finally:
+                self._release(slot, request.request_id)
+
+    async def generate_stream(self, request: GenerateRequest, *, session_id: str | None = None) -> AsyncIterator[TokenChunk]:
+        """Stream ``request``'s tokens. A loss before the first chunk moves the request like
+        ``generate``; a loss after it raises ``EngineLostError`` (its tokens were seen)."""
+        moves = 0
+        while True:
+            slot = await self._acquire(session_id, request.request_id)
+            stream = slot.ref.generate_stream.options(timeout=self.config.request_timeout_s)(request)
+            started = False
+            try:
+                async for chunk in stream:
+                    started = True
+                    yield chunk
+                return
+            except _GONE as exc:
+                self._engine_lost(slot, exc)
+                if started:
+                    raise EngineLostError(
+                        f"engine {slot.ref.name!r} on {slot.ref.node_id} was lost in the middle of streaming request "
+                        f"{request.request_id!r}; the tokens already streamed cannot be taken back, so it was not moved"
+                    ) from exc
+                self._check_move(slot, request, moves, exc)
+                moves += 1
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+                self._release(slot, request.request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort an outstanding request on its engine (its caller gets finish reason "abort")."""
+        slot = self._where.get(request_id)
+        if slot is None or not slot.alive:
+            return False
+        try:
+            aborted: bool = await slot.ref.abort.options(timeout=self.config.queue_timeout_s)(request_id)
+        except _GONE as exc:
+            self._engine_lost(slot, exc)
+            return False
+        return aborted
+
+    async def close(self) -> None:
+        """Stop the load poll and fail queued requests; outstanding ones finish on their own."""
+        self._closed = True
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        while self._queue:
+            fut, _ = self._queue.popleft()
+            if not fut.done():
+                fut.set_exception(NoEngineError("the router was closed"))
+
+    async def __aenter__(self) -> Router:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- choosing an engine -----------------------------------------------------------------------
+    def _pick(self, session_id: str | None) -> _Slot | None:
+        """The engine for this request now, or None if it must wait for a slot."""
+        if not self._slots:
+            raise NoEngineError(
+                "the router has no live engine (every engine was removed or its node was lost); "
+                "spawn EngineActors and add them with router.add_engine"
+            )
+        cap = self.config.max_inflight_per_engine or None
+        if session_id is not None:
+            sticky = self._sessions.get(session_id)
+            if sticky is not None and sticky.alive:
+                return sticky if cap is None or sticky.outstanding < cap else None
+        best: _Slot | None = None
+        for slot in self._slots.values():
+            if cap is not None and slot.outstanding >= cap:
+                continue
+            if best is None or (slot.outstanding + slot.others, slot.assigned) < (best.outstanding + best.others, best.assigned):
+                best = slot
+        return best
+
+    def _take(self, slot: _Slot, session_id: str | None, request_id: str, *, reserved: bool = False) -> _Slot:
+        if not reserved:
+            slot.outstanding += 1
+        slot.assigned += 1
+        slot.requests.add(request_id)
+        self._where[request_id] = slot
+        if session_id is not None and self.config.sticky_sessions:
+            self._sessions[session_id] = slot
+            self._sessions.move_to_end(session_id)
+            while len(self._sessions) > self.config.sticky_sessions:
+                self._sessions.popitem(last=False)
+        return slot
+
+    async def _acquire(self, session_id: str | None, request_id: str) -> _Slot:
+        if self._closed:
+            raise NoEngineError("the router was closed")
+        if self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh(), name="rlasync-router-refresh")
+        if not self._queue:  # nobody waits ahead of us: take a slot now if there is one
+            slot = self._pick(session_id)
+            if slot is not None:
+                return self._take(slot, session_id, request_id)
+        waiter: asyncio.Future[_Slot] = asyncio.get_running_loop().create_future()
+        self._queue.append((waiter, session_id))
+        try:
+            async with asyncio.timeout(self.config.queue_timeout_s):
+                slot = await waiter
+        except TimeoutError:
+            raise RouterBusyError(
+                f"request {request_id!r} found no free engine slot within router.queue_timeout_s="
+                f"{self.config.queue_timeout_s:g}s ({len(self._slots)} engines, router.max_inflight_per_engine="
+                f"{self.config.max_inflight_per_engine}); add engines, raise the cap or the timeout"
+            ) from None
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(waiter.result(), None)  # granted a slot just as we gave up: give it back
+            raise
+        return self._take(slot, session_id, request_id, reserved=True)
+
+    def _release(self, slot: _Slot, request_id: str | None) -> None:
+        slot.outstanding -= 1
+        if request_id is not None:
+            slot.requests.discard(request_id)
+            if self._where.get(request_id) is slot:
+                del self._where[request_id]
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand freed slots to queued requests, in arrival order."""
+        if not self._queue:
+            return
+        waiting: collections.deque[tuple[asyncio.Future[_Slot], str | None]] = collections.deque()
+        while self._queue:
+            waiter, session_id = self._queue.popleft()
+            if waiter.done():
+                continue
+            try:
+                slot = self._pick(session_id)
+            except NoEngineError as exc:
+                waiter.set_exception(exc)
+                continue
+            if slot is None:
+                waiting.append((waiter, session_id))
+                if session_id is None or session_id not in self._sessions:
+                    break  # no free slot anywhere: later requests cannot be served either
+                continue  # only its sticky engine is full; others may still be served
+            # Reserve the slot now, so the next waiter sees it taken; the woken request
+            # records itself there (_take with reserved=True).
+            slot.outstanding += 1
+            waiter.set_result(slot)
+        waiting.extend(self._queue)
+        self._queue = waiting
+
+    # -- failures and load ----------------------------------------------------------------------
+    def _engine_lost(self, slot: _Slot, exc: BaseException) -> None:
+        if not slot.alive:
+            return
+        slot.alive = False
+        self._lost += 1
+        self._slots.pop(slot.ref.name, None)
+        for session_id in [s for s, where in self._sessions.items() if where is slot]:
+            del self._sessions[session_id]
+        log.warning("engine %s on %s was lost (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc)
+        self._dispatch()
+
+    def _check_move(self, slot: _Slot, request: GenerateRequest, moves: int, exc: BaseException) -> None:
+        """Raise unless the request lost with ``slot`` may be retried elsewhere."""
+        where = f"engine {slot.ref.name!r} on {slot.ref.node_id} was lost while serving request {request.request_id!r}"
+        if self.config.on_engine_lost == "fail":
+            raise EngineLostError(f"{where} (router.on_engine_lost='fail'; 'retry' would move it to another engine)") from exc
+        if moves >= self.config.max_retries:
+            raise EngineLostError(f"{where}, after {moves} moves already (router.max_retries={self.config.max_retries})") from exc
+        self._retries += 1
+        log.info("%s; retrying it on another engine", where)
+
+    async def _refresh(self) -> None:
+        """Poll every engine's load (what other routers put there) and liveness."""
+        while not self._closed:
+            await asyncio.sleep(self.config.load_refresh_s)
+            slots = list(self._slots.values())
+            replies = await asyncio.gather(
+                *[s.ref.stats.options(timeout=max(5 * self.config.load_refresh_s, 5.0))() for s in slots],
+                return_exceptions=True,
+            )
+            for slot, reply in zip(slots, replies):
+                if isinstance(reply, _GONE):
+                    self._engine_lost(slot, reply)
+                elif isinstance(reply, CallTimeout):
+                    log.warning("engine %s did not report its load in time; keeping its last figure", slot.ref.name)
+                elif isinstance(reply, BaseException):
+                    log.warning("engine %s: load report failed: %r", slot.ref.name, reply)
+                else:
+                    stats: Any = reply
+                    slot.others = max(0, stats.running + stats.waiting - slot.outstanding)
+            self._dispatch()
