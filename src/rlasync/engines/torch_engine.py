@@ -2,9 +2,13 @@
 
 Every step, requests that finished leave the batch, waiting requests join it (their
 prompts prefilled together), and every running request gets one new token; each token
-is tagged with the weight version of its step. Model compute runs in one worker thread,
-so the node's event loop keeps serving calls during a long step; the batch is touched
-only by that thread or between steps.
+is tagged with the weight version of its step.
+
+The scheduler lives in one worker thread that owns the batch and runs steps back to back;
+the event loop only submits requests and commands (abort, pause, weight updates) and
+receives each step's tokens through ``call_soon_threadsafe``. So the node's loop keeps
+serving calls during a long step, and the model never waits for the loop between steps.
+Anything that changes the batch runs on the worker, between two steps.
 
     engine = TorchEngine.from_pretrained("runs/nano")
     out = await engine.generate(GenerateRequest(request_id="r1", prompt_ids=ids))
@@ -14,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import logging
+import threading
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import torch
 
@@ -28,19 +32,25 @@ from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, P
 
 log = logging.getLogger(__name__)
 
+# What a step hands to the event loop: (sequence, token or None, logprob, finish reason or None).
+_Event = tuple["_Sequence", "int | None", float, "FinishReason | None"]
+
 
 class _Sequence:
-    __slots__ = ("request", "queue", "generator", "tokens", "logprobs", "versions", "finish", "stop_ids")
+    __slots__ = ("request", "queue", "generator", "tokens", "logprobs", "versions", "finish", "stop_ids", "produced")
 
     def __init__(self, request: GenerateRequest, eos: int | None) -> None:
         self.request = request
-        self.queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         seed = request.params.seed
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        # Owned by the event loop: what the caller has been given.
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
         self.finish: FinishReason | None = None
+        # Owned by the worker thread: how many tokens it has produced.
+        self.produced = 0
         stop = set(request.params.stop_token_ids)
         if eos is not None and not request.params.ignore_eos:
             stop.add(eos)
@@ -65,22 +75,30 @@ class TorchEngine:
         self.max_seq_len = max_seq_len or int(getattr(model.config, "max_position_embeddings", 4096))
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos: int | None = eos[0] if isinstance(eos, list) else eos
-        self._version = 0
         self._generator = torch.Generator().manual_seed(seed)
         self._batch = KVBatch(model.config)
-        self._rows: list[_Sequence] = []  # running, in batch row order
+        # Shared between the loop and the worker, under _lock.
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
         self._waiting: collections.deque[_Sequence] = collections.deque()
-        self._by_id: dict[str, _Sequence] = {}
         self._aborts: set[str] = set()
-        self._finished = 0
+        self._commands: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._paused = False
-        self._closed = False
-        self._wake = asyncio.Event()
+        self._stop = False
+        # Owned by the worker thread.
+        self._rows: list[_Sequence] = []  # running, in batch row order
+        self._events: list[_Event] = []  # requests ended by commands, delivered with the next step
+        self._version = 0
+        # Owned by the event loop.
+        self._by_id: dict[str, _Sequence] = {}
+        self._finished = 0
+        self._running = 0  # rows after the last delivered step
         self._idle = asyncio.Event()
-        self._step_lock = asyncio.Lock()  # held during a step; weight updates take it too
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlasync-engine")
-        self._loop_task: asyncio.Task[None] | None = None
+        self._idle.set()
         self._rate: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     @classmethod
     def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: Any = None, **kwargs: Any) -> TorchEngine:
@@ -107,12 +125,12 @@ class TorchEngine:
                 f"request {request.request_id!r}: prompt of {len(request.prompt_ids)} tokens does not fit "
                 f"max_seq_len={self.max_seq_len}"
             )
+        self._start()
         seq = _Sequence(request, self.eos)
         self._by_id[request.request_id] = seq
-        self._waiting.append(seq)
-        if self._loop_task is None:
-            self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="rlasync-torch-engine")
-        self._wake.set()
+        with self._lock:
+            self._waiting.append(seq)
+            self._work.notify()
         return seq
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
@@ -120,59 +138,61 @@ class TorchEngine:
         try:
             while True:
                 chunk = await seq.queue.get()
+                if isinstance(chunk, BaseException):
+                    raise chunk
                 if chunk.finish_reason is not None:
                     return seq.output()
         finally:
             if seq.finish is None:  # the caller was cancelled: stop generating for it
-                self._aborts.add(request.request_id)
-                self._wake.set()
+                self._abort(request.request_id)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         seq = self._submit(request)
         try:
             while True:
                 chunk = await seq.queue.get()
+                if isinstance(chunk, BaseException):
+                    raise chunk
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
         finally:
             if seq.finish is None:  # the consumer went away: stop generating for it
-                self._aborts.add(request.request_id)
-                self._wake.set()
+                self._abort(request.request_id)
 
     async def abort(self, request_id: str) -> bool:
         seq = self._by_id.get(request_id)
         if seq is None or seq.finish is not None:
             return False
-        self._aborts.add(request_id)
-        self._wake.set()
+        self._abort(request_id)
         return True
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.add(request_id)
+            self._work.notify()
 
     # -- pause, resume, weights -------------------------------------------------------------
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
-        self._paused = True
-        if mode == "abort":
-            async with self._step_lock:  # between steps: the batch is ours
-                running = list(self._rows)
-                for seq in running:
-                    self._finish(seq, "abort", [], [], [])
-                self._rows.clear()
-                self._batch.keep([])
-            return [seq.output() for seq in running]
-        if mode != "wait":
+        if mode not in ("abort", "wait"):
             raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+        with self._lock:
+            self._paused = True  # no admissions from the next step on
+        if mode == "abort":
+            running: list[_Sequence] = await self._command(self._abort_running)
+            return [seq.output() for seq in running]
+        await self._command(lambda: None)  # a step boundary: what it reported is current
         try:
             async with asyncio.timeout(timeout):
-                while self._rows:
-                    self._idle.clear()
-                    await self._idle.wait()
+                await self._idle.wait()
         except TimeoutError:
             raise TimeoutError(f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once") from None
         return []
 
     async def resume(self) -> None:
-        self._paused = False
-        self._wake.set()
+        with self._lock:
+            self._paused = False
+            self._work.notify()
 
     async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
         params = dict(self.model.named_parameters())
@@ -183,14 +203,13 @@ class TorchEngine:
             if tuple(tensor.shape) != tuple(params[name].shape):
                 raise EngineError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(params[name].shape)}")
 
-        def load() -> None:
+        def load() -> None:  # on the worker, between two steps
             with torch.no_grad():
                 for name, tensor in named_tensors.items():
                     params[name].copy_(tensor)
-
-        async with self._step_lock:
-            await asyncio.get_running_loop().run_in_executor(self._executor, load)
             self._version = version
+
+        await self._command(load)
 
     @property
     def weight_version(self) -> int:
@@ -201,112 +220,191 @@ class TorchEngine:
         recent = [(t, n) for t, n in self._rate if now - t < 5.0]
         rate = sum(n for _, n in recent) / max(now - recent[0][0], 1e-3) if len(recent) > 1 else 0.0
         return EngineStats(
-            running=len(self._rows), waiting=len(self._waiting), tokens_per_s=rate,
+            running=self._running, waiting=len(self._waiting), tokens_per_s=rate,
             kv_cache_bytes=self._batch.nbytes(), weight_version=self._version, paused=self._paused,
             finished=self._finished,
         )  # fmt: skip
 
     async def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
-        await self.pause("abort")
-        for seq in list(self._waiting):
-            self._finish(seq, "abort", [], [], [])
-        self._waiting.clear()
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-        self._executor.shutdown(wait=False)
+        if self._thread is not None:
+            await self._command(self._shutdown)
+            await asyncio.to_thread(self._thread.join, 10.0)
 
-    # -- the scheduler ----------------------------------------------------------------------
-    async def _run(self) -> None:
+    # -- the loop side ----------------------------------------------------------------------
+    def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._closed:
-            self._apply_aborts()
-            admit: list[_Sequence] = []
-            free = self.max_batch - len(self._rows)
-            # Admit in groups: every admission costs a prefill forward and a copy of the
-            # batch's KV cache, so waiting for a quarter of the rows to free up (unless
-            # the batch is nearly idle) measured faster than refilling row by row.
-            if not self._paused and self._waiting and (free >= self.admit_min or len(self._rows) < self.admit_min):
-                while self._waiting and len(self._rows) + len(admit) < self.max_batch:
-                    admit.append(self._waiting.popleft())
-            if not self._rows and not admit:
-                self._idle.set()
-                self._wake.clear()
-                await self._wake.wait()  # idle until a request, an abort or a resume arrives
-                continue
-            async with self._step_lock:
-                version = self._version
-                emitted = await loop.run_in_executor(self._executor, self._step, admit)
-            self._deliver(emitted, version)
+        if self._thread is None:
+            self._loop = loop
+            self._thread = threading.Thread(target=self._serve, name="rlasync-torch-engine", daemon=True)
+            self._thread.start()
+        elif loop is not self._loop:
+            raise EngineError("a TorchEngine serves the event loop it was first used on; build one engine per loop")
 
-    def _step(self, admit: list[_Sequence]) -> list[tuple[_Sequence, int, float]]:
-        """One engine step (worker thread): decode the running rows, prefill the newcomers."""
+    def _command(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Run ``fn`` on the worker between two steps; its result arrives after that step's tokens."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._thread is None:  # nothing runs yet: the batch is ours
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+            return future
+        with self._lock:
+            self._commands.append((fn, future))
+            self._work.notify()
+        return future
+
+    def _deliver(self, events: list[_Event], version: int, running: int, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+        """Hand one step's tokens to their callers (event loop)."""
+        count = 0
+        for seq, token, logprob, finish in events:
+            if seq.finish is not None:
+                continue
+            if token is not None:
+                count += 1
+                seq.tokens.append(token)
+                seq.logprobs.append(logprob)
+                seq.versions.append(version)
+            chunk = TokenChunk(
+                request_id=seq.request.request_id,
+                token_ids=[] if token is None else [token],
+                logprobs=[] if token is None else [logprob],
+                versions=[] if token is None else [version],
+                finish_reason=finish,
+            )
+            if finish is not None:
+                seq.finish = finish
+                self._finished += 1
+                self._by_id.pop(seq.request.request_id, None)
+            seq.queue.put_nowait(chunk)
+        if count:
+            self._rate.append((time.monotonic(), count))
+        self._running = running
+        if running:
+            self._idle.clear()
+        else:
+            self._idle.set()
+        for future, result, error in results:
+            if not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+
+    def _fail(self, seqs: list[_Sequence], error: BaseException) -> None:
+        for seq in seqs:
+            if seq.finish is None:
+                seq.finish = "abort"
+                self._by_id.pop(seq.request.request_id, None)
+                seq.queue.put_nowait(error)
+
+    # -- the worker thread ------------------------------------------------------------------
+    def _serve(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        while True:
+            results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+            with self._lock:
+                while not (self._commands or self._aborts or self._rows or (self._waiting and not self._paused)):
+                    self._work.wait(timeout=1.0)
+                commands, self._commands = self._commands, []
+            for fn, future in commands:
+                try:
+                    results.append((future, fn(), None))
+                except Exception as exc:
+                    results.append((future, None, exc))
+            events, self._events = self._events, []  # what the commands ended
+            with self._lock:
+                aborts, self._aborts = self._aborts, set()
+                stop = self._stop
+                admit: list[_Sequence] = []
+                if aborts:
+                    for seq in [s for s in self._waiting if s.request.request_id in aborts]:
+                        self._waiting.remove(seq)
+                        events.append((seq, None, 0.0, "abort"))
+                # Admit in groups: every admission costs a prefill forward and a copy of the
+                # batch's KV cache, so waiting for a quarter of the rows to free up (unless
+                # the batch is nearly idle) measured faster than refilling row by row.
+                free = self.max_batch - len(self._rows)
+                if not stop and not self._paused and self._waiting and (free >= self.admit_min or len(self._rows) < self.admit_min):
+                    while self._waiting and len(admit) < free:
+                        admit.append(self._waiting.popleft())
+            if aborts:
+                keep = [i for i, s in enumerate(self._rows) if s.request.request_id not in aborts]
+                if len(keep) < len(self._rows):
+                    events += [(s, None, 0.0, "abort") for s in self._rows if s.request.request_id in aborts]
+                    self._batch.keep(keep)
+                    self._rows = [self._rows[i] for i in keep]
+            version = self._version
+            failed: list[_Sequence] = []
+            error: BaseException | None = None
+            if self._rows or admit:
+                try:
+                    events += self._step(admit)
+                except Exception as exc:  # a bug or an out-of-memory: fail this batch, keep serving
+                    log.exception("torch engine step failed; failing its %d requests", len(self._rows) + len(admit))
+                    failed = self._rows + [s for s in admit if s not in self._rows]
+                    error = EngineError(f"the engine step failed: {exc!r}")
+                    self._rows = []
+                    self._batch.keep([])
+            try:
+                loop.call_soon_threadsafe(self._deliver, events, version, len(self._rows), results)
+                if failed:
+                    assert error is not None
+                    loop.call_soon_threadsafe(self._fail, failed, error)
+            except RuntimeError:  # the event loop is closed: nobody is left to serve
+                return
+            if stop:
+                return
+
+    def _abort_running(self) -> list[_Sequence]:
+        """(worker) End every running request now; they are returned as partials."""
+        running, self._rows = self._rows, []
+        self._batch.keep([])
+        self._events += [(seq, None, 0.0, "abort") for seq in running]
+        return running
+
+    def _shutdown(self) -> None:
+        """(worker) Abort everything, then leave the serving loop after this iteration."""
+        self._abort_running()
+        with self._lock:
+            self._stop = True
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        self._events += [(seq, None, 0.0, "abort") for seq in waiting]
+
+    def _step(self, admit: list[_Sequence]) -> list[_Event]:
+        """(worker) One engine step: decode the running rows, prefill the newcomers."""
         rows = list(self._rows)
-        results: list[tuple[_Sequence, int, float]] = []
+        picked: list[tuple[_Sequence, int, float]] = []
         if rows:
             logits = self._batch.decode(self.model)
             tokens, logprobs = sample(logits, [s.request.params for s in rows], [s.generator for s in rows], self._generator)
             self._batch.last = tokens.cpu()
-            results += zip(rows, tokens.tolist(), logprobs.tolist())
+            picked += zip(rows, tokens.tolist(), logprobs.tolist())
         if admit:
             logits = self._batch.prefill(self.model, [list(s.request.prompt_ids) for s in admit])
             tokens, logprobs = sample(logits, [s.request.params for s in admit], [s.generator for s in admit], self._generator)
             self._batch.last[len(rows) :] = tokens.cpu()
-            results += zip(admit, tokens.tolist(), logprobs.tolist())
+            picked += zip(admit, tokens.tolist(), logprobs.tolist())
             rows += admit
-        self._rows = rows
-        # Decide who is done now (in the thread), so the batch shrinks before the next step.
+        # Decide who is done now, so the batch shrinks before the next step.
+        events: list[_Event] = []
         keep = []
-        for i, (seq, token, _) in enumerate(results):
-            done = token in seq.stop_ids or len(seq.tokens) + 1 >= seq.request.params.max_new_tokens
-            done = done or int(self._batch.pos[i]) + 1 >= self.max_seq_len
-            if not done:
+        for i, (seq, token, logprob) in enumerate(picked):
+            seq.produced += 1
+            finish: FinishReason | None = None
+            if token in seq.stop_ids:
+                finish = "stop"
+            elif seq.produced >= seq.request.params.max_new_tokens or int(self._batch.pos[i]) + 1 >= self.max_seq_len:
+                finish = "length"
+            else:
                 keep.append(i)
+            events.append((seq, token, logprob, finish))
+        self._rows = rows
         if len(keep) < len(rows):
             self._batch.keep(keep)
             self._rows = [rows[i] for i in keep]
-        return results
-
-    def _deliver(self, emitted: list[tuple[_Sequence, int, float]], version: int) -> None:
-        running = set(map(id, self._rows))
-        count = 0
-        for seq, token, logprob in emitted:
-            count += 1
-            if id(seq) in running:
-                seq.tokens.append(token)
-                seq.logprobs.append(logprob)
-                seq.versions.append(version)
-                seq.queue.put_nowait(TokenChunk(request_id=seq.request.request_id, token_ids=[token], logprobs=[logprob], versions=[version]))
-            else:
-                reason: FinishReason = "stop" if token in seq.stop_ids else "length"
-                self._finish(seq, reason, [token], [logprob], [version])
-        self._rate.append((time.monotonic(), count))
-        if not self._rows:
-            self._idle.set()
-
-    def _apply_aborts(self) -> None:
-        if not self._aborts:
-            return
-        aborts, self._aborts = self._aborts, set()
-        for seq in [s for s in self._waiting if s.request.request_id in aborts]:
-            self._waiting.remove(seq)
-            self._finish(seq, "abort", [], [], [])
-        keep = [i for i, s in enumerate(self._rows) if s.request.request_id not in aborts]
-        if len(keep) < len(self._rows):
-            for seq in [s for s in self._rows if s.request.request_id in aborts]:
-                self._finish(seq, "abort", [], [], [])
-            self._batch.keep(keep)
-            self._rows = [self._rows[i] for i in keep]
-
-    def _finish(self, seq: _Sequence, reason: FinishReason, tokens: list[int], logprobs: list[float], versions: list[int]) -> None:
-        if seq.finish is not None:
-            return
-        seq.tokens += tokens
-        seq.logprobs += logprobs
-        seq.versions += versions
-        seq.finish = reason
-        self._finished += 1
-        self._by_id.pop(seq.request.request_id, None)
-        seq.queue.put_nowait(
-            TokenChunk(request_id=seq.request.request_id, token_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=reason)
-        )
+        return events
