@@ -25,7 +25,7 @@ test: setup
 	$(PY) -m pytest tests
 
 demo: setup
-	$(PY) examples/runtime_demo.py
+	$(PY) examples/engine_demo.py
 
 bench: setup
 	# Ray is only the reference the benchmark compares against; the bench skips it if this fails.

@@ -1,0 +1,216 @@
+"""Synthetic tasks for the quickstart: string reversal, arithmetic, arithmetic with a calculator.
+
+Each task draws problems from a seeded ``random.Random``; a problem belongs to the train or
+the validation split by a hash of its key (``"abcd"``, ``"47+8"``), so the splits never
+overlap whatever the seeds. ``make_problems(task, n, seed=, split=)`` gives the same ``n``
+distinct problems for the same arguments; ``iter_problems`` is an endless stream (with
+repeats) for training. A problem carries its prompt (chat messages, and tool schemas for
+``calc``), its answer, and the SFT ``target``: the messages of a correct solution after
+the prompt (one assistant turn, or for ``calc`` the tool call, the tool's reply, the answer).
+
+Why these tasks (measured, ``shared/reference/cpu_feasibility.md``): a 0.5 M-parameter model
+learns reversal and tool use in about a minute, and RL then improves them because a
+half-trained policy is *uncertain per problem*. Single-digit tables are memorised instead
+(every problem is confidently right or wrong, so a GRPO group has no variance), and 2-digit +
+2-digit addition is too slow to learn from scratch. ``arith`` sits between: a 2-digit number
+plus a 1-digit number, where the answer's tens digit depends on a carry (a rule shared by
+all problems rather than a per-problem fact), over 900 problems.
+
+No torch here: ``rlasync.models.warmstart`` trains on these, the RL loop rewards with them.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import operator
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+Split = Literal["train", "val"]
+Message = dict[str, Any]
+
+VAL_PERCENT = 10
+"""Share of each task's problem space held out for validation (by hash of the problem key)."""
+
+REVERSE_ALPHABET = "abcdefgh"
+"""Letters of ``reverse`` payloads: none of them merge with another in the tiny models' BPE,
+so every letter is one token (merged payloads capped reversal accuracy, feasibility gotcha 3)."""
+
+
+class Problem(msgspec.Struct, frozen=True, kw_only=True):
+    """One task instance: the prompt, the answer, and a correct solution to imitate."""
+
+    task: str
+    key: str
+    """What identifies the problem within its task (``"abcd"``, ``"37*58"``); the split is hashed from it."""
+    messages: list[Message]
+    """The prompt as chat messages (rendered with ``add_generation_prompt=True``)."""
+    answer: str
+    """The exact final answer."""
+    target: list[Message]
+    """The messages of a correct solution after the prompt: assistant turn(s), and tool turns."""
+    tools: list[Message] | None = None
+    """Tool schemas for the chat template (``calc`` only)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    draw: Callable[[random.Random], Problem]
+    """One random problem (from either split)."""
+    reward: Callable[[Problem, str], float]
+    """Reward of a final answer text (the last assistant turn's content)."""
+    max_new_tokens: int
+    """Enough tokens for one assistant turn of a correct solution, with room to spare."""
+    size: int
+    """Number of distinct problems (both splits)."""
+
+
+def exact_match(problem: Problem, final: str) -> float:
+    """1.0 when the final answer equals the expected one, ignoring surrounding whitespace."""
+    return 1.0 if final.strip() == problem.answer else 0.0
+
+
+def split_of(task: str, key: str) -> Split:
+    digest = hashlib.sha256(f"{task}:{key}".encode()).digest()
+    return "val" if int.from_bytes(digest[:4], "big") % 100 < VAL_PERCENT else "train"
+
+
+# -- reverse ----------------------------------------------------------------------------------
+def _reverse(rng: random.Random) -> Problem:
+    word = "".join(rng.choice(REVERSE_ALPHABET) for _ in range(rng.randint(3, 6)))
+    answer = word[::-1]
+    return Problem(
+        task="reverse", key=word, messages=[{"role": "user", "content": f"Reverse {word}"}],
+        answer=answer, target=[{"role": "assistant", "content": answer}],
+    )  # fmt: skip
+
+
+# -- arith ------------------------------------------------------------------------------------
+def _arith(rng: random.Random) -> Problem:
+    a, b = rng.randint(10, 99), rng.randint(0, 9)
+    answer = str(a + b)
+    return Problem(
+        task="arith", key=f"{a}+{b}", messages=[{"role": "user", "content": f"What is {a}+{b}?"}],
+        answer=answer, target=[{"role": "assistant", "content": answer}],
+    )  # fmt: skip
+
+
+# -- calc: the same question shape, but a product the model cannot compute: it calls a tool --
+CALCULATOR: Message = {
+    "type": "function",
+    "function": {
+        "name": "calculator",  # no description: every prompt token costs a tiny model's step time
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+
+_OPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}  # fmt: skip
+
+
+def calculator(expression: str) -> str:
+    """The calculator tool: integers, + - * // % and parentheses; an ``error: …`` text otherwise."""
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return int(_OPS[type(node.op)](value(node.left), value(node.right)))
+        raise ValueError("unsupported expression")
+
+    if len(expression) > 64:
+        return "error: expression too long"
+    try:
+        return str(value(ast.parse(expression, mode="eval").body))
+    except (SyntaxError, ValueError, ZeroDivisionError) as e:
+        return f"error: {e.__class__.__name__}"
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
+    """The first ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` in an assistant turn."""
+    match = _TOOL_CALL.search(text)
+    if match is None:
+        return None
+    try:
+        call = json.loads(match.group(1))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(call.get("arguments"), dict):
+        return None
+    return call["name"], call["arguments"]
+
+
+def run_tool(name: str, arguments: dict[str, Any]) -> str:
+    """Execute a parsed tool call (only the calculator exists)."""
+    if name != "calculator":
+        return f"error: unknown tool {name}"
+    expression = arguments.get("expression")
+    return calculator(expression) if isinstance(expression, str) else "error: expression must be a string"
+
+
+def _calc(rng: random.Random) -> Problem:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    expression, answer = f"{a}*{b}", str(a * b)
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+    return Problem(
+        task="calc", key=expression, messages=[{"role": "user", "content": f"What is {expression}?"}],
+        answer=answer, tools=[CALCULATOR],
+        target=[
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": answer},
+        ],
+    )  # fmt: skip
+
+
+TASKS: dict[str, Task] = {
+    "reverse": Task("reverse", _reverse, exact_match, max_new_tokens=16, size=sum(8**n for n in range(3, 7))),
+    "arith": Task("arith", _arith, exact_match, max_new_tokens=8, size=90 * 10),
+    "calc": Task("calc", _calc, exact_match, max_new_tokens=40, size=90 * 90),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise ValueError(f"unknown synthetic task {name!r}; choose one of {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def _rng(task: str, seed: int, split: Split) -> random.Random:
+    return random.Random(f"{task}/{seed}/{split}")  # str seeds hash with sha512: stable across runs
+
+
+def iter_problems(task: str, *, seed: int, split: Split = "train") -> Iterator[Problem]:
+    """An endless, seeded stream of problems of one split (repeats allowed)."""
+    draw, rng = get_task(task).draw, _rng(task, seed, split)
+    while True:
+        problem = draw(rng)
+        if split_of(task, problem.key) == split:
+            yield problem
+
+
+def make_problems(task: str, n: int, *, seed: int = 0, split: Split = "val") -> list[Problem]:
+    """``n`` distinct problems of one split, the same for the same arguments."""
+    capacity = get_task(task).size * (VAL_PERCENT if split == "val" else 100 - VAL_PERCENT) // 100
+    if n > capacity * 0.8:  # drawing more would take long to find the last unseen ones
+        raise ValueError(f"{task}: asked for {n} distinct {split} problems, the split holds about {capacity}")
+    seen: dict[str, Problem] = {}
+    for problem in iter_problems(task, seed=seed, split=split):
+        seen.setdefault(problem.key, problem)
+        if len(seen) == n:
+            break
+    return list(seen.values())
