@@ -47,7 +47,7 @@ async def _build_torch(config: EngineConfig) -> Engine:
         dtype = None if config.dtype == "auto" else getattr(torch, config.dtype)
         return TorchEngine.from_pretrained(
             config.model, device=config.device, dtype=dtype, max_batch=config.max_batch,
-            max_seq_len=config.max_seq_len or None, seed=config.seed,
+            max_seq_len=config.max_seq_len or None, seed=config.seed, cpu_threads=config.cpu_threads,
         )  # fmt: skip
 
     # Loading weights blocks for seconds: off the event loop, so the node keeps answering.

@@ -32,29 +32,37 @@ from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, P
 
 log = logging.getLogger(__name__)
 
-# What a step hands to the event loop: (sequence, token or None, logprob, finish reason or None).
-_Event = tuple["_Sequence", "int | None", float, "FinishReason | None"]
+# What the worker hands to the event loop: a chunk for one request's caller.
+_Event = tuple["_Sequence", TokenChunk]
+_NO_TOKEN: list[Any] = []
 
 
 class _Sequence:
-    __slots__ = ("request", "queue", "generator", "tokens", "logprobs", "versions", "finish", "stop_ids", "produced")
+    __slots__ = ("request", "stream", "queue", "generator", "tokens", "logprobs", "versions", "finish", "stop_ids")
 
-    def __init__(self, request: GenerateRequest, eos: int | None) -> None:
+    def __init__(self, request: GenerateRequest, eos: int | None, stream: bool) -> None:
         self.request = request
+        self.stream = stream  # a streaming caller gets a chunk per token; others one at the end
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         seed = request.params.seed
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        # Owned by the event loop: what the caller has been given.
+        # Written by the worker thread only, and never again once the request has ended.
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
+        # Set by the event loop when the caller is told the request ended.
         self.finish: FinishReason | None = None
-        # Owned by the worker thread: how many tokens it has produced.
-        self.produced = 0
         stop = set(request.params.stop_token_ids)
         if eos is not None and not request.params.ignore_eos:
             stop.add(eos)
         self.stop_ids = stop
+
+    def end(self, reason: FinishReason, version: int) -> _Event:
+        """(worker) The last chunk: the final token for a stream, and the finish reason."""
+        if self.stream and reason != "abort":
+            last = TokenChunk(request_id=self.request.request_id, token_ids=self.tokens[-1:], logprobs=self.logprobs[-1:], versions=[version], finish_reason=reason)
+            return self, last
+        return self, TokenChunk(request_id=self.request.request_id, token_ids=_NO_TOKEN, logprobs=_NO_TOKEN, versions=_NO_TOKEN, finish_reason=reason)
 
     def output(self) -> GenerateOutput:
         assert self.finish is not None
@@ -68,8 +76,9 @@ class _Sequence:
 class TorchEngine:
     """A continuous-batching engine around any Hugging Face causal LM."""
 
-    def __init__(self, model: Any, *, max_batch: int = 64, max_seq_len: int | None = None, seed: int = 0) -> None:
+    def __init__(self, model: Any, *, max_batch: int = 64, max_seq_len: int | None = None, seed: int = 0, cpu_threads: int = 1) -> None:
         self.model = model.eval()
+        self.cpu_threads = cpu_threads
         self.max_batch = max_batch
         self.admit_min = max(1, max_batch // 4)
         self.max_seq_len = max_seq_len or int(getattr(model.config, "max_position_embeddings", 4096))
@@ -108,7 +117,7 @@ class TorchEngine:
         return cls(model, **kwargs)
 
     # -- requests ---------------------------------------------------------------------------
-    def _submit(self, request: GenerateRequest) -> _Sequence:
+    def _submit(self, request: GenerateRequest, stream: bool = False) -> _Sequence:
         if self._closed:
             raise EngineError("the engine is closed")
         if not request.prompt_ids:
@@ -126,7 +135,7 @@ class TorchEngine:
                 f"max_seq_len={self.max_seq_len}"
             )
         self._start()
-        seq = _Sequence(request, self.eos)
+        seq = _Sequence(request, self.eos, stream)
         self._by_id[request.request_id] = seq
         with self._lock:
             self._waiting.append(seq)
@@ -147,7 +156,7 @@ class TorchEngine:
                 self._abort(request.request_id)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
-        seq = self._submit(request)
+        seq = self._submit(request, stream=True)
         try:
             while True:
                 chunk = await seq.queue.get()
@@ -257,31 +266,16 @@ class TorchEngine:
             self._work.notify()
         return future
 
-    def _deliver(self, events: list[_Event], version: int, running: int, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
-        """Hand one step's tokens to their callers (event loop)."""
-        count = 0
-        for seq, token, logprob, finish in events:
+    def _deliver(self, events: list[_Event], running: int, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+        """Hand chunks to their callers and command results to theirs (event loop)."""
+        for seq, chunk in events:
             if seq.finish is not None:
                 continue
-            if token is not None:
-                count += 1
-                seq.tokens.append(token)
-                seq.logprobs.append(logprob)
-                seq.versions.append(version)
-            chunk = TokenChunk(
-                request_id=seq.request.request_id,
-                token_ids=[] if token is None else [token],
-                logprobs=[] if token is None else [logprob],
-                versions=[] if token is None else [version],
-                finish_reason=finish,
-            )
-            if finish is not None:
-                seq.finish = finish
+            if chunk.finish_reason is not None:
+                seq.finish = chunk.finish_reason
                 self._finished += 1
                 self._by_id.pop(seq.request.request_id, None)
             seq.queue.put_nowait(chunk)
-        if count:
-            self._rate.append((time.monotonic(), count))
         self._running = running
         if running:
             self._idle.clear()
@@ -305,6 +299,12 @@ class TorchEngine:
     def _serve(self) -> None:
         loop = self._loop
         assert loop is not None
+        if self.cpu_threads > 0:
+            # Per thread: the worker gets its own OpenMP thread count, the rest of the process
+            # keeps its own. Two OpenMP pools on the same cores (this worker's and the main
+            # thread's, once it ran any torch op) throttle each other: a tiny model's decode
+            # step measured 3x slower at 2 threads here than at 1 on a 2-core machine.
+            torch.set_num_threads(self.cpu_threads)
         while True:
             results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
             with self._lock:
@@ -317,6 +317,7 @@ class TorchEngine:
                 except Exception as exc:
                     results.append((future, None, exc))
             events, self._events = self._events, []  # what the commands ended
+            running_before = len(self._rows)
             with self._lock:
                 aborts, self._aborts = self._aborts, set()
                 stop = self._stop
@@ -324,7 +325,7 @@ class TorchEngine:
                 if aborts:
                     for seq in [s for s in self._waiting if s.request.request_id in aborts]:
                         self._waiting.remove(seq)
-                        events.append((seq, None, 0.0, "abort"))
+                        events.append(seq.end("abort", self._version))
                 # Admit in groups: every admission costs a prefill forward and a copy of the
                 # batch's KV cache, so waiting for a quarter of the rows to free up (unless
                 # the batch is nearly idle) measured faster than refilling row by row.
@@ -335,10 +336,9 @@ class TorchEngine:
             if aborts:
                 keep = [i for i, s in enumerate(self._rows) if s.request.request_id not in aborts]
                 if len(keep) < len(self._rows):
-                    events += [(s, None, 0.0, "abort") for s in self._rows if s.request.request_id in aborts]
+                    events += [s.end("abort", self._version) for s in self._rows if s.request.request_id in aborts]
                     self._batch.keep(keep)
                     self._rows = [self._rows[i] for i in keep]
-            version = self._version
             failed: list[_Sequence] = []
             error: BaseException | None = None
             if self._rows or admit:
@@ -350,8 +350,12 @@ class TorchEngine:
                     error = EngineError(f"the engine step failed: {exc!r}")
                     self._rows = []
                     self._batch.keep([])
+            # Wake the loop only when someone is waiting for something: a stream's chunk, a
+            # finished request, a command's result, or the batch going idle or busy.
+            if not (events or results or failed or (running_before == 0) != (len(self._rows) == 0)):
+                continue
             try:
-                loop.call_soon_threadsafe(self._deliver, events, version, len(self._rows), results)
+                loop.call_soon_threadsafe(self._deliver, events, len(self._rows), results)
                 if failed:
                     assert error is not None
                     loop.call_soon_threadsafe(self._fail, failed, error)
@@ -364,7 +368,7 @@ class TorchEngine:
         """(worker) End every running request now; they are returned as partials."""
         running, self._rows = self._rows, []
         self._batch.keep([])
-        self._events += [(seq, None, 0.0, "abort") for seq in running]
+        self._events += [seq.end("abort", self._version) for seq in running]
         return running
 
     def _shutdown(self) -> None:
@@ -373,7 +377,7 @@ class TorchEngine:
         with self._lock:
             self._stop = True
             waiting, self._waiting = list(self._waiting), collections.deque()
-        self._events += [(seq, None, 0.0, "abort") for seq in waiting]
+        self._events += [seq.end("abort", self._version) for seq in waiting]
 
     def _step(self, admit: list[_Sequence]) -> list[_Event]:
         """(worker) One engine step: decode the running rows, prefill the newcomers."""
@@ -390,19 +394,24 @@ class TorchEngine:
             self._batch.last[len(rows) :] = tokens.cpu()
             picked += zip(admit, tokens.tolist(), logprobs.tolist())
             rows += admit
-        # Decide who is done now, so the batch shrinks before the next step.
+        # Record the tokens, and decide who is done now, so the batch shrinks before the next step.
+        version = self._version
         events: list[_Event] = []
         keep = []
+        positions = self._batch.pos.tolist()
         for i, (seq, token, logprob) in enumerate(picked):
-            seq.produced += 1
-            finish: FinishReason | None = None
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(version)
             if token in seq.stop_ids:
-                finish = "stop"
-            elif seq.produced >= seq.request.params.max_new_tokens or int(self._batch.pos[i]) + 1 >= self.max_seq_len:
-                finish = "length"
+                events.append(seq.end("stop", version))
+            elif len(seq.tokens) >= seq.request.params.max_new_tokens or positions[i] + 1 >= self.max_seq_len:
+                events.append(seq.end("length", version))
             else:
                 keep.append(i)
-            events.append((seq, token, logprob, finish))
+                if seq.stream:
+                    events.append((seq, TokenChunk(request_id=seq.request.request_id, token_ids=[token], logprobs=[logprob], versions=[version])))
+        self._rate.append((time.monotonic(), len(picked)))
         self._rows = rows
         if len(keep) < len(rows):
             self._batch.keep(keep)
