@@ -99,6 +99,22 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
                 await asyncio.sleep(0.05)
             assert all(s.running == 0 and s.waiting == 0 for s in states)
 
+            # One view of the cluster: load that another router (another node's agent loops)
+            # put on engine-a counts here too, so this router steers around it.
+            other = Router([engines[0]])  # type: ignore[list-item]
+            hogs = [asyncio.ensure_future(other.generate(_req(f"hog-{i}", prompt, 100_000))) for i in range(4)]
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if router.stats().engines[0].others == 4:
+                    break
+            assert router.stats().engines[0].others == 4
+            spread = [await router.generate(_req(f"view-{i}", prompt)) for i in range(4)]
+            assert {o.engine for o in spread} == {"engine-b", "engine-c"}
+            for i in range(4):
+                assert await other.abort(f"hog-{i}")
+            assert all(o.finish_reason == "abort" for o in await asyncio.gather(*hogs))
+            await other.close()
+
             # The router also aborts by request id, on whichever engine holds it.
             task = asyncio.ensure_future(router.generate(_req("to-abort", prompt, 100_000)))
             await asyncio.sleep(0.3)
@@ -112,21 +128,23 @@ async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(mode
     async with LocalCluster(nodes=3, config=FAST) as cluster:
         engines = await _three_engines(cluster, model_dir, max_batch=2)
         router = Router(engines, RouterConfig(on_engine_lost=policy, load_refresh_s=0.2))  # type: ignore[arg-type]
-        # Long enough that engine-c (node-2) cannot finish its share before it is killed.
-        calls = [asyncio.ensure_future(router.generate(_req(f"r{i}", [5, 6, 7], 256))) for i in range(30)]
+        # Long enough (2 rows, 900 steps each) that engine-c (node-2) cannot finish even its
+        # first two requests before it is killed.
+        calls = [asyncio.ensure_future(router.generate(_req(f"r{i}", [5, 6, 7], 900))) for i in range(12)]
         await asyncio.sleep(0.3)
+        assert [e.outstanding for e in router.stats().engines] == [4, 4, 4]
         os.kill(cluster.pid(2), signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=120)
         served = [r for r in results if not isinstance(r, BaseException)]
         failed = [r for r in results if isinstance(r, BaseException)]
         if policy == "retry":
             assert not failed, failed
-            assert all(len(r.token_ids) == 256 and r.engine in ("engine-a", "engine-b") for r in served)
-            assert router.stats().retries == 10
+            assert all(len(r.token_ids) == 900 and r.engine in ("engine-a", "engine-b") for r in served)
+            assert router.stats().retries == 4
         else:
-            assert len(failed) == 10 and all(isinstance(e, EngineLostError) for e in failed)
+            assert len(failed) == 4 and all(isinstance(e, EngineLostError) for e in failed)
             assert "engine-c" in str(failed[0]) and "router.on_engine_lost" in str(failed[0])
-            assert len(served) == 20 and all(r.engine != "engine-c" for r in served)
+            assert len(served) == 8 and all(r.engine != "engine-c" for r in served)
         stats = router.stats()
         assert stats.engines_lost == 1 and [e.name for e in stats.engines] == ["engine-a", "engine-b"]
         # Later requests go to the engines that are left.

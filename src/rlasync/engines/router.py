@@ -323,11 +323,12 @@ class Router:
         while not self._closed:
             await asyncio.sleep(self.config.load_refresh_s)
             slots = list(self._slots.values())
+            before = [(s.outstanding, s.assigned) for s in slots]
             replies = await asyncio.gather(
                 *[s.ref.stats.options(timeout=max(5 * self.config.load_refresh_s, 5.0))() for s in slots],
                 return_exceptions=True,
             )
-            for slot, reply in zip(slots, replies):
+            for slot, reply, (outstanding, assigned) in zip(slots, replies, before):
                 if isinstance(reply, _GONE):
                     self._engine_lost(slot, reply)
                 elif isinstance(reply, CallTimeout):
@@ -335,6 +336,10 @@ class Router:
                 elif isinstance(reply, BaseException):
                     log.warning("engine %s: load report failed: %r", slot.ref.name, reply)
                 else:
+                    # The engine counted ours too: at most what was outstanding when we asked
+                    # plus what we sent since. Subtracting that bound never overstates the
+                    # others' load (a stale overstatement would steer requests away for nothing).
                     stats: Any = reply
-                    slot.others = max(0, stats.running + stats.waiting - slot.outstanding)
+                    ours = outstanding + (slot.assigned - assigned)
+                    slot.others = max(0, stats.running + stats.waiting - ours)
             self._dispatch()
