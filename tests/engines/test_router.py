@@ -102,6 +102,7 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
             # One view of the cluster: load that another router (another node's agent loops)
             # put on engine-a counts here too, so this router steers around it.
             other = Router([engines[0]])  # type: ignore[list-item]
+            await engines[0].pause("wait")  # type: ignore[attr-defined]  # so the four below stay queued there
             hogs = [asyncio.ensure_future(other.generate(_req(f"hog-{i}", prompt, 100_000))) for i in range(4)]
             for _ in range(100):
                 await asyncio.sleep(0.05)
@@ -112,6 +113,7 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
             assert {o.engine for o in spread} == {"engine-b", "engine-c"}
             for i in range(4):
                 assert await other.abort(f"hog-{i}")
+            await engines[0].resume()  # type: ignore[attr-defined]
             assert all(o.finish_reason == "abort" for o in await asyncio.gather(*hogs))
             await other.close()
 

@@ -30,6 +30,9 @@ def test_yaml_and_dotted_overrides(tmp_path: Path) -> None:
         ("runtime.transport=udp", "runtime.transport"),
         ("runtime.no_such_knob=1", "no_such_knob"),
         ("runtime", "section.field=value"),
+        ("engine.max_batch=0", "engine.max_batch"),
+        ("router.on_engine_lost=ignore", "router.on_engine_lost"),
+        ("router.max_inflight=3", "max_inflight"),
     ],
 )
 def test_bad_values_name_their_dotted_path(override: str, message: str) -> None:

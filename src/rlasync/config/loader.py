@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
+from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
 
 T = TypeVar("T")
@@ -26,6 +27,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     """A whole experiment. Each component nests its own section."""
 
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    router: RouterConfig = msgspec.field(default_factory=RouterConfig)
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

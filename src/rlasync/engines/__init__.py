@@ -4,7 +4,7 @@
 """
 
 from .actor import EngineActor, build_engine, register_backend
-from .config import EngineConfig, RouterConfig
+from ..config.engine import EngineConfig, RouterConfig
 from .protocol import Engine, EngineError
 from .router import EngineLoad, EngineLostError, NoEngineError, Router, RouterBusyError, RouterStats
 from .torch_engine import TorchEngine

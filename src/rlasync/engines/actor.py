@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import msgspec
 
 from ..runtime import Actor, endpoint
-from .config import EngineConfig
+from ..config.engine import EngineConfig
 from .protocol import Engine, EngineError
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
@@ -31,6 +31,8 @@ def register_backend(name: str, factory: EngineFactory) -> None:
 
 
 async def build_engine(config: EngineConfig) -> Engine:
+    if not config.model:
+        raise EngineError("engine.model is empty: set it to a Hugging Face model folder on the engine's node")
     factory = _BACKENDS.get(config.backend)
     if factory is None:
         known = ", ".join(sorted(_BACKENDS))

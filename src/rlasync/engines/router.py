@@ -35,7 +35,7 @@ from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
 
 # An engine is gone when its node is lost or its actor no longer exists there.
 _GONE = (NodeLostError, ActorNotFound)
-from .config import RouterConfig
+from ..config.engine import RouterConfig
 from .protocol import EngineError
 from .types import GenerateOutput, GenerateRequest, TokenChunk
 

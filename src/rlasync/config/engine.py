@@ -18,8 +18,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """Which engine serves: ``torch`` (built in, CPU and CUDA), or one registered with
     ``rlasync.engines.register_backend`` (vLLM and SGLang register themselves)."""
 
-    model: str
-    """A Hugging Face causal-LM directory on the engine's node (config, weights, tokenizer)."""
+    model: str = ""
+    """A Hugging Face causal-LM directory on the engine's node (config, weights, tokenizer).
+    Training configs fill it in (the warm-started tiny model, or your checkpoint)."""
 
     device: str = "cpu"
     """Where the torch engine runs: ``cpu``, ``cuda`` or ``cuda:N``."""
