@@ -11,7 +11,13 @@ from rlasync.engines import EngineError, GenerateRequest, SamplingParams, TorchE
 from rlasync.models import TinyLMConfig, build_tiny_lm
 
 PROMPTS = ["Reverse abcd", "What is 37*58?", "hello", "Reverse xyz please now", "a", "bb", "ccc dd", "12+34=", "tool", "f"]
-GREEDY = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
+
+
+GREEDY = _greedy(24)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,7 @@ async def test_greedy_equals_generate_token_for_token_with_requests_joining_midw
     ids = [tok.encode(p) for p in PROMPTS]
     lengths = [24, 5, 17, 24, 3, 11, 24, 8, 20, 1]
     outs = await asyncio.gather(
-        *[engine.generate(_req(i, x, SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True))) for i, (x, n) in enumerate(zip(ids, lengths))]
+        *[engine.generate(_req(i, x, _greedy(n))) for i, (x, n) in enumerate(zip(ids, lengths))]
     )
     for x, n, out in zip(ids, lengths, outs):
         ref = model.generate(torch.tensor([x]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -77,7 +83,7 @@ async def test_stop_tokens_end_a_request(nano) -> None:  # type: ignore[no-untyp
 async def test_abort_mid_generation_returns_the_partial_tokens(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model)
-    long = SamplingParams(temperature=0, max_new_tokens=500, ignore_eos=True)
+    long = _greedy(500)
     chunks = []
     async for chunk in engine.generate_stream(_req("long", tok.encode("hello"), long)):
         chunks.append(chunk)
@@ -93,7 +99,7 @@ async def test_abort_mid_generation_returns_the_partial_tokens(nano) -> None:  #
 async def test_pause_abort_returns_partials_and_resume_continues_them(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model, max_batch=2)
-    long = SamplingParams(temperature=0, max_new_tokens=300, ignore_eos=True)
+    long = _greedy(300)
     ids = [tok.encode(p) for p in PROMPTS[:3]]
     tasks = [asyncio.ensure_future(engine.generate(_req(i, x, long))) for i, x in enumerate(ids)]
     while engine.stats().running < 2:
@@ -107,7 +113,7 @@ async def test_pause_abort_returns_partials_and_resume_continues_them(nano) -> N
     assert [o.finish_reason for o in outs] == ["abort", "abort", "length"]
     # A caller resumes a partial by sending prompt + tokens so far: greedy continues exactly.
     first = partials[0]
-    rest = await engine.generate(_req("again", first.prompt_ids + first.token_ids, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)))
+    rest = await engine.generate(_req("again", first.prompt_ids + first.token_ids, _greedy(10)))
     ref = model.generate(torch.tensor([first.prompt_ids]), max_new_tokens=len(first.token_ids) + 10, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert first.token_ids + rest.token_ids == ref[0, len(first.prompt_ids) :].tolist()
     await engine.close()
@@ -116,7 +122,7 @@ async def test_pause_abort_returns_partials_and_resume_continues_them(nano) -> N
 async def test_pause_wait_lets_in_flight_requests_finish(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model)
-    task = asyncio.ensure_future(engine.generate(_req("x", tok.encode("hi"), SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True))))
+    task = asyncio.ensure_future(engine.generate(_req("x", tok.encode("hi"), _greedy(30))))
     while engine.stats().running < 1:
         await asyncio.sleep(0.005)
     assert await engine.pause("wait", timeout=30) == []
@@ -138,7 +144,7 @@ async def test_update_weights_changes_outputs_and_versions(nano) -> None:  # typ
     after = await engine.generate(_req("a", ids))
     assert set(after.versions) == {1} and after.token_ids != before.token_ids
     # A request that spans an update carries both versions, in order.
-    stream = engine.generate_stream(_req("span", ids, SamplingParams(temperature=0, max_new_tokens=200, ignore_eos=True)))
+    stream = engine.generate_stream(_req("span", ids, _greedy(200)))
     versions: list[int] = []
     async for chunk in stream:
         versions += chunk.versions
@@ -161,7 +167,7 @@ async def test_bad_requests_get_clear_errors(nano) -> None:  # type: ignore[no-u
         await engine.generate(_req("v", [10**6]))
     with pytest.raises(EngineError, match="max_new_tokens"):
         await engine.generate(_req("m", [1], SamplingParams(max_new_tokens=0)))
-    task = asyncio.ensure_future(engine.generate(_req("dup", [5, 6], SamplingParams(temperature=0, max_new_tokens=200, ignore_eos=True))))
+    task = asyncio.ensure_future(engine.generate(_req("dup", [5, 6], _greedy(200))))
     await asyncio.sleep(0)
     with pytest.raises(EngineError, match="already running"):
         await engine.generate(_req("dup", [5, 6]))
@@ -183,7 +189,7 @@ async def test_the_event_loop_keeps_running_during_steps(nano) -> None:  # type:
 
     tick_task = asyncio.ensure_future(ticker())
     steps_before = ticks
-    await asyncio.gather(*[engine.generate(_req(i, tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True))) for i in range(16)])
+    await asyncio.gather(*[engine.generate(_req(i, tok.encode("hello"), _greedy(40))) for i in range(16)])
     tick_task.cancel()
     assert ticks - steps_before > 40  # the loop ran many times while the model computed in its thread
     await engine.close()
@@ -203,10 +209,10 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(na
         return real_decode(m)
 
     engine._batch.decode = broken_once  # type: ignore[method-assign]
-    long = SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True)
+    long = _greedy(50)
     results = await asyncio.gather(*[engine.generate(_req(i, tok.encode("hello"), long)) for i in range(3)], return_exceptions=True)
     assert all(isinstance(r, EngineError) and "simulated out of memory" in str(r) for r in results), results
-    again = await engine.generate(_req("after", tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)))
+    again = await engine.generate(_req("after", tok.encode("hello"), _greedy(5)))
     assert again.finish_reason == "length" and len(again.token_ids) == 5
     await engine.close()
 
@@ -214,7 +220,7 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(na
 async def test_a_cancelled_caller_frees_its_row(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model)
-    task = asyncio.ensure_future(engine.generate(_req("gone", tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=10_000, ignore_eos=True))))
+    task = asyncio.ensure_future(engine.generate(_req("gone", tok.encode("hello"), _greedy(10_000))))
     while engine.stats().running < 1:
         await asyncio.sleep(0.005)
     task.cancel()
