@@ -39,9 +39,14 @@ async def ask(router: Router, tokenizer: object, label: str, problems: list, see
     print(f"\n== {label} model ==")
     for problem, episode in list(zip(problems, episodes))[:QUESTIONS]:
         text = tokenizer.decode(episode.completion_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+        first_turn = repr(text.split("<|im_end|>")[0])
+        first_turn = first_turn if len(first_turn) <= 90 else first_turn[:87] + "..."
         mark = "right" if episode.reward else "wrong"
-        print(f"  user: {problem.messages[-1]['content']}")
-        print(f"  model ({mark}, answer {problem.answer}): {text[:160]!r}")
+        print(f"  user: {problem.messages[-1]['content']}  (answer {problem.answer})")
+        if episode.tool_calls:
+            print(f"    model: {first_turn} -> the calculator runs -> model: {episode.final!r}  [{mark}]")
+        else:
+            print(f"    model: {first_turn}  [{mark}]")
     correct = sum(e.reward for e in episodes)
     tools = sum(1 for e in episodes if e.tool_calls)
     tokens = sum(sum(e.completion_mask) for e in episodes)
