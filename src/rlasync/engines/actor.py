@@ -56,7 +56,14 @@ async def _build_torch(config: EngineConfig) -> Engine:
     return await asyncio.to_thread(load)
 
 
+async def _build_vllm(config: EngineConfig) -> Engine:
+    from .vllm import VLLMEngine  # imports vLLM: only when selected
+
+    return await VLLMEngine.create(config)
+
+
 register_backend("torch", _build_torch)
+register_backend("vllm", _build_vllm)
 
 
 class EngineActor(Actor):

@@ -6,13 +6,28 @@ weight version and tags each generated token with the version that produced it.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Container, Mapping, Protocol, runtime_checkable
 
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 
 class EngineError(RuntimeError):
     """A request the engine cannot take (bad ids, too long, duplicate id, engine closed)."""
+
+
+def check_request(request: GenerateRequest, *, vocab_size: int, max_seq_len: int, running: Container[str]) -> None:
+    """Refuse a request every engine would refuse, with the same message whichever engine it is."""
+    rid = request.request_id
+    if not request.prompt_ids:
+        raise EngineError(f"request {rid!r} has an empty prompt")
+    if rid in running:
+        raise EngineError(f"request id {rid!r} is already running; ids must be unique")
+    if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab_size:
+        raise EngineError(f"request {rid!r} has token ids outside the vocabulary [0, {vocab_size})")
+    if request.params.max_new_tokens < 1:
+        raise EngineError(f"request {rid!r}: max_new_tokens must be at least 1")
+    if len(request.prompt_ids) >= max_seq_len:
+        raise EngineError(f"request {rid!r}: prompt of {len(request.prompt_ids)} tokens does not fit max_seq_len={max_seq_len}")
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 import torch
 
 from .batch import KVBatch
-from .protocol import EngineError
+from .protocol import EngineError, check_request
 from .sampling import sample
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
@@ -120,20 +120,7 @@ class TorchEngine:
     def _submit(self, request: GenerateRequest, stream: bool = False) -> _Sequence:
         if self._closed:
             raise EngineError("the engine is closed")
-        if not request.prompt_ids:
-            raise EngineError(f"request {request.request_id!r} has an empty prompt")
-        if request.request_id in self._by_id:
-            raise EngineError(f"request id {request.request_id!r} is already running; ids must be unique")
-        vocab = int(self.model.config.vocab_size)
-        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
-            raise EngineError(f"request {request.request_id!r} has token ids outside the vocabulary [0, {vocab})")
-        if request.params.max_new_tokens < 1:
-            raise EngineError(f"request {request.request_id!r}: max_new_tokens must be at least 1")
-        if len(request.prompt_ids) >= self.max_seq_len:
-            raise EngineError(
-                f"request {request.request_id!r}: prompt of {len(request.prompt_ids)} tokens does not fit "
-                f"max_seq_len={self.max_seq_len}"
-            )
+        check_request(request, vocab_size=int(self.model.config.vocab_size), max_seq_len=self.max_seq_len, running=self._by_id)
         self._start()
         seq = _Sequence(request, self.eos, stream)
         self._by_id[request.request_id] = seq

