@@ -87,11 +87,11 @@ async def test_abort_mid_generation_returns_the_partial_tokens(nano) -> None:  #
     chunks = []
     async for chunk in engine.generate_stream(_req("long", tok.encode("hello"), long)):
         chunks.append(chunk)
-        if len(chunks) == 5:
+        if len(chunks) == 1:  # at once: the engine could finish 500 tokens before a 5th chunk is read
             assert await engine.abort("long") is True
     assert chunks[-1].finish_reason == "abort"
     tokens = [t for c in chunks for t in c.token_ids]
-    assert 5 <= len(tokens) < 500
+    assert 1 <= len(tokens) < 500
     assert await engine.abort("long") is False  # already over
     await engine.close()
 

@@ -10,6 +10,7 @@ trimmed. Runs in the engine's worker thread only.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ class KVBatch:
         cache = DynamicCache(config=self.config)
         out = model(
             input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=position.to(device),
-            cache=cache, use_cache=True, logits_to_keep=1,
+            use_cache=True, logits_to_keep=1, **_cache_kwarg(model, cache),
         )  # fmt: skip
         self._join(cache, mask, torch.tensor([len(p) for p in prompts]))
         return out.logits[:, -1, :]
@@ -62,7 +63,7 @@ class KVBatch:
         mask = torch.cat([self.mask, torch.ones(self.rows, 1, dtype=torch.long)], dim=1)
         out = model(
             input_ids=self.last[:, None].to(device), attention_mask=mask.to(device),
-            position_ids=self.pos[:, None].to(device), cache=self.cache, use_cache=True,
+            position_ids=self.pos[:, None].to(device), use_cache=True, **_cache_kwarg(model, self.cache),
         )  # fmt: skip
         self.mask = mask
         self.pos = self.pos + 1
@@ -102,6 +103,19 @@ class KVBatch:
             layer.keys = layer.keys[index.to(layer.keys.device), :, first:]
             layer.values = layer.values[index.to(layer.values.device), :, first:]
         self.mask = self.mask[:, first:]
+
+
+def _cache_kwarg(model: Any, cache: DynamicCache) -> dict[str, DynamicCache]:
+    # transformers renamed `past_key_values` to `cache` (the old name warns from 5.2x on);
+    # we support 5.19, which only knows the old one, and pass whichever the model takes.
+    name = _CACHE_KWARG.get(type(model))
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        _CACHE_KWARG[type(model)] = name
+    return {name: cache}
+
+
+_CACHE_KWARG: dict[type, str] = {}
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -22,6 +22,11 @@ test-vllm`` builds a CPU environment). What each protocol method uses (vLLM 0.32
 
 Tokens are tagged with the weight version current when they reach this process: a token
 computed just before an update and delivered just after carries the new version.
+
+On a node, list vLLM's modules in ``runtime.preload_modules`` (``["rlasync.engines.vllm",
+"vllm.engine.arg_utils", "vllm.v1.engine.async_llm"]``): importing them loads large C
+extensions that hold the GIL for seconds, which would otherwise starve the node's heartbeats
+while the engine starts.
 """
 
 from __future__ import annotations
