@@ -6,7 +6,10 @@ Same tiny model, same 256 prompts, long-tail output lengths (max_new_tokens log-
 median 32, p99 256, end-of-sequence ignored so both produce exactly the tokens asked
 for). (a) ``model.generate`` in static batches of ``--batch`` prompts, each batch running to
 its longest request; (b) ``TorchEngine`` with up to ``--batch`` rows, refilled as requests
-finish. Tokens/s counts the tokens requested, for both. Last line: one JSON object.
+finish. (c) vLLM (CPU build) on the same prompts with the same row limit, when ``make
+setup-vllm``'s environment exists (it runs in a child process with that environment's
+Python; start-up and the first, compiling request are not timed). Tokens/s counts the
+tokens requested, for all. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -16,13 +19,17 @@ import asyncio
 import json
 import math
 import random
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
 from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine
-from rlasync.models import TinyLMConfig, build_tiny_lm
+from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
 
 PROMPTS = 256
 
@@ -55,18 +62,56 @@ def _fmt(runs: list[float]) -> str:
 
 
 async def bench_engine(model: object, prompts: list[list[int]], lengths: list[int], batch: int, threads: int = 1) -> float:
-    engine = TorchEngine(model, max_batch=batch, cpu_threads=threads)
+    return await _timed(TorchEngine(model, max_batch=batch, cpu_threads=threads), prompts, lengths)
+
+
+async def _timed(engine: object, prompts: list[list[int]], lengths: list[int]) -> float:
     start = time.perf_counter()
     outs = await asyncio.gather(
         *[
-            engine.generate(GenerateRequest(request_id=str(i), prompt_ids=p, params=SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)))
+            engine.generate(GenerateRequest(request_id=f"{start}-{i}", prompt_ids=p, params=SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)))  # type: ignore[attr-defined]
             for i, (p, n) in enumerate(zip(prompts, lengths))
         ]
     )
     elapsed = time.perf_counter() - start
     assert [len(o.token_ids) for o in outs] == lengths
-    await engine.close()
+    await engine.close()  # type: ignore[attr-defined]
     return elapsed
+
+
+def vllm_child(model_dir: str, batch: int, repeats: int) -> None:
+    """(In the vLLM environment) time vLLM on the same workload; print {"vllm_s": best}."""
+    from rlasync.config import EngineConfig
+    from rlasync.engines.vllm import VLLMEngine
+
+    _, tok = load_pretrained_dir(model_dir)
+    prompts, lengths = workload(tok)
+
+    async def run() -> list[float]:
+        engine = await VLLMEngine.create(EngineConfig(backend="vllm", model=model_dir, max_batch=batch, max_seq_len=1024))
+        engine.close = _no_close  # type: ignore[method-assign]  # one engine for every run
+        await _timed(engine, prompts[:8], [4] * 8)  # warm-up: vLLM compiles on its first requests
+        runs = [await _timed(engine, prompts, lengths) for _ in range(repeats)]
+        await VLLMEngine.close(engine)
+        return runs
+
+    print(json.dumps({"vllm_runs": asyncio.run(run())}))
+
+
+async def _no_close() -> None:
+    return None
+
+
+def bench_vllm(python: Path, model: object, tok: object, batch: int, repeats: int) -> list[float] | None:
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained_dir(model, tok, folder)
+        cmd = [str(python), __file__, "--vllm-child", folder, "--batch", str(batch), "--repeats", str(repeats)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        print(f"vLLM run failed (exit {done.returncode}); its last output:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    runs: list[float] = json.loads(done.stdout.strip().splitlines()[-1])["vllm_runs"]
+    return runs
 
 
 def main() -> None:
@@ -75,8 +120,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each, alternating; the best counts")
     parser.add_argument("--engine-threads", type=int, default=1, help="the engine's cpu_threads (its default: 1)")
+    parser.add_argument("--vllm-python", type=Path, default=Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
+    parser.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.vllm_child:
+        vllm_child(args.vllm_child, args.batch, args.repeats)
+        return
     model, tok = build_tiny_lm(TinyLMConfig.preset(args.preset))
     prompts, lengths = workload(tok)
     tokens = sum(lengths)
@@ -93,7 +143,16 @@ def main() -> None:
     print(f"model {args.preset}, {PROMPTS} prompts, {tokens} tokens (median {sorted(lengths)[len(lengths) // 2]}, max {max(lengths)}), batch {args.batch}")
     print(f"transformers generate, static batches: {hf_s:6.2f} s  {hf_rate:8.0f} tokens/s  ({torch.get_num_threads()} torch threads; runs {_fmt(hf_runs)})")
     print(f"rlasync torch engine, continuous:      {engine_s:6.2f} s  {engine_rate:8.0f} tokens/s  ({args.engine_threads} worker thread(s); runs {_fmt(engine_runs)})")
-    print(json.dumps({"engine_tokens_per_s": round(engine_rate), "hf_tokens_per_s": round(hf_rate), "vs_hf_generate": round(engine_rate / hf_rate, 3)}))
+    result: dict[str, object] = {"engine_tokens_per_s": round(engine_rate), "hf_tokens_per_s": round(hf_rate), "vs_hf_generate": round(engine_rate / hf_rate, 3)}
+    vllm_runs = bench_vllm(args.vllm_python, model, tok, args.batch, args.repeats) if args.vllm_python.exists() else None
+    if vllm_runs:
+        vllm_rate = tokens / min(vllm_runs)
+        print(f"vLLM (CPU build), continuous:          {min(vllm_runs):6.2f} s  {vllm_rate:8.0f} tokens/s  (runs {_fmt(vllm_runs)})")
+        result.update(vllm_tokens_per_s=round(vllm_rate), engine_vs_vllm=round(engine_rate / vllm_rate, 3))
+    else:
+        print(f"vLLM: not measured ({args.vllm_python} missing or failed; `make setup-vllm` builds it)")
+        result.update(vllm_tokens_per_s=None, engine_vs_vllm=None)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ async def _vllm(model_dir: Path) -> Engine:
 
 
 async def _fake_sglang(model_dir: Path) -> Engine:
-    from fake_sglang import make_fake_sglang_engine  # type: ignore[import-not-found]
+    from fake_sglang import make_fake_sglang_engine
 
     engine: Engine = await make_fake_sglang_engine(str(model_dir))
     return engine

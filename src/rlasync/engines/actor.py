@@ -62,8 +62,15 @@ async def _build_vllm(config: EngineConfig) -> Engine:
     return await VLLMEngine.create(config)
 
 
+async def _build_sglang(config: EngineConfig) -> Engine:
+    from .sglang import build_sglang  # imports SGLang only when it builds one
+
+    return await build_sglang(config)
+
+
 register_backend("torch", _build_torch)
 register_backend("vllm", _build_vllm)
+register_backend("sglang", _build_sglang)
 
 
 class EngineActor(Actor):
