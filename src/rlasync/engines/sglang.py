@@ -73,14 +73,14 @@ import itertools
 import json
 import logging
 import struct
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from ..config.engine import EngineConfig
+from .meter import TokenRate
 from .protocol import EngineError
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +110,14 @@ class SGLangAPI:
         return cls(sglang.Engine, io_struct.UpdateWeightsFromTensorReqInput, utils.MultiprocessingSerializer.serialize)
 
 
-class _Request:
-    __slots__ = ("request", "stream", "seq", "queue", "tokens", "logprobs", "versions", "finish", "failed", "abort", "attempt", "aborting", "task")
+class _Request(RequestProgress):
+    __slots__ = ("stream", "seq", "queue", "failed", "abort", "attempt", "aborting", "task")
 
     def __init__(self, request: GenerateRequest, stream: bool, seq: int) -> None:
-        self.request = request
+        super().__init__(request)
         self.stream = stream  # a streaming caller gets a chunk per SGLang chunk; others one at the end
         self.seq = seq  # arrival order, kept when a request goes back to the queue
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.finish: FinishReason | None = None
         self.failed = False
         self.abort: str | None = None  # who asked: "user" (abort, a caller gone, close) or "pause"
         self.attempt = 0  # how many times it was handed to SGLang
@@ -131,14 +127,6 @@ class _Request:
     @property
     def rid(self) -> str:
         return self.request.request_id
-
-    def output(self) -> GenerateOutput:
-        assert self.finish is not None
-        r = self.request
-        return GenerateOutput(
-            request_id=r.request_id, prompt_ids=list(r.prompt_ids), token_ids=list(self.tokens),
-            logprobs=list(self.logprobs), versions=list(self.versions), finish_reason=self.finish,
-        )  # fmt: skip
 
 
 def _finish_kind(reason: Any) -> tuple[str | None, str]:
@@ -199,7 +187,7 @@ class SGLangEngine:
         self._live: dict[str, _Request] = {}  # handed to SGLang, its stream still open
         self._aborters: set[asyncio.Task[None]] = set()
         self._finished = 0
-        self._rate: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+        self._rate = TokenRate()
 
     # -- requests ---------------------------------------------------------------------------
     def _submit(self, request: GenerateRequest, stream: bool) -> _Request:
@@ -378,7 +366,7 @@ class SGLangEngine:
         req.logprobs += new_logprobs
         req.versions += versions
         if n:
-            self._rate.append((time.monotonic(), n))
+            self._rate.add(n)
         return new_ids, new_logprobs, versions
 
     def _settle(self, req: _Request, reason: FinishReason | None, last: tuple[list[int], list[float], list[int]], error: EngineError | None = None) -> None:
@@ -465,9 +453,7 @@ class SGLangEngine:
         return self._version
 
     def stats(self) -> EngineStats:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in self._rate if now - t < 5.0]
-        rate = sum(n for _, n in recent) / max(now - recent[0][0], 1e-3) if len(recent) > 1 else 0.0
+        rate = self._rate.per_second()
         running = sum(1 for req in self._live.values() if req.tokens)
         return EngineStats(
             running=running, waiting=len(self._waiting) + len(self._live) - running, tokens_per_s=rate,

@@ -20,15 +20,15 @@ import asyncio
 import collections
 import logging
 import threading
-import time
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import torch
 
 from .batch import KVBatch
+from .meter import TokenRate
 from .protocol import EngineError, check_request
 from .sampling import sample
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +37,19 @@ _Event = tuple["_Sequence", TokenChunk]
 _NO_TOKEN: list[Any] = []
 
 
-class _Sequence:
-    __slots__ = ("request", "stream", "queue", "generator", "tokens", "logprobs", "versions", "finish", "stop_ids")
+class _Sequence(RequestProgress):
+    """A request in the torch engine. Its tokens, logprobs and versions are written by the
+    worker thread only, and never again once it has ended; ``finish`` is set by the event
+    loop when the caller is told it ended."""
+
+    __slots__ = ("stream", "queue", "generator", "stop_ids")
 
     def __init__(self, request: GenerateRequest, eos: int | None, stream: bool) -> None:
-        self.request = request
+        super().__init__(request)
         self.stream = stream  # a streaming caller gets a chunk per token; others one at the end
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         seed = request.params.seed
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        # Written by the worker thread only, and never again once the request has ended.
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        # Set by the event loop when the caller is told the request ended.
-        self.finish: FinishReason | None = None
         stop = set(request.params.stop_token_ids)
         if eos is not None and not request.params.ignore_eos:
             stop.add(eos)
@@ -63,14 +61,6 @@ class _Sequence:
             last = TokenChunk(request_id=self.request.request_id, token_ids=self.tokens[-1:], logprobs=self.logprobs[-1:], versions=[version], finish_reason=reason)
             return self, last
         return self, TokenChunk(request_id=self.request.request_id, token_ids=_NO_TOKEN, logprobs=_NO_TOKEN, versions=_NO_TOKEN, finish_reason=reason)
-
-    def output(self) -> GenerateOutput:
-        assert self.finish is not None
-        r = self.request
-        return GenerateOutput(
-            request_id=r.request_id, prompt_ids=list(r.prompt_ids), token_ids=list(self.tokens),
-            logprobs=list(self.logprobs), versions=list(self.versions), finish_reason=self.finish,
-        )  # fmt: skip
 
 
 class TorchEngine:
@@ -104,7 +94,7 @@ class TorchEngine:
         self._running = 0  # rows after the last delivered step
         self._idle = asyncio.Event()
         self._idle.set()
-        self._rate: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+        self._rate = TokenRate()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -212,9 +202,7 @@ class TorchEngine:
         return self._version
 
     def stats(self) -> EngineStats:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in self._rate if now - t < 5.0]
-        rate = sum(n for _, n in recent) / max(now - recent[0][0], 1e-3) if len(recent) > 1 else 0.0
+        rate = self._rate.per_second()
         return EngineStats(
             running=self._running, waiting=len(self._waiting), tokens_per_s=rate,
             kv_cache_bytes=self._batch.nbytes(), weight_version=self._version, paused=self._paused,
@@ -398,7 +386,7 @@ class TorchEngine:
                 keep.append(i)
                 if seq.stream:
                     events.append((seq, TokenChunk(request_id=seq.request.request_id, token_ids=[token], logprobs=[logprob], versions=[version])))
-        self._rate.append((time.monotonic(), len(picked)))
+        self._rate.add(len(picked))
         self._rows = rows
         if len(keep) < len(rows):
             self._batch.keep(keep)

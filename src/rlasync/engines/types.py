@@ -57,6 +57,28 @@ class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = ""  # name of the engine actor that served it (set by EngineActor)
 
 
+class RequestProgress:
+    """What an engine has produced for one request so far; every engine keeps one per request."""
+
+    __slots__ = ("request", "tokens", "logprobs", "versions", "finish")
+
+    def __init__(self, request: GenerateRequest) -> None:
+        self.request = request
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.finish: FinishReason | None = None
+
+    def output(self) -> GenerateOutput:
+        """The request's result (partial when it was aborted); only once it has finished."""
+        assert self.finish is not None
+        r = self.request
+        return GenerateOutput(
+            request_id=r.request_id, prompt_ids=list(r.prompt_ids), token_ids=list(self.tokens),
+            logprobs=list(self.logprobs), versions=list(self.versions), finish_reason=self.finish,
+        )  # fmt: skip
+
+
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     waiting: int

@@ -32,43 +32,30 @@ while the engine starts.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 from ..config.engine import EngineConfig
+from .meter import TokenRate
 from .protocol import EngineError, check_request
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
 log = logging.getLogger(__name__)
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class _Tracked:
+class _Tracked(RequestProgress):
     """What this adapter knows of one request: everything streamed so far."""
 
-    __slots__ = ("request", "tokens", "logprobs", "versions", "finish", "done")
+    __slots__ = ("done",)
 
     def __init__(self, request: GenerateRequest) -> None:
-        self.request = request
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.finish: FinishReason | None = None
+        super().__init__(request)
         self.done = asyncio.Event()
-
-    def output(self) -> GenerateOutput:
-        assert self.finish is not None
-        r = self.request
-        return GenerateOutput(
-            request_id=r.request_id, prompt_ids=list(r.prompt_ids), token_ids=list(self.tokens),
-            logprobs=list(self.logprobs), versions=list(self.versions), finish_reason=self.finish,
-        )  # fmt: skip
 
 
 def _dtype(config: EngineConfig) -> str:
@@ -94,7 +81,7 @@ class VLLMEngine:
         self._paused = False
         self._finished = 0
         self._closed = False
-        self._rate: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
+        self._rate = TokenRate()
 
     @classmethod
     async def create(cls, config: EngineConfig) -> VLLMEngine:
@@ -159,7 +146,7 @@ class VLLMEngine:
                 if out.finished and finish is None:
                     finish = "abort"
                 if tokens:
-                    self._rate.append((time.monotonic(), len(tokens)))
+                    self._rate.add(len(tokens))
                 if finish is not None:
                     tracked.finish = finish
                 yield TokenChunk(request_id=rid, token_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=finish)
@@ -239,9 +226,7 @@ class VLLMEngine:
         return self._version
 
     def stats(self) -> EngineStats:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in list(self._rate) if now - t < 5.0]
-        rate = sum(n for _, n in recent) / max(now - recent[0][0], 1e-3) if len(recent) > 1 else 0.0
+        rate = self._rate.per_second()
         running = sum(1 for t in self._requests.values() if t.finish is None)
         return EngineStats(
             running=running, waiting=0, tokens_per_s=rate, kv_cache_bytes=0, weight_version=self._version,
