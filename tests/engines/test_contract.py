@@ -179,6 +179,34 @@ async def test_pause_wait_lets_in_flight_requests_finish(engine: Engine, referen
     await engine.resume()
 
 
+async def test_pause_keep_freezes_requests_and_resume_continues_them(engine: Engine, kind: Kind, reference: tuple[Any, Any]) -> None:
+    if kind.name == "sglang-fake":
+        pytest.skip("the SGLang adapter has no pause('keep') yet")
+    _, tok = reference
+    counts = [0, 0]
+    started = asyncio.Event()
+
+    async def consume(i: int) -> Any:
+        last = None
+        async for chunk in engine.generate_stream(_req(f"keep-{i}", tok.encode("hello"), 300)):
+            counts[i] += len(chunk.token_ids)
+            if all(counts):
+                started.set()
+            last = chunk
+        return last
+
+    streams = [asyncio.ensure_future(consume(i)) for i in range(2)]
+    await asyncio.wait_for(started.wait(), 60)
+    assert await engine.pause("keep") == []
+    await asyncio.sleep(0.2)  # chunks already on their way arrive
+    frozen = list(counts)
+    await asyncio.sleep(0.5)
+    assert counts == frozen and all(0 < n < 300 for n in counts)  # nothing moved while paused
+    await engine.resume()
+    finals = await asyncio.wait_for(asyncio.gather(*streams), 60)
+    assert [f.finish_reason for f in finals] == ["length", "length"] and counts == [300, 300]
+
+
 async def test_many_concurrent_requests(engine: Engine, reference: tuple[Any, Any]) -> None:
     _, tok = reference
     lengths = [1 + (i * 37) % 60 for i in range(64)]

@@ -47,7 +47,9 @@ class Engine(Protocol):
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
         """Stop admitting requests. "abort": end every in-flight request now and return the
         partial outputs (to resume them after a weight update); "wait": let in-flight
-        requests finish (up to ``timeout`` s). Waiting requests stay queued until ``resume``."""
+        requests finish (up to ``timeout`` s); "keep": freeze in-flight requests where they
+        are (their KV cache kept) and go on with them at ``resume``. Waiting requests stay
+        queued until ``resume``."""
         ...
 
     async def resume(self) -> None: ...

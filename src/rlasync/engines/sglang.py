@@ -398,8 +398,12 @@ class SGLangEngine:
 
     # -- pause, resume, weights -------------------------------------------------------------
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
+        if mode == "keep":
+            # SGLang's own in-place pause (tokenizer_manager.pause_generation(mode="in_place"))
+            # is not on the Engine API of every 0.5 release; not wired up yet.
+            raise EngineError("the SGLang engine does not support pause('keep') yet; use 'abort' (and resume the partials) or 'wait'")
         if mode not in ("abort", "wait"):
-            raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+            raise ValueError(f"pause mode must be 'abort', 'wait' or 'keep', got {mode!r}")
         self._paused = True  # nothing more is handed to SGLang
         live = list(self._live.values())
         if mode == "abort":

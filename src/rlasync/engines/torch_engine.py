@@ -83,6 +83,7 @@ class TorchEngine:
         self._aborts: set[str] = set()
         self._commands: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._paused = False
+        self._frozen = False
         self._stop = False
         # Owned by the worker thread.
         self._rows: list[_Sequence] = []  # running, in batch row order
@@ -160,10 +161,14 @@ class TorchEngine:
 
     # -- pause, resume, weights -------------------------------------------------------------
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
-        if mode not in ("abort", "wait"):
-            raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"pause mode must be 'abort', 'wait' or 'keep', got {mode!r}")
         with self._lock:
             self._paused = True  # no admissions from the next step on
+            self._frozen = mode == "keep"  # no steps at all: running rows stay where they are
+        if mode == "keep":
+            await self._command(lambda: None)  # returns between two steps, with no step after
+            return []
         if mode == "abort":
             running: list[_Sequence] = await self._command(self._abort_running)
             return [seq.output() for seq in running]
@@ -177,7 +182,7 @@ class TorchEngine:
 
     async def resume(self) -> None:
         with self._lock:
-            self._paused = False
+            self._paused = self._frozen = False
             self._work.notify()
 
     async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
@@ -283,7 +288,7 @@ class TorchEngine:
         while True:
             results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
             with self._lock:
-                while not (self._commands or self._aborts or self._rows or (self._waiting and not self._paused)):
+                while not (self._commands or self._aborts or (self._rows and not self._frozen) or (self._waiting and not self._paused)):
                     self._work.wait(timeout=1.0)
                 commands, self._commands = self._commands, []
             for fn, future in commands:
@@ -296,6 +301,7 @@ class TorchEngine:
             with self._lock:
                 aborts, self._aborts = self._aborts, set()
                 stop = self._stop
+                frozen = self._frozen and not stop
                 admit: list[_Sequence] = []
                 if aborts:
                     for seq in [s for s in self._waiting if s.request.request_id in aborts]:
@@ -316,7 +322,7 @@ class TorchEngine:
                     self._rows = [self._rows[i] for i in keep]
             failed: list[_Sequence] = []
             error: BaseException | None = None
-            if self._rows or admit:
+            if (self._rows or admit) and not frozen:
                 try:
                     events += self._step(admit)
                 except Exception as exc:  # a bug or an out-of-memory: fail this batch, keep serving

@@ -7,7 +7,7 @@ from typing import Literal
 import msgspec
 
 FinishReason = Literal["stop", "length", "abort"]
-PauseMode = Literal["abort", "wait"]
+PauseMode = Literal["abort", "wait", "keep"]
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

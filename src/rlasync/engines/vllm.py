@@ -12,7 +12,7 @@ test-vllm`` builds a CPU environment). What each protocol method uses (vLLM 0.32
   temperature, like the torch engine's (for top-k/top-p requests vLLM renormalises over the
   kept tokens; the torch engine does not).
 - abort: ``AsyncLLM.abort(request_id)``.
-- pause / resume: ``AsyncLLM.pause_generation(mode="abort" | "wait", clear_cache=True)`` and
+- pause / resume: ``AsyncLLM.pause_generation(mode="abort" | "wait" | "keep", clear_cache=…)`` and
   ``resume_generation()``; partial outputs of aborted requests are what this adapter
   recorded as their tokens streamed in.
 - update_weights: ``AsyncLLM.collective_rpc("rlasync_load_weights", …)`` on the worker
@@ -191,14 +191,15 @@ class VLLMEngine:
 
     # -- pause, resume, weights -------------------------------------------------------------
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
-        if mode not in ("abort", "wait"):
-            raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"pause mode must be 'abort', 'wait' or 'keep', got {mode!r}")
         self._paused = True
         in_flight = [t for t in self._requests.values() if t.finish is None and t.tokens]
         try:
             async with asyncio.timeout(timeout):
-                await self.llm.pause_generation(mode=mode, clear_cache=True)
-                if mode == "wait":
+                # "keep" holds the frozen requests' KV cache: clearing it would lose them.
+                await self.llm.pause_generation(mode=mode, clear_cache=mode != "keep")
+                if mode != "abort":
                     return []
                 # vLLM ends each aborted request's stream; wait until ours have seen it.
                 await asyncio.gather(*[t.done.wait() for t in in_flight])
