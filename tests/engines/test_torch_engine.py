@@ -232,3 +232,14 @@ async def test_a_cancelled_caller_frees_its_row(nano) -> None:  # type: ignore[n
     await engine.close()
     with pytest.raises(EngineError, match="closed"):
         await engine.generate(_req("late", [5]))
+
+
+async def test_a_seeded_request_resumed_from_its_partial_output_samples_the_same_tokens(nano) -> None:  # type: ignore[no-untyped-def]
+    model, tok = nano
+    engine = TorchEngine(model)
+    ids = tok.encode("Reverse abcd")
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True, seed=42)
+    whole = await engine.generate(_req("whole", ids, params))
+    rest = await engine.generate(_req("rest", ids + whole.token_ids[:7], SamplingParams(temperature=1.0, max_new_tokens=13, ignore_eos=True, seed=42)))
+    assert whole.token_ids[7:] == rest.token_ids
+    await engine.close()

@@ -1,7 +1,8 @@
 """Typed configuration (msgspec Structs) read from YAML; imports no torch."""
 
+from .agent import AgentConfig
 from .engine import EngineConfig, RouterConfig
 from .loader import Config, ConfigError, convert, load_config
 from .runtime import RuntimeConfig
 
-__all__ = ["Config", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "convert", "load_config"]
+__all__ = ["AgentConfig", "Config", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "convert", "load_config"]

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
+from .agent import AgentConfig
 from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
 
@@ -29,6 +30,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

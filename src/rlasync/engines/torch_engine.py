@@ -49,7 +49,7 @@ class _Sequence(RequestProgress):
         self.stream = stream  # a streaming caller gets a chunk per token; others one at the end
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         seed = request.params.seed
-        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.generator = torch.Generator() if seed is not None else None
         stop = set(request.params.stop_token_ids)
         if eos is not None and not request.params.ignore_eos:
             stop.add(eos)
@@ -366,12 +366,12 @@ class TorchEngine:
         picked: list[tuple[_Sequence, int, float]] = []
         if rows:
             logits = self._batch.decode(self.model)
-            tokens, logprobs = sample(logits, [s.request.params for s in rows], [s.generator for s in rows], self._generator)
+            tokens, logprobs = sample(logits, [s.request.params for s in rows], _seeded(rows), self._generator)
             self._batch.last = tokens.cpu()
             picked += zip(rows, tokens.tolist(), logprobs.tolist())
         if admit:
             logits = self._batch.prefill(self.model, [list(s.request.prompt_ids) for s in admit])
-            tokens, logprobs = sample(logits, [s.request.params for s in admit], [s.generator for s in admit], self._generator)
+            tokens, logprobs = sample(logits, [s.request.params for s in admit], _seeded(admit), self._generator)
             self._batch.last[len(rows) :] = tokens.cpu()
             picked += zip(admit, tokens.tolist(), logprobs.tolist())
             rows += admit
@@ -398,3 +398,20 @@ class TorchEngine:
             self._batch.keep(keep)
             self._rows = [rows[i] for i in keep]
         return events
+
+
+def _seeded(seqs: list[_Sequence]) -> list[torch.Generator | None]:
+    """Each seeded request's generator, seeded for the position of the token it samples now.
+
+    Keyed by (seed, position) rather than drawn in sequence, so a request resumed from its
+    partial output (prompt + tokens so far, same seed) samples exactly what the uninterrupted
+    one would have: an agent loop interrupted mid-generation resumes to the same trajectory.
+    """
+    out: list[torch.Generator | None] = []
+    for seq in seqs:
+        generator, seed = seq.generator, seq.request.params.seed
+        if generator is not None and seed is not None:
+            position = len(seq.request.prompt_ids) + len(seq.tokens)
+            generator.manual_seed((seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) & 0x7FFF_FFFF_FFFF_FFFF)
+        out.append(generator)
+    return out

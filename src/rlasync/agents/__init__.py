@@ -1,0 +1,15 @@
+"""Agent loops: how one trajectory is rolled out (single turn, tools, simulated users).
+
+    loop = get_loop(row.get("agent_name", config.default_loop))(router, tokenizer, config, tools=tools)
+    trajectory = await loop.run(SamplingParams(temperature=1.0, seed=7), **row)
+"""
+
+from .base import AgentLoop, Interaction, RewardFn, get_loop, register, registered_reward
+from .loops import LoopState, SingleTurnAgentLoop, ToolAgentLoop
+from .template import ChatTurns, TemplateError
+from .trajectory import Trajectory, TrajectoryMetrics
+
+__all__ = [
+    "AgentLoop", "ChatTurns", "Interaction", "LoopState", "RewardFn", "SingleTurnAgentLoop", "TemplateError",
+    "ToolAgentLoop", "Trajectory", "TrajectoryMetrics", "get_loop", "register", "registered_reward",
+]  # fmt: skip

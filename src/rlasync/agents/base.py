@@ -1,0 +1,144 @@
+"""Agent loops: one instance per trajectory, picked by name from a registry.
+
+    @register("my_loop")
+    class MyLoop(AgentLoop):
+        async def run(self, params: SamplingParams, **row: Any) -> Trajectory: ...
+
+A dataset row picks its loop with an ``agent_name`` field, else ``agent.default_loop``.
+Users register loops from their own modules: importing the module registers them.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, Awaitable, Callable, Protocol
+
+from ..config.agent import AgentConfig
+from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
+from .template import ChatTurns
+from .trajectory import Trajectory
+
+RewardFn = Callable[[dict[str, Any], Trajectory], "float | Awaitable[float]"]
+"""Scores a finished trajectory given its dataset row (sync or async)."""
+
+
+class Generator(Protocol):
+    """What a loop generates with: an ``Engine`` or a ``Router`` (which takes a session id)."""
+
+    async def generate(self, request: GenerateRequest, **kwargs: Any) -> GenerateOutput: ...
+
+    def generate_stream(self, request: GenerateRequest, **kwargs: Any) -> Any: ...
+
+
+class Interaction(abc.ABC):
+    """A simulated user: after a model turn without tool calls, it may answer (INTERACTING)."""
+
+    @abc.abstractmethod
+    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
+        """(end the conversation?, the user's next message, a reward for the model's last turn)."""
+
+
+class AgentLoop(abc.ABC):
+    def __init__(
+        self,
+        engine: Generator,
+        tokenizer: Any,
+        config: AgentConfig | None = None,
+        *,
+        tools: dict[str, Any] | None = None,
+        reward_fn: RewardFn | None = None,
+        interaction: Interaction | None = None,
+        trajectory_id: str = "",
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.turns = ChatTurns(tokenizer)
+        self.config = config or AgentConfig()
+        self.tools = tools or {}
+        self.reward_fn = reward_fn
+        self.interaction = interaction
+        self.trajectory_id = trajectory_id or f"traj-{id(self):x}"
+
+    @abc.abstractmethod
+    async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
+        """Roll out one trajectory for a dataset row (``messages``, and anything the reward reads)."""
+
+    async def _generate(self, request: GenerateRequest) -> Any:
+        """Stream one model turn; sticky to one engine when the engine is a router."""
+        kwargs = {"session_id": self.trajectory_id} if "session_id" in _parameters(self.engine.generate_stream) else {}
+        stream: Any = self.engine.generate_stream(request, **kwargs)
+        chunk: TokenChunk
+        async for chunk in stream:
+            yield chunk
+
+    async def _reward(self, row: dict[str, Any], trajectory: Trajectory) -> float:
+        if self.reward_fn is None:
+            return 0.0
+        try:
+            value = self.reward_fn(row, trajectory)
+            if inspect.isawaitable(value):
+                value = await value
+            return float(value)
+        except Exception as exc:  # a reward bug is a recorded zero, not a lost trajectory
+            trajectory.metrics.reward_error = f"{type(exc).__name__}: {exc}"
+            return 0.0
+
+
+def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> RewardFn:
+    """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards`` by name.
+
+    The reward reads the last assistant message, the whole conversation, the row's
+    ``ground_truth_key`` field and the tool counts; a reward that fails is a recorded zero.
+    The name is checked now, so a typo fails at start-up instead of zeroing every reward.
+    """
+    from ..rewards import RewardInput, compute_reward, get_reward
+
+    get_reward(name)
+
+    async def score(row: dict[str, Any], trajectory: Trajectory) -> float:
+        answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
+        inp = RewardInput(
+            response_text=str(answers[-1]["content"]) if answers else "",
+            full_text="\n".join(str(m.get("content", "")) for m in trajectory.messages),
+            ground_truth=None if row.get(ground_truth_key) is None else str(row[ground_truth_key]),
+            num_tool_calls=trajectory.metrics.tool_calls,
+            tool_errors=trajectory.metrics.tool_errors,
+        )
+        out = await compute_reward(name, inp)
+        if "error" in out.metrics:
+            trajectory.metrics.reward_error = str(out.metrics["error"])
+        return out.score
+
+    return score
+
+
+_LOOPS: dict[str, type[AgentLoop]] = {}
+
+
+def register(name: str) -> Callable[[type[AgentLoop]], type[AgentLoop]]:
+    """Class decorator: make the loop available as ``agent_name: <name>``."""
+
+    def add(cls: type[AgentLoop]) -> type[AgentLoop]:
+        existing = _LOOPS.get(name)
+        # The same class defined again (a module re-imported) replaces itself; another class may not.
+        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"an agent loop named {name!r} is already registered ({existing.__module__}.{existing.__qualname__})")
+        _LOOPS[name] = cls
+        return cls
+
+    return add
+
+
+def get_loop(name: str) -> type[AgentLoop]:
+    cls = _LOOPS.get(name)
+    if cls is None:
+        raise KeyError(f"no agent loop named {name!r} (registered: {', '.join(sorted(_LOOPS))}); register yours with @rlasync.agents.register")
+    return cls
+
+
+def _parameters(fn: Any) -> dict[str, Any]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}

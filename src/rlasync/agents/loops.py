@@ -1,0 +1,266 @@
+"""The built-in loops: ``single_turn`` and ``tool`` (multi-turn with tool calls and a simulated user).
+
+``ToolAgentLoop`` is an explicit state machine::
+
+    PENDING -> GENERATING -> PROCESSING_TOOLS -> GENERATING -> ... -> TERMINATED
+                          -> INTERACTING      -> GENERATING
+
+Its whole state is a ``LoopState`` (a msgspec Struct), updated as tokens arrive. Cancel the
+task running ``run`` at any point (mid-generation, mid-tool-call) and call ``run`` again
+later: it resumes from the state. A turn cut mid-generation continues from its partial
+tokens with the same seed; on the torch engine, whose seeded sampling is keyed by token
+position, the result is the trajectory an uninterrupted run would have produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+import msgspec
+
+from ..engines.types import GenerateRequest, SamplingParams
+from .base import AgentLoop, register
+from .trajectory import Trajectory, TrajectoryMetrics
+
+MAX_ENGINE_ABORTS = 64  # a turn the engine keeps aborting (it is paused again and again) gives up
+
+
+class LoopState(msgspec.Struct, kw_only=True):
+    """Everything a trajectory in progress is: enough to resume it anywhere."""
+
+    state: str = "PENDING"  # PENDING, GENERATING, PROCESSING_TOOLS, INTERACTING, TERMINATED
+    prompt_ids: list[int] = []
+    response_ids: list[int] = []
+    response_mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    messages: list[dict[str, Any]] = []
+    assistant_turns: int = 0
+    user_turns: int = 0
+    # The model turn being generated: its tokens so far (kept across interruptions).
+    partial_ids: list[int] = []
+    partial_logprobs: list[float] = []
+    partial_versions: list[int] = []
+    # The tool calls of the last model turn, until their responses are appended.
+    pending_calls: list[Any] = []
+    pending_errors: list[str] = []
+    termination: str = ""
+    turn_scores: list[float] = []
+    metrics: TrajectoryMetrics = msgspec.field(default_factory=TrajectoryMetrics)
+
+
+def _turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
+    """The seed of one model turn: the run's seed, the trajectory and the turn all matter
+    (one seed for every trajectory would draw the same random numbers for all of them)."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:{trajectory_id}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class _Base(AgentLoop):
+    state: LoopState
+
+    def _start(self, row: dict[str, Any]) -> None:
+        messages = list(row.get("messages") or [])
+        if not messages:
+            raise ValueError("a dataset row for an agent loop needs `messages` (the prompt as chat messages)")
+        schemas = [tool.schema() for tool in self.tools.values()] or row.get("tools")
+        self.state = LoopState(state="GENERATING", prompt_ids=self.turns.prompt_ids(messages, schemas), messages=messages)
+
+    def _budget(self) -> int:
+        s = self.state
+        return self.config.response_length - len(s.response_ids) - len(s.partial_ids)
+
+    async def _generate_turn(self, params: SamplingParams) -> str | None:
+        """GENERATING: stream one model turn into the state; its finish reason (None if the
+        engine kept aborting it)."""
+        s = self.state
+        while True:
+            # The turn's own limit counts the tokens it already has (from before an interruption).
+            budget = min(self._budget(), params.max_new_tokens - len(s.partial_ids))
+            if budget <= 0:
+                return "length"
+            seed = _turn_seed(params.seed, self.trajectory_id, s.assistant_turns)
+            turn_params = msgspec.structs.replace(params, max_new_tokens=budget, seed=seed)
+            request = GenerateRequest(
+                request_id=f"{self.trajectory_id}.{s.assistant_turns}.{len(s.partial_ids)}.{s.metrics.aborts}",
+                prompt_ids=s.prompt_ids + s.response_ids + s.partial_ids,
+                params=turn_params,
+            )
+            started = time.perf_counter()
+            finish = None
+            try:
+                async for chunk in self._generate(request):
+                    s.partial_ids += chunk.token_ids
+                    s.partial_logprobs += chunk.logprobs
+                    s.partial_versions += chunk.versions
+                    finish = chunk.finish_reason
+            finally:
+                s.metrics.generation_s += time.perf_counter() - started
+            if finish != "abort":
+                return finish
+            # The engine ended the turn (a pause for a weight update): go on from its partial.
+            s.metrics.aborts += 1
+            if s.metrics.aborts >= MAX_ENGINE_ABORTS:
+                return None
+
+    def _close_turn(self) -> str:
+        """Move the finished model turn into the response; its text."""
+        s = self.state
+        s.response_ids += s.partial_ids
+        s.response_mask += [1] * len(s.partial_ids)
+        s.logprobs += s.partial_logprobs
+        s.versions += s.partial_versions
+        text: str = self.tokenizer.decode(s.partial_ids, skip_special_tokens=False)
+        text = text.removesuffix(self.turns.turn_end)
+        s.partial_ids, s.partial_logprobs, s.partial_versions = [], [], []
+        s.assistant_turns += 1
+        s.messages.append({"role": "assistant", "content": text})
+        return text
+
+    def _append_environment(self, messages: list[dict[str, Any]], ids: list[int] | None = None) -> bool:
+        """Append tool/user turns (mask 0; ``ids``, else the chat template's rendering of
+        ``messages``); False if they do not fit the token budget."""
+        s = self.state
+        ids = self.turns.after_model_turn(messages) if ids is None else ids
+        if len(s.response_ids) + len(ids) >= self.config.response_length:
+            return False
+        s.response_ids += ids
+        s.response_mask += [0] * len(ids)
+        s.logprobs += [0.0] * len(ids)
+        s.versions += [-1] * len(ids)
+        s.messages += messages
+        s.user_turns += 1
+        return True
+
+    async def _finish(self, row: dict[str, Any]) -> Trajectory:
+        s = self.state
+        s.state = "TERMINATED"
+        trajectory = Trajectory(
+            prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids), response_mask=list(s.response_mask),
+            logprobs=list(s.logprobs), versions=list(s.versions), reward=0.0,
+            num_turns=s.assistant_turns + s.user_turns + 1, termination=s.termination, metrics=s.metrics,
+            messages=list(s.messages), extra={"turn_scores": list(s.turn_scores)},
+        )  # fmt: skip
+        trajectory.reward = await self._reward(row, trajectory)
+        return trajectory
+
+
+@register("single_turn")
+class SingleTurnAgentLoop(_Base):
+    """One model turn for the prompt."""
+
+    async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
+        if not hasattr(self, "state") or self.state.state == "PENDING":
+            self._start(row)
+        else:
+            self.state.metrics.interrupts += 1
+        if self.state.state == "GENERATING":
+            finish = await self._generate_turn(params)
+            self._close_turn()
+            if finish is None:
+                self.state.termination = "aborted"
+            elif finish == "length":
+                self.state.termination = "response_length" if self._budget() <= 0 else "max_new_tokens"
+            else:
+                self.state.termination = "stop"
+        return await self._finish(row)
+
+
+@register("tool")
+class ToolAgentLoop(_Base):
+    """Model turns and tool calls, until the model answers without calling a tool (or a budget
+    ends it). Knobs: ``AgentConfig`` (``agent.*``)."""
+
+    async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
+        from ..tools import get_parser
+
+        parser = get_parser(self.config.tool_parser)
+        if not hasattr(self, "state") or self.state.state == "PENDING":
+            self._start(row)
+        else:
+            self.state.metrics.interrupts += 1  # resumed: the state says where
+        s = self.state
+        cfg = self.config
+        while s.state != "TERMINATED":
+            if s.state == "GENERATING":
+                finish = await self._generate_turn(params)
+                text = self._close_turn()
+                if finish is None:
+                    s.termination = "aborted"
+                elif finish == "length":  # cut by the token budget, or by params.max_new_tokens
+                    s.termination = "response_length" if self._budget() <= 0 else "max_new_tokens"
+                elif cfg.max_assistant_turns and s.assistant_turns >= cfg.max_assistant_turns:
+                    s.termination = "max_assistant_turns"
+                else:
+                    parsed = parser.parse(text)
+                    if parsed.calls or parsed.errors:
+                        s.pending_calls, s.pending_errors = list(parsed.calls), list(parsed.errors)
+                        s.state = "PROCESSING_TOOLS"
+                        continue
+                    if self.interaction is not None:
+                        s.state = "INTERACTING"
+                        continue
+                    s.termination = "stop"
+                break
+            elif s.state == "PROCESSING_TOOLS":
+                if cfg.max_user_turns and s.user_turns >= cfg.max_user_turns:
+                    s.termination = "max_user_turns"
+                    break
+                messages, ids = await self._run_tools(parser)
+                s.pending_calls, s.pending_errors = [], []
+                if not self._append_environment(messages, ids):
+                    s.termination = "response_length"
+                    break
+                s.state = "GENERATING"
+            elif s.state == "INTERACTING":
+                if cfg.max_user_turns and s.user_turns >= cfg.max_user_turns:
+                    s.termination = "max_user_turns"
+                    break
+                assert self.interaction is not None
+                done, reply, score = await self.interaction.respond(list(s.messages), row)
+                s.turn_scores.append(score)
+                if done:
+                    s.termination = "interaction"
+                    break
+                if not self._append_environment([{"role": "user", "content": reply}]):
+                    s.termination = "response_length"
+                    break
+                s.state = "GENERATING"
+        return await self._finish(row)
+
+    async def _run_tools(self, parser: Any) -> tuple[list[dict[str, Any]], list[int]]:
+        """PROCESSING_TOOLS: run the pending calls (at most ``max_parallel_calls``, together);
+        every failure becomes a message the model reads. The ids of the environment's turn."""
+        from ..tools import HarmonyParser, ToolContext, error_result, run_tool_call
+
+        s = self.state
+        cfg = self.config
+        calls = s.pending_calls[: cfg.max_parallel_calls]
+        context = ToolContext(trajectory_id=self.trajectory_id, turn=s.assistant_turns)
+        started = time.perf_counter()
+        try:
+            results = list(
+                await asyncio.gather(
+                    *[
+                        run_tool_call(self.tools, call, context, max_response_chars=cfg.max_tool_response_length, truncate_side=cfg.tool_response_truncate_side)
+                        for call in calls
+                    ]
+                )
+            )
+        finally:
+            s.metrics.tool_s += time.perf_counter() - started
+        results += [error_result("parse_error", message) for message in s.pending_errors]
+        skipped = len(s.pending_calls) - len(calls)
+        if skipped:
+            results.append(error_result("parse_error", f"only {cfg.max_parallel_calls} tool call(s) per turn are run; {skipped} were skipped"))
+        s.metrics.tool_calls += len(calls)
+        s.metrics.tool_errors += sum(1 for r in results if not r.ok)
+        messages = parser.format_responses(results)
+        if isinstance(parser, HarmonyParser):  # chat templates do not know harmony: its own text
+            return messages, self.turns.encode(parser.render_responses(results))
+        return messages, self.turns.after_model_turn(messages)

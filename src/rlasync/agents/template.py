@@ -1,0 +1,49 @@
+"""Token ids of a conversation's turns, taken from the model's own chat template.
+
+The loop never re-tokenises what the model generated: the model's tokens go into the
+trajectory as they came. What the environment adds after a model turn (the template's turn
+separator, the tool or user message, the next assistant header) is the *difference* between
+two renderings of the template, so the training sequence is exactly what the model saw,
+separators included (verl's dropped ``\\n`` after ``<|im_end|>`` cannot happen here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TemplateError(ValueError):
+    """The chat template does not render turns as a pure extension of the conversation so far."""
+
+
+class ChatTurns:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        end = tokenizer.eos_token
+        if not end:
+            raise TemplateError("the tokenizer has no eos token: cannot tell where a model turn ends")
+        self.turn_end = str(end)
+
+    def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None, generation_prompt: bool) -> str:
+        text: str = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt: the conversation so far and the assistant header the model continues."""
+        return self.encode(self.render(messages, tools=tools, generation_prompt=True))
+
+    def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
+        """What the template puts after a model turn that ended with its end token, then
+        ``messages`` (tool or user turns), then the next assistant header."""
+        base: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        before = self.render(base, generation_prompt=False)
+        after = self.render(base + list(messages), generation_prompt=True)
+        if not after.startswith(before):
+            raise TemplateError("the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends")
+        end = before.rfind(self.turn_end)
+        if end < 0:
+            raise TemplateError(f"the chat template does not end an assistant turn with the eos token {self.turn_end!r}")
+        return self.encode(before[end + len(self.turn_end) :] + after[len(before) :])

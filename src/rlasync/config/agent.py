@@ -1,0 +1,44 @@
+"""Settings of the agent loops (``agent.*``): which loop, turn and token budgets, tools."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """How trajectories are rolled out (``agent.*``; verl's ``rollout.multi_turn.*`` names)."""
+
+    default_loop: str = "single_turn"
+    """The loop of a dataset row without an ``agent_name`` field (``single_turn``, ``tool``, or
+    one registered with ``rlasync.agents.register``)."""
+
+    response_length: PositiveInt = 1024
+    """Token budget of everything after the prompt: model turns and tool/user turns together.
+    A turn that would pass it is cut, and the trajectory ends ("response_length")."""
+
+    max_assistant_turns: NonNegativeInt = 0
+    """Model turns per trajectory; 0: no limit but the token budget."""
+
+    max_user_turns: NonNegativeInt = 0
+    """Tool-response and simulated-user turns per trajectory; 0: no limit."""
+
+    max_parallel_calls: PositiveInt = 1
+    """Tool calls of one model turn that run (concurrently); later ones get an error message."""
+
+    max_tool_response_length: PositiveInt = 256
+    """Characters of one tool response shown to the model; longer ones are cut."""
+
+    tool_response_truncate_side: Literal["left", "right", "middle"] = "middle"
+    """Which part of a long tool response is cut (``middle`` keeps its start and its end)."""
+
+    tool_parser: str = "hermes"
+    """How tool calls are read from model text: ``hermes`` (``<tool_call>{json}</tool_call>``)
+    or ``gpt-oss`` (the harmony format)."""
+
+    tools: list[str] = []
+    """Built-in or registered tools offered to the model, by name (``calculator``, ``python``)."""

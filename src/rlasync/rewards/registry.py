@@ -1,0 +1,164 @@
+"""Reward functions by name, and the one safe way to call them.
+
+A reward function takes a ``RewardInput`` and returns a ``float`` or a ``RewardOutput``
+(score plus metrics). It may be sync or async. ``@register_reward("name")`` makes it
+available to configs and dataset rows by name; ``get_reward(name)`` looks it up (and fails
+loudly on an unknown name, so resolve names at startup).
+
+``compute_reward`` is what rollouts call. Its contract: it never raises for a reward's
+failure. An exception, a timeout, or a result that is not a finite number becomes
+``RewardOutput(score=0.0, metrics={"error": "Type: message"})`` and one warning per
+(reward, error type) in the log, because one bad sample must not take down thousands of
+concurrent trajectories. Cancellation of the caller still propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import numbers
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+"""Default deadline of one reward call (``compute_reward(timeout_s=...)``)."""
+
+
+class RewardInput(msgspec.Struct, frozen=True, kw_only=True):
+    """What a reward function sees of one finished trajectory."""
+
+    response_text: str
+    """The final assistant answer text (the last assistant turn's content)."""
+    full_text: str = ""
+    """The whole generated conversation as text (every turn), for format rewards."""
+    ground_truth: str | None = None
+    """The expected answer, when the task has one."""
+    num_tool_calls: int = 0
+    """Tool calls the model made over the trajectory."""
+    tool_errors: int = 0
+    """Tool calls that failed (malformed call, unknown tool, tool raised or timed out)."""
+    extra: dict[str, Any] = {}
+    """Anything else the dataset row or the agent loop passes along."""
+
+
+class RewardOutput(msgspec.Struct, kw_only=True):
+    """A reward's score and its per-trajectory metrics (``error`` holds a failure)."""
+
+    score: float
+    metrics: dict[str, float | str] = {}
+
+
+RewardResult = float | RewardOutput
+RewardFn = Callable[[RewardInput], RewardResult | Awaitable[RewardResult]]
+"""A reward function: sync or async, ``RewardInput`` in, score or ``RewardOutput`` out."""
+
+F = TypeVar("F", bound=RewardFn)
+
+_REGISTRY: dict[str, RewardFn] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
+    """Decorator: register a reward function under ``name``.
+
+    Registering another function under a taken name raises unless ``replace=True``
+    (registering the same function again is a no-op, so re-imports are harmless).
+    """
+
+    def decorator(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"register_reward({name!r}): {fn!r} is not callable")
+        old = _REGISTRY.get(name)
+        if old is not None and old is not fn and not replace:
+            raise ValueError(f"reward {name!r} is already registered ({old!r}); pass replace=True to override it")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward function registered under ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown reward {name!r}; registered: {registered_rewards()} "
+            "(register your own with @rlasync.rewards.register_reward(name) in a module you import)"
+        ) from None
+
+
+def registered_rewards() -> list[str]:
+    """Names of all registered rewards, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    # partials of coroutine functions are recognised by inspect; callable objects by their __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _as_output(result: object) -> RewardOutput:
+    metrics: dict[str, float | str] = {}
+    if isinstance(result, RewardOutput):
+        score: object = result.score
+        metrics = result.metrics
+    elif isinstance(result, numbers.Real):  # float, int, bool, numpy scalars
+        score = result
+    else:
+        raise TypeError(f"a reward must return a float or a RewardOutput, got {type(result).__name__}")
+    if not isinstance(score, numbers.Real) or not math.isfinite(float(score)):
+        raise ValueError(f"reward score must be a finite number, got {score!r}")
+    return RewardOutput(score=float(score), metrics=metrics)
+
+
+async def compute_reward(
+    name_or_fn: str | RewardFn, inp: RewardInput, *, timeout_s: float | None = DEFAULT_TIMEOUT_S
+) -> RewardOutput:
+    """Score ``inp`` with a reward (a registered name or the function itself); never raises for its failure.
+
+    Sync functions run in a worker thread (``asyncio.to_thread``): a reward may parse, call
+    sympy or read files, and the event loop is driving every other trajectory meanwhile.
+    Async functions are awaited. Either way the call has ``timeout_s`` seconds (``None``: no
+    deadline). A sync function cannot be stopped: past its deadline it is abandoned and its
+    thread finishes in the background, so a reward that can hang should be async and own its
+    subprocess.
+
+    Any ``Exception`` (an unknown name included), a timeout, or a score that is not a finite
+    number gives ``score=0.0`` and ``metrics["error"] = "Type: message"``. ``CancelledError``
+    (the caller cancelled) propagates.
+    """
+    label = name_or_fn if isinstance(name_or_fn, str) else getattr(name_or_fn, "__name__", type(name_or_fn).__name__)
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        fn = get_reward(name_or_fn) if isinstance(name_or_fn, str) else name_or_fn
+        async with deadline:
+            if _is_async(fn):
+                result = await fn(inp)  # type: ignore[misc]
+            else:
+                result = await asyncio.to_thread(fn, inp)
+                if inspect.isawaitable(result):  # a plain function that returned a coroutine
+                    result = await result
+        return _as_output(result)
+    except TimeoutError as e:
+        if deadline.expired():
+            error = f"TimeoutError: reward {label!r} took longer than timeout_s={timeout_s}"
+        else:  # the reward raised TimeoutError itself
+            error = f"TimeoutError: {e}"
+        return _failed(label, error)
+    except Exception as e:  # noqa: BLE001  (the contract: a reward's failure is a recorded 0.0)
+        return _failed(label, f"{type(e).__name__}: {e}")
+
+
+def _failed(label: str, error: str) -> RewardOutput:
+    key = (label, error.split(":", 1)[0])
+    if key not in _warned:  # hot path: once per reward and error type
+        _warned.add(key)
+        log.warning("reward %r failed (scored 0.0; further %s errors of it are not logged): %s", label, key[1], error)
+    return RewardOutput(score=0.0, metrics={"error": error})

@@ -1,0 +1,252 @@
+"""Agent loops on a scripted model and on the real torch engine: states, budgets, exact tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from scripted import ScriptedEngine
+
+from rlasync.agents import Interaction, SingleTurnAgentLoop, ToolAgentLoop, get_loop, register, registered_reward
+from rlasync.config import AgentConfig
+from rlasync.engines import SamplingParams, TorchEngine
+from rlasync.models import TinyLMConfig, build_tiny_lm, build_tokenizer
+from rlasync.tools import Tool, build_tools
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*58"}}</tool_call>'
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=200, seed=3)
+ROW = {"messages": [{"role": "user", "content": "What is 37*58?"}]}
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return build_tokenizer()
+
+
+def _rendered(tok: Any, trajectory: Any, tools: list[dict[str, Any]] | None) -> list[int]:
+    """The whole conversation as the chat template renders it, tokenised in one go."""
+    text = tok.apply_chat_template(trajectory.messages, tools=tools, tokenize=False, add_generation_prompt=False)
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+async def test_single_turn_is_token_exact(tok: Any) -> None:
+    engine = ScriptedEngine(tok, ["2146"])
+    loop = SingleTurnAgentLoop(engine, tok)
+    t = await loop.run(PARAMS, **ROW)
+    assert t.termination == "stop" and t.num_turns == 2 and set(t.response_mask) == {1}
+    assert t.messages[-1] == {"role": "assistant", "content": "2146"}
+    # The template ends the assistant turn with "<|im_end|>\n"; the model's turn stops at its
+    # end token, so the rendering is the trajectory plus that one separator.
+    assert _rendered(tok, t, None) == t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False)
+    assert len(t.logprobs) == len(t.versions) == len(t.response_ids)
+
+
+async def test_tool_loop_multi_turn_is_token_exact_against_the_chat_template(tok: Any) -> None:
+    tools = build_tools(["calculator"])
+    engine = ScriptedEngine(tok, [CALL, "2146"], version=4)
+    seen: list[Any] = []
+    loop = ToolAgentLoop(engine, tok, AgentConfig(tools=["calculator"]), tools=tools, reward_fn=lambda row, t: seen.append(t) or 1.0)
+    t = await loop.run(PARAMS, **ROW)
+    assert t.termination == "stop" and t.reward == 1.0 and seen
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
+    assert t.messages[2]["content"] == "2146" and t.messages[3]["content"] == "2146"
+    assert t.num_turns == 4 and t.metrics.tool_calls == 1 and t.metrics.tool_errors == 0
+    schemas = [tool.schema() for tool in tools.values()]
+    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == _rendered(tok, t, schemas)
+    # Model tokens are masked in, environment tokens out; versions and logprobs follow the mask.
+    call_ids = tok.encode(CALL + tok.eos_token, add_special_tokens=False)
+    assert t.response_ids[: len(call_ids)] == call_ids and t.response_mask[: len(call_ids)] == [1] * len(call_ids)
+    env = [i for i, m in enumerate(t.response_mask) if m == 0]
+    assert env and all(t.versions[i] == -1 and t.logprobs[i] == 0.0 for i in env)
+    assert all(t.versions[i] == 4 for i, m in enumerate(t.response_mask) if m == 1)
+
+
+async def test_parallel_calls_are_capped_and_malformed_calls_answered(tok: Any) -> None:
+    three = CALL * 3 + '<tool_call>{"name": "calculator", "arguments": </tool_call>'
+    engine = ScriptedEngine(tok, [three, "done"])
+    config = AgentConfig(tools=["calculator"], max_parallel_calls=2)
+    t = await ToolAgentLoop(engine, tok, config, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
+    tool_turns = [m for m in t.messages if m["role"] == "tool"]
+    text = " ".join(m["content"] for m in tool_turns)
+    assert t.metrics.tool_calls == 2 and t.metrics.tool_errors >= 1
+    assert text.count("2146") == 2 and "only 2 tool call" in text
+    assert t.termination == "stop"
+
+
+class Echo(Tool):
+    name = "echo"
+    description = "repeat"
+    parameters = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+    async def call(self, arguments: dict[str, Any], context: Any) -> str:
+        return str(arguments["text"]) * 50
+
+
+async def test_long_tool_responses_are_truncated(tok: Any) -> None:
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "abcdefgh"}}</tool_call>'
+    engine = ScriptedEngine(tok, [call, "ok"])
+    config = AgentConfig(max_tool_response_length=40, tool_response_truncate_side="left")
+    t = await ToolAgentLoop(engine, tok, config, tools={"echo": Echo()}).run(PARAMS, **ROW)
+    response = t.messages[2]["content"]
+    assert len(response) <= 40 and response.startswith("...(truncated)") and response.endswith("abcdefgh")
+
+
+@pytest.mark.parametrize(
+    ("config", "turns", "reason"),
+    [
+        (AgentConfig(tools=["calculator"], max_assistant_turns=2), [CALL], "max_assistant_turns"),
+        (AgentConfig(tools=["calculator"], max_user_turns=1), [CALL], "max_user_turns"),
+        (AgentConfig(tools=["calculator"], response_length=30), [CALL], "response_length"),
+        (AgentConfig(tools=["calculator"]), ["plain answer"], "stop"),
+    ],
+)
+async def test_every_termination_reason(tok: Any, config: AgentConfig, turns: list[str], reason: str) -> None:
+    t = await ToolAgentLoop(ScriptedEngine(tok, turns), tok, config, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
+    assert t.termination == reason
+    assert len(t.response_ids) <= config.response_length
+    assert len(t.response_ids) == len(t.response_mask) == len(t.logprobs) == len(t.versions)
+
+
+async def test_an_engine_that_keeps_aborting_ends_the_trajectory(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlasync.agents import loops
+
+    monkeypatch.setattr(loops, "MAX_ENGINE_ABORTS", 3)
+    engine = ScriptedEngine(tok, ["a long answer that never ends"], abort_first=10)
+    t = await ToolAgentLoop(engine, tok).run(PARAMS, **ROW)
+    assert t.termination == "aborted" and t.metrics.aborts == 3
+
+
+async def test_engine_aborts_are_resumed_from_the_partial_turn(tok: Any) -> None:
+    engine = ScriptedEngine(tok, ["2146 is the answer"], abort_first=2)
+    t = await ToolAgentLoop(engine, tok).run(PARAMS, **ROW)
+    assert t.termination == "stop" and t.metrics.aborts == 2 and t.messages[-1]["content"] == "2146 is the answer"
+
+
+class OneMoreQuestion(Interaction):
+    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
+        users = sum(1 for m in messages if m["role"] == "user")
+        return users >= 2, "and 2*3?", 0.5
+
+
+async def test_interaction_adds_user_turns_until_it_ends(tok: Any) -> None:
+    engine = ScriptedEngine(tok, ["2146", "6"])
+    t = await ToolAgentLoop(engine, tok, interaction=OneMoreQuestion()).run(PARAMS, **ROW)
+    assert t.termination == "interaction" and [m["role"] for m in t.messages] == ["user", "assistant", "user", "assistant"]
+    assert t.extra["turn_scores"] == [0.5, 0.5]
+    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == _rendered(tok, t, None)
+
+
+async def test_registry_and_user_loops(tok: Any) -> None:
+    assert get_loop("tool") is ToolAgentLoop and get_loop("single_turn") is SingleTurnAgentLoop
+
+    @register("shout")
+    class Shout(SingleTurnAgentLoop):
+        pass
+
+    assert get_loop("shout") is Shout
+    with pytest.raises(KeyError, match="no agent loop named 'nope'"):
+        get_loop("nope")
+    with pytest.raises(ValueError, match="needs `messages`"):
+        await SingleTurnAgentLoop(ScriptedEngine(tok, ["x"]), tok).run(PARAMS)
+
+
+async def test_a_reward_that_raises_is_a_recorded_zero(tok: Any) -> None:
+    def broken(row: dict[str, Any], t: Any) -> float:
+        raise RuntimeError("bad reward")
+
+    t = await SingleTurnAgentLoop(ScriptedEngine(tok, ["x"]), tok, reward_fn=broken).run(PARAMS, **ROW)
+    assert t.reward == 0.0 and "bad reward" in t.metrics.reward_error
+
+
+# -- interrupt and resume ------------------------------------------------------------------
+
+
+class SlowTool(Tool):
+    name = "calculator"
+    description = "a calculator that takes its time"
+    parameters = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    async def call(self, arguments: dict[str, Any], context: Any) -> str:
+        self.calls += 1
+        await self.release.wait()
+        return "2146"
+
+
+async def test_interrupted_mid_tool_call_resumes_to_the_same_trajectory(tok: Any) -> None:
+    whole = await ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
+    slow = SlowTool()
+    loop = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools={"calculator": slow})
+    task = asyncio.ensure_future(loop.run(PARAMS, **ROW))
+    while slow.calls == 0:
+        await asyncio.sleep(0.001)
+    task.cancel()  # mid-tool-call
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert loop.state.state == "PROCESSING_TOOLS"
+    slow.release.set()
+    resumed = await loop.run(PARAMS, **ROW)
+    assert resumed.response_ids == whole.response_ids and resumed.response_mask == whole.response_mask
+    assert resumed.metrics.interrupts == 1 and slow.calls == 2  # the call ran again, from the start
+
+
+@pytest.fixture(scope="module")
+def nano() -> Any:
+    return build_tiny_lm(TinyLMConfig.preset("nano", seed=2))
+
+
+async def test_interrupted_mid_generation_resumes_to_the_same_trajectory(nano: Any) -> None:
+    model, tok = nano
+    engine = TorchEngine(model)
+    params = SamplingParams(temperature=1.0, max_new_tokens=120, ignore_eos=True, seed=11)
+    whole = await SingleTurnAgentLoop(engine, tok, trajectory_id="a").run(params, **ROW)
+    loop = SingleTurnAgentLoop(engine, tok, trajectory_id="a")  # the same trajectory, run again
+    task = asyncio.ensure_future(loop.run(params, **ROW))
+    while not (hasattr(loop, "state") and len(loop.state.partial_ids) >= 10):
+        await asyncio.sleep(0.001)
+    task.cancel()  # mid-generation: the engine request is aborted, the partial tokens kept
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert 10 <= len(loop.state.partial_ids) < 120
+    resumed = await loop.run(params, **ROW)
+    assert resumed.response_ids == whole.response_ids and len(resumed.response_ids) == 120
+    assert resumed.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+    # One seed for a whole batch: each trajectory still draws its own samples.
+    other = await SingleTurnAgentLoop(engine, tok, trajectory_id="c").run(params, **ROW)
+    assert other.response_ids != whole.response_ids
+    await engine.close()
+
+
+# -- no model output breaks the loop --------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = st.sampled_from(["<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "calculator", "arguments": {"expression": "1+', '"}}', "{", "}", '"', "\n", "é", "<|im_end|>", "python", "calculator"])
+_OUTPUTS = st.lists(st.one_of(_PIECES, st.text(max_size=12)), max_size=12).map("".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(_OUTPUTS, min_size=1, max_size=3))
+def test_no_model_output_makes_the_tool_loop_raise(tok: Any, turns: list[str]) -> None:
+    engine = ScriptedEngine(tok, turns)
+    config = AgentConfig(tools=["calculator"], response_length=400, max_assistant_turns=4)
+    loop = ToolAgentLoop(engine, tok, config, tools=build_tools(["calculator"]))
+    t = asyncio.run(loop.run(PARAMS, **ROW))
+    assert t.termination in {"stop", "response_length", "max_new_tokens", "max_assistant_turns", "max_user_turns"}
+    assert len(t.response_ids) == len(t.response_mask) == len(t.logprobs) == len(t.versions) <= 400
+
+
+async def test_rewards_from_the_registry(tok: Any) -> None:
+    engine = ScriptedEngine(tok, [CALL, "The answer is 2,146."])
+    loop = ToolAgentLoop(engine, tok, tools=build_tools(["calculator"]), reward_fn=registered_reward("exact_numeric"))
+    t = await loop.run(PARAMS, **ROW, ground_truth="2146")
+    assert t.reward == 1.0 and not t.metrics.reward_error
+    missing = await SingleTurnAgentLoop(ScriptedEngine(tok, ["no idea"]), tok, reward_fn=registered_reward("exact_numeric")).run(PARAMS, **ROW)
+    assert missing.reward == 0.0 and missing.metrics.reward_error  # no ground truth: a recorded zero
+    with pytest.raises(ValueError, match="nope"):
+        registered_reward("nope")
