@@ -5,11 +5,14 @@
 """
 
 from .base import AgentLoop, Interaction, RewardFn, get_loop, register, registered_reward
+from .batch import RolloutBatch, collate
 from .loops import LoopState, SingleTurnAgentLoop, ToolAgentLoop
 from .template import ChatTurns, TemplateError
 from .trajectory import Trajectory, TrajectoryMetrics
+from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec
 
 __all__ = [
-    "AgentLoop", "ChatTurns", "Interaction", "LoopState", "RewardFn", "SingleTurnAgentLoop", "TemplateError",
-    "ToolAgentLoop", "Trajectory", "TrajectoryMetrics", "get_loop", "register", "registered_reward",
+    "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopState",
+    "RewardFn", "RolloutBatch", "SingleTurnAgentLoop", "TemplateError", "ToolAgentLoop", "Trajectory",
+    "TrajectoryMetrics", "collate", "get_loop", "register", "registered_reward",
 ]  # fmt: skip

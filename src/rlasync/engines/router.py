@@ -27,7 +27,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Iterable, TypeVar
 
 import msgspec
 
@@ -37,9 +37,10 @@ from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
 _GONE = (NodeLostError, ActorNotFound)
 from ..config.engine import RouterConfig
 from .protocol import EngineError
-from .types import GenerateOutput, GenerateRequest, TokenChunk
+from .types import EngineStats, GenerateOutput, GenerateRequest, TokenChunk
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineLostError(EngineError, ConnectionError):
@@ -136,8 +137,7 @@ class Router:
             slot = await self._acquire(session_id, request.request_id)
             call = slot.ref.generate.options(timeout=self.config.request_timeout_s)
             try:
-                out: GenerateOutput = await call(request)
-                return out
+                return _typed(await call(request), GenerateOutput)
             except _GONE as exc:
                 self._engine_lost(slot, exc)
                 self._check_move(slot, request, moves, exc)
@@ -156,7 +156,7 @@ class Router:
             try:
                 async for chunk in stream:
                     started = True
-                    yield chunk
+                    yield _typed(chunk, TokenChunk)
                 return
             except _GONE as exc:
                 self._engine_lost(slot, exc)
@@ -339,7 +339,12 @@ class Router:
                     # The engine counted ours too: at most what was outstanding when we asked
                     # plus what we sent since. Subtracting that bound never overstates the
                     # others' load (a stale overstatement would steer requests away for nothing).
-                    stats: Any = reply
+                    stats = _typed(reply, EngineStats)
                     ours = outstanding + (slot.assigned - assigned)
                     slot.others = max(0, stats.running + stats.waiting - ours)
             self._dispatch()
+
+
+def _typed(value: Any, kind: type[T]) -> T:
+    # A ref whose actor class is not imported here returns plain data: decode it.
+    return value if isinstance(value, kind) else msgspec.convert(value, kind)

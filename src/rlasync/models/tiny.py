@@ -102,6 +102,14 @@ def save_pretrained_dir(model: Any, tokenizer: Any, path: str | os.PathLike[str]
 _LOAD_LOCK = threading.Lock()
 
 
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer (and chat template) of a Hugging Face folder, from disk only."""
+    from transformers import AutoTokenizer
+
+    with _LOAD_LOCK:
+        return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+
+
 def load_pretrained_dir(path: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
     """Load any Hugging Face causal-LM folder from disk only (never the hub)."""
     import torch

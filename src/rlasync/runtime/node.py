@@ -467,7 +467,8 @@ class Node:
     def _ref_from_wire(self, data: Any) -> ActorRef:
         import msgspec
 
-        return ActorRef(self, msgspec.convert(data, ActorInfo))
+        info = msgspec.convert(data, ActorInfo)
+        return ActorRef(self, info, _loaded_class(info.cls))
 
     async def __aenter__(self) -> Node:
         return await self.start()
@@ -478,6 +479,16 @@ class Node:
 
 async def _raise(exc: BaseException) -> Any:
     raise exc
+
+
+def _loaded_class(path: str) -> type | None:
+    """The actor class ``module:QualName`` if its module is loaded here (a ref that arrived as an
+    argument then decodes results into their annotated types, like one from ``spawn``)."""
+    module_name, _, qualname = path.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split(".") if obj is not None and qualname else ():
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, type) else None
 
 
 def _service_info(name: str, cls: type[Actor], node: NodeInfo) -> ActorInfo:

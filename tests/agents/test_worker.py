@@ -1,0 +1,67 @@
+"""Agent-loop workers on node processes, the manager, and the padded batch they produce."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlasync import LocalCluster, RuntimeConfig
+from rlasync.agents import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, Trajectory, TrajectoryMetrics, collate
+from rlasync.config import AgentConfig, EngineConfig
+from rlasync.engines import EngineActor, SamplingParams
+from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
+
+FAST = RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=1.5, join_timeout_s=60, preload_modules=("rlasync.engines", "rlasync.agents"))
+
+
+def _t(prompt: list[int], response: list[int], mask: list[int], reward: float) -> Trajectory:
+    n = len(response)
+    return Trajectory(
+        prompt_ids=prompt, response_ids=response, response_mask=mask, logprobs=[-0.1 * (i + 1) for i in range(n)],
+        versions=[3 if m else -1 for m in mask], reward=reward, num_turns=2, termination="stop", metrics=TrajectoryMetrics(),
+    )  # fmt: skip
+
+
+def test_collate_pads_prompts_left_and_responses_right() -> None:
+    batch = collate([_t([1, 2, 3], [4, 5], [1, 1], 1.0), _t([6], [7, 8, 9, 10], [1, 0, 0, 1], 0.0)], pad_token_id=0)
+    assert batch.prompts.tolist() == [[1, 2, 3], [0, 0, 6]]
+    assert batch.responses.tolist() == [[4, 5, 0, 0], [7, 8, 9, 10]]
+    assert batch.response_mask.tolist() == [[1, 1, 0, 0], [1, 0, 0, 1]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 4, 4], [0, 0, 0, 1, 2, 3, 4]]  # real tokens only
+    assert batch.input_ids.shape == (2, 7) and batch.rewards.tolist() == [1.0, 0.0]
+    assert batch.versions.tolist() == [[3, 3, -1, -1], [3, -1, -1, 3]]
+    assert torch.allclose(batch.logprobs[0], torch.tensor([-0.1, -0.2, 0.0, 0.0]))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=4))
+    return save_pretrained_dir(model, tok, tmp_path_factory.mktemp("nano"))
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_workers_on_two_nodes_roll_out_a_batch_and_a_lost_worker_loses_no_row(model_dir: Path) -> None:
+    async with LocalCluster(nodes=3, config=FAST) as cluster:
+        engine = await cluster.spawn(EngineActor, EngineConfig(model=str(model_dir)), node=1, name="engine")
+        spec = AgentWorkerSpec(model=str(model_dir), engines=[engine], agent=AgentConfig(response_length=512))
+        workers = [await cluster.spawn(AgentLoopWorker, spec, node=n, name=f"worker-{n}") for n in (1, 2)]
+        manager = AgentLoopManager(workers, pad_token_id=0)
+        rows = [{"messages": [{"role": "user", "content": f"Reverse {w}"}], "uid": f"row-{i}"} for i, w in enumerate(["abc", "hgf", "dd", "eabc"] * 5)]
+        batch = await manager.generate(rows, SamplingParams(temperature=1.0, max_new_tokens=16, seed=1))
+        assert batch.responses.shape[0] == 20 and batch.response_mask.sum() > 0
+        assert [t.messages[0]["content"] for t in batch.trajectories] == [r["messages"][0]["content"] for r in rows]  # in order
+
+        # Kill node-2 while its worker's loops generate: its rows run again on worker-1.
+        long = SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=2)
+        task = asyncio.ensure_future(manager.trajectories(rows, long))
+        await asyncio.sleep(0.5)
+        os.kill(cluster.pid(2), signal.SIGKILL)
+        trajectories = await asyncio.wait_for(task, 120)
+        assert len(trajectories) == 20 and all(len(t.response_ids) == 400 for t in trajectories)
+        assert [w.name for w in manager.workers] == ["worker-1"]
