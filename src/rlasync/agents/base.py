@@ -11,6 +11,7 @@ Users register loops from their own modules: importing the module registers them
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -59,6 +60,8 @@ class AgentLoop(abc.ABC):
         self.reward_fn = reward_fn
         self.interaction = interaction
         self.trajectory_id = trajectory_id or f"traj-{id(self):x}"
+        # A router takes a session id (every turn of this trajectory on one engine); an engine does not.
+        self._stream_kwargs = {"session_id": self.trajectory_id} if _takes_session(type(engine)) else {}
 
     @abc.abstractmethod
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
@@ -66,8 +69,7 @@ class AgentLoop(abc.ABC):
 
     async def _generate(self, request: GenerateRequest) -> Any:
         """Stream one model turn; sticky to one engine when the engine is a router."""
-        kwargs = {"session_id": self.trajectory_id} if "session_id" in _parameters(self.engine.generate_stream) else {}
-        stream: Any = self.engine.generate_stream(request, **kwargs)
+        stream: Any = self.engine.generate_stream(request, **self._stream_kwargs)
         chunk: TokenChunk
         async for chunk in stream:
             yield chunk
@@ -137,8 +139,9 @@ def get_loop(name: str) -> type[AgentLoop]:
     return cls
 
 
-def _parameters(fn: Any) -> dict[str, Any]:
+@functools.cache
+def _takes_session(engine_type: type) -> bool:
     try:
-        return dict(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return {}
+        return "session_id" in inspect.signature(engine_type.generate_stream).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return False

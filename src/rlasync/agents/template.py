@@ -23,6 +23,8 @@ class ChatTurns:
         if not end:
             raise TemplateError("the tokenizer has no eos token: cannot tell where a model turn ends")
         self.turn_end = str(end)
+        self._base: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        self._before = ""  # the base conversation rendered, computed on first use
 
     def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None, generation_prompt: bool) -> str:
         text: str = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
@@ -38,9 +40,10 @@ class ChatTurns:
     def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """What the template puts after a model turn that ended with its end token, then
         ``messages`` (tool or user turns), then the next assistant header."""
-        base: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-        before = self.render(base, generation_prompt=False)
-        after = self.render(base + list(messages), generation_prompt=True)
+        if not self._before:
+            self._before = self.render(self._base, generation_prompt=False)
+        before = self._before
+        after = self.render(self._base + list(messages), generation_prompt=True)
         if not after.startswith(before):
             raise TemplateError("the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends")
         end = before.rfind(self.turn_end)

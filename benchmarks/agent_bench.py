@@ -1,0 +1,135 @@
+"""The agent loop's own cost per turn, next to the chat-template tokenisation it must do, one run.
+
+    .venv/bin/python benchmarks/agent_bench.py [--trajectories 2000]
+
+2,000 ``ToolAgentLoop`` trajectories run concurrently on one event loop (uvloop) against an
+engine that answers at once with scripted turns: three calculator calls, then an answer
+(4 model turns, 3 tool turns each). Then, in the same run, the tokenisation the loop cannot
+avoid is timed: rendering and encoding the prompt, decoding each model turn, rendering and
+encoding what the chat template puts after it (timed inside the run, and also alone for
+reference). The loop's overhead per turn is the wall time per model turn minus that
+tokenisation time (it includes parsing, running the calculator, the state machine, and the
+scripted engine's own streaming). Last line: JSON
+``{"turns_per_s", "overhead_us_per_turn", "overhead_vs_tokenize"}``; the goal is
+``overhead_vs_tokenize`` <= 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator
+
+from rlasync.agents import ChatTurns, ToolAgentLoop
+from rlasync.config import AgentConfig
+from rlasync.engines import GenerateRequest, SamplingParams, TokenChunk
+from rlasync.models import build_tokenizer
+from rlasync.tools import HermesParser, ToolResult, build_tools
+
+QUESTION = [{"role": "user", "content": "What is ((12*7)+5)*3?"}]
+TURNS = [
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "84+5"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "89*3"}}</tool_call>',
+    "267",
+]
+
+
+class InstantEngine:
+    """Answers every request at once with the next scripted turn (one chunk)."""
+
+    def __init__(self, tokenizer: Any, turns: list[str]) -> None:
+        self.turns = [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in turns]
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        turn = int(request.request_id.split(".")[1])  # the loop's request ids: trajectory.turn.partial.aborts
+        ids = self.turns[min(turn, len(self.turns) - 1)]
+        yield TokenChunk(request_id=request.request_id, token_ids=ids, logprobs=[0.0] * len(ids), versions=[0] * len(ids), finish_reason="stop")
+
+
+class Stopwatch:
+    """Total time spent inside the wrapped functions (the run is one thread: no overlap)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+async def run_loops(tok: Any, n: int) -> tuple[float, int, float]:
+    """Wall time, model turns, and the time spent tokenising inside the run."""
+    watch = Stopwatch()
+    originals = ChatTurns.prompt_ids, ChatTurns.after_model_turn, type(tok).decode
+    ChatTurns.prompt_ids, ChatTurns.after_model_turn = watch.wrap(ChatTurns.prompt_ids), watch.wrap(ChatTurns.after_model_turn)  # type: ignore[method-assign]
+    type(tok).decode = watch.wrap(type(tok).decode)
+    try:
+        elapsed, turns = await _run_loops(tok, n)
+    finally:
+        ChatTurns.prompt_ids, ChatTurns.after_model_turn, type(tok).decode = originals  # type: ignore[method-assign]
+    return elapsed, turns, watch.seconds
+
+
+async def _run_loops(tok: Any, n: int) -> tuple[float, int]:
+    engine = InstantEngine(tok, TURNS)
+    tools = build_tools(["calculator"])
+    config = AgentConfig(tools=["calculator"], response_length=4096)
+    params = SamplingParams(temperature=1.0, max_new_tokens=256, seed=0)
+    loops = [ToolAgentLoop(engine, tok, config, tools=tools, trajectory_id=f"t{i}") for i in range(n)]
+    start = time.perf_counter()
+    trajectories = await asyncio.gather(*[loop.run(params, messages=QUESTION) for loop in loops])
+    elapsed = time.perf_counter() - start
+    turns = sum(t.num_turns - 1 - (t.num_turns - 1) // 2 for t in trajectories)  # model turns
+    assert all(t.termination == "stop" and t.messages[-1]["content"] == "267" for t in trajectories)
+    return elapsed, turns
+
+
+def tokenize_cost(tok: Any, repeats: int) -> float:
+    """Seconds per model turn of the tokenisation a loop must do: render and encode the prompt
+    (once per trajectory), decode each model turn, render and encode the environment's reply."""
+    turns = ChatTurns(tok)
+    parser = HermesParser()
+    schemas = [tool.schema() for tool in build_tools(["calculator"]).values()]
+    model_turns = [tok.encode(t + tok.eos_token, add_special_tokens=False) for t in TURNS]
+    replies = [parser.format_responses([ToolResult(text=r, name="calculator", call_id="call_0")]) for r in ("84", "89", "267")]
+    start = time.perf_counter()
+    for _ in range(repeats):
+        turns.prompt_ids(QUESTION, schemas)
+        for i, ids in enumerate(model_turns):
+            tok.decode(ids, skip_special_tokens=False)
+            if i < len(replies):
+                turns.after_model_turn(replies[i])
+    return (time.perf_counter() - start) / (repeats * len(model_turns))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trajectories", type=int, default=2000)
+    args = parser.parse_args()
+    import uvloop
+
+    tok = build_tokenizer()
+    uvloop.run(run_loops(tok, 50))  # warm-up: imports, template compilation
+    tokenize_cost(tok, 50)
+    runs = [uvloop.run(run_loops(tok, args.trajectories)) for _ in range(2)]
+    elapsed, turns, in_run = min(runs)
+    per_turn = elapsed / turns
+    tokenize = in_run / turns  # timed inside the run: the same cache and GC conditions as the loop
+    alone = min(tokenize_cost(tok, 500) for _ in range(2))
+    overhead = max(per_turn - tokenize, 0.0)
+    print(f"{args.trajectories} trajectories x {len(TURNS)} model turns (+{len(TURNS) - 1} tool turns) concurrently: {elapsed:.2f} s, {turns / elapsed:,.0f} model turns/s")
+    print(f"per model turn: {per_turn * 1e6:.0f} us in all; tokenisation {tokenize * 1e6:.0f} us of it (the same work timed alone: {alone * 1e6:.0f} us); loop overhead {overhead * 1e6:.0f} us")
+    print(json.dumps({"turns_per_s": round(turns / elapsed), "overhead_us_per_turn": round(overhead * 1e6, 1), "overhead_vs_tokenize": round(overhead / tokenize, 3)}))
+
+
+if __name__ == "__main__":
+    main()
