@@ -16,7 +16,8 @@ HEADER = "<|im_start|>assistant\n"
 
 
 class ScriptedEngine:
-    def __init__(self, tokenizer: Any, turns: list[str], *, chunk: int = 2, version: int = 0, abort_first: int = 0) -> None:
+    def __init__(self, tokenizer: Any, turns: list[str], *, chunk: int = 2, version: int = 0, abort_first: int = 0, by_request_id: bool = False) -> None:
+        self.by_request_id = by_request_id  # read the turn from the loop's request id (formats without ChatML headers)
         self.tokenizer = tokenizer
         self.turns = [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in turns]
         self.header = tokenizer.encode(HEADER, add_special_tokens=False)
@@ -35,7 +36,11 @@ class ScriptedEngine:
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         self.requests.append(request)
-        turn, said = self._position(list(request.prompt_ids))
+        if self.by_request_id:  # "<trajectory>.<turn>.<tokens already said>.<aborts>"
+            _, turn_s, said_s, _ = request.request_id.rsplit(".", 3)
+            turn, said = int(turn_s), int(said_s)
+        else:
+            turn, said = self._position(list(request.prompt_ids))
         script = self.turns[min(turn, len(self.turns) - 1)]
         rest = script[said:][: request.params.max_new_tokens]
         complete = len(script) - said <= request.params.max_new_tokens  # ends with its eos here

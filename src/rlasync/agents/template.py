@@ -39,14 +39,34 @@ class ChatTurns:
 
     def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """What the template puts after a model turn that ended with its end token, then
-        ``messages`` (tool or user turns), then the next assistant header."""
+        ``messages`` (tool or user turns), then the next assistant header.
+
+        Message contents are tokenised as plain text: a tool that prints ``<|im_end|>`` must
+        not end a turn the model did not end (the template's own markup keeps its special
+        tokens). Each content is swapped for a placeholder while rendering, then encoded on
+        its own with special tokens split.
+        """
         if not self._before:
             self._before = self.render(self._base, generation_prompt=False)
         before = self._before
-        after = self.render(self._base + list(messages), generation_prompt=True)
+        marked = [dict(m, content=f"\x00{i}\x00") if isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
+        after = self.render(self._base + marked, generation_prompt=True)
         if not after.startswith(before):
             raise TemplateError("the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends")
         end = before.rfind(self.turn_end)
         if end < 0:
             raise TemplateError(f"the chat template does not end an assistant turn with the eos token {self.turn_end!r}")
-        return self.encode(before[end + len(self.turn_end) :] + after[len(before) :])
+        text = before[end + len(self.turn_end) :] + after[len(before) :]
+        pieces = text.split("\x00")
+        if len(pieces) != 2 * sum(1 for m in marked if m is not None and isinstance(m.get("content"), str)) + 1:
+            # The template changed the placeholders (it transforms contents): render plainly.
+            plain = self.render(self._base + list(messages), generation_prompt=True)
+            return self.encode(before[end + len(self.turn_end) :] + plain[len(before) :])
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k % 2 == 0:
+                ids += self.encode(piece)
+            else:
+                content = messages[int(piece)]["content"]
+                ids += self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
+        return ids
