@@ -55,6 +55,7 @@ bench: setup
 	$(PY) -m pip install --quiet 'ray>=2.40,<3' || echo "ray could not be installed; benchmarks will skip it"
 	$(PY) benchmarks/actor_bench.py
 	$(PY) benchmarks/engine_bench.py
+	$(PY) benchmarks/agent_bench.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache
