@@ -10,6 +10,7 @@
 4. Asks both models the same held-out questions through the router: the fresh model
    babbles; the warm-started one calls the calculator tool (the demo runs the tool and
    hands back the result) and answers, often right, sometimes wrong: what RL then sharpens.
+   Every conversation is a ``ToolAgentLoop`` trajectory, token for token what the model saw.
 """
 
 from __future__ import annotations
@@ -21,37 +22,46 @@ import time
 from pathlib import Path
 
 import rlasync
-from rlasync.data import make_problems
-from rlasync.engines import EngineActor, EngineConfig, Router
+from rlasync.agents import ToolAgentLoop
+from rlasync.config import AgentConfig
+from rlasync.data import get_task, make_problems
+from rlasync.engines import EngineActor, EngineConfig, Router, SamplingParams
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
-from rlasync.models.warmstart import load_summary, run_episode, warm_start
+from rlasync.models.warmstart import load_summary, warm_start
+from rlasync.tools import build_tools
 
 QUESTIONS = 6  # shown in full
 HELD_OUT = 64  # scored
 
 
+def _reward(row: dict, trajectory: object) -> float:
+    return get_task("calc").reward(row["problem"], trajectory.messages[-1]["content"])  # type: ignore[attr-defined]
+
+
 async def ask(router: Router, tokenizer: object, label: str, problems: list, seed: int) -> None:
     started = time.perf_counter()
-    episodes = await asyncio.gather(
-        *[run_episode(router, tokenizer, p, temperature=0, seed=seed, request_id=f"{label}-{i}") for i, p in enumerate(problems)]
-    )
+    tools = build_tools(["calculator"])
+    config = AgentConfig(tools=["calculator"], max_assistant_turns=3)
+    loops = [ToolAgentLoop(router, tokenizer, config, tools=tools, reward_fn=_reward, trajectory_id=f"{label}-{i}") for i in range(len(problems))]
+    greedy = SamplingParams(temperature=0, max_new_tokens=40)
+    episodes = await asyncio.gather(*[loop.run(greedy, messages=p.messages, problem=p) for loop, p in zip(loops, problems)])
     elapsed = time.perf_counter() - started
     print(f"\n== {label} model ==")
     for problem, episode in list(zip(problems, episodes))[:QUESTIONS]:
-        text = tokenizer.decode(episode.completion_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+        text = tokenizer.decode(episode.response_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
         first_turn = repr(text.split("<|im_end|>")[0])
         first_turn = first_turn if len(first_turn) <= 90 else first_turn[:87] + "..."
         mark = "right" if episode.reward else "wrong"
         print(f"  user: {problem.messages[-1]['content']}  (answer {problem.answer})")
-        if episode.tool_calls:
-            print(f"    model: {first_turn} -> the calculator runs -> model: {episode.final!r}  [{mark}]")
+        if episode.metrics.tool_calls:
+            print(f"    model: {first_turn} -> the calculator runs -> model: {episode.messages[-1]['content']!r}  [{mark}]")
         else:
             print(f"    model: {first_turn}  [{mark}]")
     correct = sum(e.reward for e in episodes)
-    tools = sum(1 for e in episodes if e.tool_calls)
-    tokens = sum(sum(e.completion_mask) for e in episodes)
+    used = sum(1 for e in episodes if e.metrics.tool_calls)
+    tokens = sum(sum(e.response_mask) for e in episodes)
     print(
-        f"  {label}: {correct:.0f}/{len(episodes)} held-out questions right, {tools} used the calculator; "
+        f"  {label}: {correct:.0f}/{len(episodes)} held-out questions right, {used} used the calculator; "
         f"{tokens} tokens generated in {elapsed:.2f} s"
     )
 
