@@ -44,7 +44,7 @@ class InstantEngine:
         self.turns = [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in turns]
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
-        turn = int(request.request_id.split(".")[1])  # the loop's request ids: trajectory.turn.partial.aborts
+        turn = int(request.request_id.split(".")[1])  # the loop's request ids: trajectory.turn.partial.attempt
         ids = self.turns[min(turn, len(self.turns) - 1)]
         yield TokenChunk(request_id=request.request_id, token_ids=ids, logprobs=[0.0] * len(ids), versions=[0] * len(ids), finish_reason="stop")
 

@@ -36,7 +36,7 @@ class ScriptedEngine:
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         self.requests.append(request)
-        if self.by_request_id:  # "<trajectory>.<turn>.<tokens already said>.<aborts>"
+        if self.by_request_id:  # "<trajectory>.<turn>.<tokens already said>.<aborts>-<interrupts>"
             _, turn_s, said_s, _ = request.request_id.rsplit(".", 3)
             turn, said = int(turn_s), int(said_s)
         else:

@@ -280,3 +280,12 @@ async def test_gpt_oss_format_tool_turns(tok: Any) -> None:
     assert t.metrics.tool_calls == 1 and t.metrics.tool_errors == 0 and t.termination == "stop"
     env = tok.decode([i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False)
     assert "functions.calculator to=assistant<|channel|>commentary<|message|>2146<|end|>" in env
+
+
+async def test_an_engine_error_ends_the_trajectory_not_the_batch(nano: Any) -> None:
+    model, tok = nano
+    engine = TorchEngine(model, max_seq_len=64)
+    long_prompt = {"messages": [{"role": "user", "content": "x" * 200}]}
+    t = await ToolAgentLoop(engine, tok).run(PARAMS, **long_prompt)
+    assert t.termination == "error" and "max_seq_len" in t.metrics.error and t.response_ids == []
+    await engine.close()

@@ -21,7 +21,9 @@ from typing import Any
 
 import msgspec
 
+from ..engines.protocol import EngineError
 from ..engines.types import GenerateRequest, SamplingParams
+from ..runtime import ActorError
 from .base import AgentLoop, register
 from .trajectory import Trajectory, TrajectoryMetrics
 
@@ -87,7 +89,9 @@ class _Base(AgentLoop):
             seed = _turn_seed(params.seed, self.trajectory_id, s.assistant_turns)
             turn_params = msgspec.structs.replace(params, max_new_tokens=budget, seed=seed)
             request = GenerateRequest(
-                request_id=f"{self.trajectory_id}.{s.assistant_turns}.{len(s.partial_ids)}.{s.metrics.aborts}",
+                # Unique per attempt: a resumed turn must not reuse the id of a request the engine
+                # may not have finished aborting yet.
+                request_id=f"{self.trajectory_id}.{s.assistant_turns}.{len(s.partial_ids)}.{s.metrics.aborts}-{s.metrics.interrupts}",
                 prompt_ids=s.prompt_ids + s.response_ids + s.partial_ids,
                 params=turn_params,
             )
@@ -99,6 +103,9 @@ class _Base(AgentLoop):
                     s.partial_logprobs += chunk.logprobs
                     s.partial_versions += chunk.versions
                     finish = chunk.finish_reason
+            except (EngineError, ActorError) as exc:  # this request failed: the trajectory ends, the batch goes on
+                s.metrics.error = f"{type(exc).__name__}: {exc}"
+                return "error"
             finally:
                 s.metrics.generation_s += time.perf_counter() - started
             if finish != "abort":
@@ -164,6 +171,8 @@ class SingleTurnAgentLoop(_Base):
             self._close_turn()
             if finish is None:
                 self.state.termination = "aborted"
+            elif finish == "error":
+                self.state.termination = "error"
             elif finish == "length":
                 self.state.termination = "response_length" if self._budget() <= 0 else "max_new_tokens"
             else:
@@ -192,6 +201,8 @@ class ToolAgentLoop(_Base):
                 text = self._close_turn()
                 if finish is None:
                     s.termination = "aborted"
+                elif finish == "error":
+                    s.termination = "error"
                 elif finish == "length":  # cut by the token budget, or by params.max_new_tokens
                     s.termination = "response_length" if self._budget() <= 0 else "max_new_tokens"
                 elif cfg.max_assistant_turns and s.assistant_turns >= cfg.max_assistant_turns:
