@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from ..engines.protocol import EngineError
+from ..engines.router import EngineLostError
 from ..engines.types import GenerateRequest, SamplingParams
 from ..runtime import ActorError
 from .base import AgentLoop, register
@@ -103,6 +104,8 @@ class _Base(AgentLoop):
                     s.partial_logprobs += chunk.logprobs
                     s.partial_versions += chunk.versions
                     finish = chunk.finish_reason
+            except EngineLostError:  # its engine died mid-turn: go on from the partial turn elsewhere
+                finish = "abort"
             except (EngineError, ActorError) as exc:  # this request failed: the trajectory ends, the batch goes on
                 s.metrics.error = f"{type(exc).__name__}: {exc}"
                 return "error"
@@ -110,7 +113,7 @@ class _Base(AgentLoop):
                 s.metrics.generation_s += time.perf_counter() - started
             if finish != "abort":
                 return finish
-            # The engine ended the turn (a pause for a weight update): go on from its partial.
+            # The engine ended the turn (a pause for a weight update) or died: go on from its partial.
             s.metrics.aborts += 1
             if s.metrics.aborts >= MAX_ENGINE_ABORTS:
                 return None
