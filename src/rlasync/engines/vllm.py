@@ -97,7 +97,7 @@ class VLLMEngine:
             ) from None
         args = AsyncEngineArgs(
             model=config.model,
-            dtype=_dtype(config),  # type: ignore[arg-type]
+            dtype=_dtype(config),
             max_model_len=config.max_seq_len or None,
             max_num_seqs=config.max_batch,
             seed=config.seed,
