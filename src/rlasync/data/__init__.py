@@ -1,5 +1,7 @@
-"""Task data: synthetic problems with answers, SFT targets and rewards (no torch)."""
+"""Task data: dataset rows (JSONL, Parquet, saved ``datasets``), a resumable sampler, and
+synthetic problems with answers, SFT targets and rewards (no torch)."""
 
+from .datasets import DatasetError, Row, RowSampler, load_rows, synthetic_rows
 from .synthetic import (
     TASKS,
     Problem,
@@ -14,6 +16,6 @@ from .synthetic import (
 )
 
 __all__ = [
-    "TASKS", "Problem", "Task", "calculator", "get_task", "iter_problems", "make_problems", "parse_tool_call",
-    "run_tool", "split_of",
+    "TASKS", "DatasetError", "Problem", "Row", "RowSampler", "Task", "calculator", "get_task", "iter_problems",
+    "load_rows", "make_problems", "parse_tool_call", "run_tool", "split_of", "synthetic_rows",
 ]  # fmt: skip
