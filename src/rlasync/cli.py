@@ -45,6 +45,45 @@ def node(
 
 
 @app.command()
+def train(
+    config: str = typer.Argument(..., help="YAML experiment config, e.g. configs/quickstart.yaml."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides: trainer.lr=3e-4 train.steps=100 ..."),
+) -> None:
+    """Train with the synchronous GRPO schedule; ends with one JSON line of the result."""
+    import json
+    import logging
+
+    import msgspec
+    import uvloop
+
+    from .config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, overrides or [])
+    except ConfigError as exc:
+        typer.echo(f"rlasync train: {exc}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from .modes.sync import train_sync
+
+    steps, started = cfg.train.steps, __import__("time").perf_counter()
+
+    def progress(record: dict[str, object]) -> None:
+        step = int(record["step"])  # type: ignore[call-overload]
+        if step % 10 and "val_accuracy" not in record:
+            return
+        elapsed = __import__("time").perf_counter() - started
+        eta = elapsed / step * (steps - step)
+        tokens = float(record["response_tokens"]) / (float(record["rollout_s"]) + float(record["train_s"]))  # type: ignore[arg-type]
+        val = f"  val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
+        typer.echo(f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}")
+
+    result = uvloop.run(train_sync(cfg, on_step=progress))
+    typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")
+    typer.echo(json.dumps(msgspec.to_builtins(result)))
+
+
+@app.command()
 def secret() -> None:
     """Print a fresh cluster secret for RLASYNC_CLUSTER_SECRET."""
     from .transport.auth import new_secret

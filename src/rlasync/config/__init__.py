@@ -4,5 +4,6 @@ from .agent import AgentConfig
 from .engine import EngineConfig, RouterConfig
 from .loader import Config, ConfigError, convert, load_config
 from .runtime import RuntimeConfig
+from .train import TrainConfig, TrainerConfig
 
-__all__ = ["AgentConfig", "Config", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "convert", "load_config"]
+__all__ = ["AgentConfig", "Config", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "convert", "load_config"]

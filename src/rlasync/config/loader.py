@@ -16,6 +16,7 @@ import yaml
 from .agent import AgentConfig
 from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
+from .train import TrainConfig, TrainerConfig
 
 T = TypeVar("T")
 
@@ -31,6 +32,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

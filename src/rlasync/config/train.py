@@ -1,0 +1,64 @@
+"""Settings of a training run: the trainer (``trainer.*``), the algorithm and the schedule (``train.*``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The optimiser and the policy loss (``trainer.*``)."""
+
+    lr: Annotated[float, msgspec.Meta(gt=0)] = 1e-3
+    """AdamW learning rate (peak, after warm-up). On the 0.5M-parameter quickstart model 1e-3
+    learned and 2e-3 was unstable (feasibility notes §2)."""
+    beta1: float = 0.9
+    beta2: float = 0.99
+    weight_decay: float = 0.0
+    grad_clip: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    """Gradient norm clipping."""
+    warmup_steps: NonNegativeInt = 0
+    cosine: bool = False
+    """Cosine decay after warm-up (to ``min_lr_ratio`` of the peak); else constant."""
+    min_lr_ratio: Fraction = 0.1
+    micro_batch_size: NonNegativeInt = 0
+    """Sequences per forward/backward (gradients accumulate over them); 0: the whole batch."""
+    clip_low: Fraction = 0.2
+    clip_high: Fraction = 0.2
+    """PPO clip range [1 - clip_low, 1 + clip_high] (clip-higher: raise ``clip_high``)."""
+    dual_clip_c: float | None = None
+    """Dual clip for negative advantages (e.g. 3.0); None: off."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    threads: NonNegativeInt = 1
+    """torch threads of the training process (0: torch's default). One is as fast as two for the
+    tiny models on 2 cores and immune to other processes' load."""
+
+
+class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The run (``train.*``): task, model, schedule."""
+
+    task: str = "reverse"
+    """A synthetic task (``reverse``, ``arith``, ``calc``)."""
+    preset: str = "nano"
+    """Tiny-model size to build and warm-start (``nano``, ``micro``, ``mini``)."""
+    seed: int = 0
+    steps: PositiveInt = 300
+    prompts_per_step: PositiveInt = 16
+    group_size: PositiveInt = 8
+    """Samples per prompt (GRPO groups)."""
+    temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    max_new_tokens: PositiveInt = 48
+    warmstart_greedy_threshold: Fraction = 0.4
+    """The warm-start stops once held-out greedy accuracy reaches this (or sampled accuracy
+    0.15): RL then starts from a policy that emits the format but is often wrong."""
+    advantage: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    std_normalize: bool = True
+    validate_every: PositiveInt = 25
+    val_size: PositiveInt = 128
+    """Held-out problems scored greedily at each validation."""
+    run_dir: str = "runs/quickstart"

@@ -1,0 +1,75 @@
+"""The trainer agrees with the engine, and synchronous GRPO runs end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlasync.agents import SingleTurnAgentLoop, collate
+from rlasync.algorithms import grpo_advantages
+from rlasync.config import TrainerConfig, load_config
+from rlasync.engines import SamplingParams, TorchEngine
+from rlasync.models import TinyLMConfig, build_tiny_lm
+from rlasync.modes import train_sync
+from rlasync.trainer import PolicyTrainer
+
+ROWS = [{"messages": [{"role": "user", "content": f"Reverse {w}"}]} for w in ("abc", "hgfe", "dd", "bcad")]
+
+
+async def _rollouts(engine: Any, tok: Any, n: int) -> list[Any]:
+    params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=1)
+    loops = [SingleTurnAgentLoop(engine, tok, trajectory_id=f"t{i}") for i in range(n)]
+    return [await loop.run(params, **ROWS[i % len(ROWS)]) for i, loop in enumerate(loops)]
+
+
+async def test_the_trainer_recomputes_the_engines_logprobs_so_the_first_ratio_is_one() -> None:
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=5))
+    serving, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=5))
+    engine = TorchEngine(serving)
+    batch = collate(await _rollouts(engine, tok, 8), pad_token_id=0)
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, micro_batch_size=3))
+    with torch.no_grad():
+        fresh = trainer.logprobs(batch, temperature=0.9)
+    mask = batch.response_mask.bool()
+    # Same positions (real tokens only), same temperature: the engine's behaviour logprobs.
+    assert torch.allclose(fresh[mask], batch.logprobs[mask], atol=1e-4)
+    advantages = grpo_advantages(torch.arange(8, dtype=torch.float32), 4)
+    metrics = trainer.step(batch, advantages, temperature=0.9)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["grad_norm"] > 0
+    with torch.no_grad():
+        after = trainer.logprobs(batch, temperature=0.9)
+    # The step moved probability toward the positive-advantage samples.
+    gain = ((after - fresh) * mask).sum(-1) / mask.sum(-1)
+    assert float((gain * advantages).sum()) > 0
+    await engine.update_weights(trainer.weights(), version=1)
+    assert engine.weight_version == 1
+    await engine.close()
+
+
+async def test_a_short_sync_run_writes_its_run_directory(tmp_path: Path) -> None:
+    overrides = [
+        "train.steps=3", "train.prompts_per_step=4", "train.group_size=4", "train.val_size=16", "train.validate_every=2",
+        f"train.run_dir={tmp_path}", "train.max_new_tokens=12",
+    ]  # fmt: skip
+    config = load_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml", overrides)
+    result = await train_sync(config)
+    assert result.steps == 3 and 0.0 <= result.initial_accuracy <= 1.0 and 0.0 <= result.final_accuracy <= 1.0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert "val_accuracy" in records[0] and "val_accuracy" in records[2] and "val_accuracy" in records[3]
+    assert all(r["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3) for r in records[1:])  # on-policy
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 3
+
+
+@pytest.mark.parametrize(("override", "needle"), [("trainer.lr=abc", "trainer.lr"), ("trainer.lrr=1", "lrr")])
+def test_a_config_typo_is_a_one_line_error_naming_the_key(override: str, needle: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "rlasync", "train", "configs/quickstart.yaml", override], capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=120)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], done.stderr
