@@ -48,7 +48,7 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest tests/engines/test_contract.py tests/engines/test_vllm.py
 
 demo: setup
-	$(PY) examples/engine_demo.py
+	$(PY) -m rlasync train configs/quickstart.yaml
 
 bench: setup
 	# Ray is only the reference the benchmark compares against; the bench skips it if this fails.
