@@ -6,6 +6,7 @@ weight version and tags each generated token with the version that produced it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Container, Mapping, Protocol, runtime_checkable
 
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
@@ -13,6 +14,18 @@ from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, Toke
 
 class EngineError(RuntimeError):
     """A request the engine cannot take (bad ids, too long, duplicate id, engine closed)."""
+
+
+async def until_finished(queue: asyncio.Queue[TokenChunk | BaseException]) -> AsyncIterator[TokenChunk]:
+    """The chunks an engine puts in a request's queue, up to the one with a finish reason; an
+    exception put there instead (the engine failed the request) is raised."""
+    while True:
+        item = await queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+        if item.finish_reason is not None:
+            return
 
 
 def check_request(request: GenerateRequest, *, vocab_size: int, max_seq_len: int, running: Container[str]) -> None:

@@ -79,7 +79,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from ..config.engine import EngineConfig
 from .meter import TokenRate
-from .protocol import EngineError
+from .protocol import EngineError, until_finished
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -218,12 +218,9 @@ class SGLangEngine:
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         req = self._submit(request, stream=False)
         try:
-            while True:
-                item = await req.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finish_reason is not None:
-                    return req.output()
+            async for _ in until_finished(req.queue):
+                pass
+            return req.output()
         finally:
             if req.finish is None:  # the caller was cancelled: stop generating for it
                 self._abort(req, "user")
@@ -231,13 +228,8 @@ class SGLangEngine:
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         req = self._submit(request, stream=True)
         try:
-            while True:
-                item = await req.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
+            async for chunk in until_finished(req.queue):
+                yield chunk
         finally:
             if req.finish is None:  # the consumer went away: stop generating for it
                 self._abort(req, "user")

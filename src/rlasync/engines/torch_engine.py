@@ -26,7 +26,7 @@ import torch
 
 from .batch import KVBatch
 from .meter import TokenRate
-from .protocol import EngineError, check_request
+from .protocol import EngineError, check_request, until_finished
 from .sampling import sample
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
@@ -123,12 +123,9 @@ class TorchEngine:
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         seq = self._submit(request)
         try:
-            while True:
-                chunk = await seq.queue.get()
-                if isinstance(chunk, BaseException):
-                    raise chunk
-                if chunk.finish_reason is not None:
-                    return seq.output()
+            async for _ in until_finished(seq.queue):
+                pass
+            return seq.output()
         finally:
             if seq.finish is None:  # the caller was cancelled: stop generating for it
                 self._abort(request.request_id)
@@ -136,13 +133,8 @@ class TorchEngine:
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         seq = self._submit(request, stream=True)
         try:
-            while True:
-                chunk = await seq.queue.get()
-                if isinstance(chunk, BaseException):
-                    raise chunk
+            async for chunk in until_finished(seq.queue):
                 yield chunk
-                if chunk.finish_reason is not None:
-                    return
         finally:
             if seq.finish is None:  # the consumer went away: stop generating for it
                 self._abort(request.request_id)
