@@ -24,7 +24,7 @@ from pathlib import Path
 import rlasync
 from rlasync.agents import ToolAgentLoop
 from rlasync.config import AgentConfig
-from rlasync.data import get_task, make_problems
+from rlasync.data import loop_reward, make_problems
 from rlasync.engines import EngineActor, EngineConfig, Router, SamplingParams
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
 from rlasync.models.warmstart import load_summary, warm_start
@@ -34,15 +34,11 @@ QUESTIONS = 6  # shown in full
 HELD_OUT = 64  # scored
 
 
-def _reward(row: dict, trajectory: object) -> float:
-    return get_task("calc").reward(row["problem"], trajectory.messages[-1]["content"])  # type: ignore[attr-defined]
-
-
 async def ask(router: Router, tokenizer: object, label: str, problems: list, seed: int) -> None:
     started = time.perf_counter()
     tools = build_tools(["calculator"])
     config = AgentConfig(tools=["calculator"], max_assistant_turns=3)
-    loops = [ToolAgentLoop(router, tokenizer, config, tools=tools, reward_fn=_reward, trajectory_id=f"{label}-{i}") for i in range(len(problems))]
+    loops = [ToolAgentLoop(router, tokenizer, config, tools=tools, reward_fn=loop_reward("calc"), trajectory_id=f"{label}-{i}") for i in range(len(problems))]
     greedy = SamplingParams(temperature=0, max_new_tokens=40)
     episodes = await asyncio.gather(*[loop.run(greedy, messages=p.messages, problem=p) for loop, p in zip(loops, problems)])
     elapsed = time.perf_counter() - started

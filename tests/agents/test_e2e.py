@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rlasync import LocalCluster, RuntimeConfig
 from rlasync.agents import ToolAgentLoop
 from rlasync.config import AgentConfig, EngineConfig
-from rlasync.data import get_task, make_problems
+from rlasync.data import loop_reward, make_problems
 from rlasync.engines import EngineActor, Router, SamplingParams
 from rlasync.models import load_pretrained_dir
 from rlasync.models.warmstart import warm_start
@@ -25,10 +24,6 @@ def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return warm_start("calc", run_dir=tmp_path_factory.mktemp("run"), seed=0)  # ~1 min on 2 cores
 
 
-def _reward(row: dict[str, Any], trajectory: Any) -> float:
-    return get_task("calc").reward(row["problem"], trajectory.messages[-1]["content"])
-
-
 @pytest.mark.timeout(600)
 async def test_tool_agent_loop_with_the_calculator_over_node_processes(calc_model: Path) -> None:
     _, tok = load_pretrained_dir(calc_model)
@@ -38,7 +33,7 @@ async def test_tool_agent_loop_with_the_calculator_over_node_processes(calc_mode
     async with LocalCluster(nodes=3, config=config) as cluster:
         engines = [await cluster.spawn(EngineActor, EngineConfig(model=str(calc_model)), node=n, name=f"engine-{n}") for n in (1, 2)]
         async with Router(engines) as router:
-            loops = [ToolAgentLoop(router, tok, AgentConfig(tools=["calculator"], max_assistant_turns=3), tools=tools, reward_fn=_reward, trajectory_id=f"t{i}") for i in range(len(problems))]
+            loops = [ToolAgentLoop(router, tok, AgentConfig(tools=["calculator"], max_assistant_turns=3), tools=tools, reward_fn=loop_reward("calc"), trajectory_id=f"t{i}") for i in range(len(problems))]
             rows = [{"messages": p.messages, "problem": p} for p in problems]
             params = SamplingParams(temperature=0.0, max_new_tokens=64)  # greedy: the same answers every run
             trajectories = await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)])

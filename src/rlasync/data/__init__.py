@@ -9,6 +9,7 @@ from .synthetic import (
     calculator,
     get_task,
     iter_problems,
+    loop_reward,
     make_problems,
     parse_tool_call,
     run_tool,
@@ -17,5 +18,5 @@ from .synthetic import (
 
 __all__ = [
     "TASKS", "DatasetError", "Problem", "Row", "RowSampler", "Task", "calculator", "get_task", "iter_problems",
-    "load_rows", "make_problems", "parse_tool_call", "run_tool", "split_of", "synthetic_rows",
+    "load_rows", "loop_reward", "make_problems", "parse_tool_call", "run_tool", "split_of", "synthetic_rows",
 ]  # fmt: skip

@@ -190,6 +190,18 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
+def loop_reward(task: str) -> Callable[[dict[str, Any], Any], float]:
+    """An agent loop's ``reward_fn`` for a synthetic task: the task's reward of the trajectory's
+    last assistant message, against the ``problem`` its dataset row carries."""
+    reward = get_task(task).reward
+
+    def score(row: dict[str, Any], trajectory: Any) -> float:
+        answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
+        return reward(row["problem"], str(answers[-1]["content"]) if answers else "")
+
+    return score
+
+
 def _rng(task: str, seed: int, split: Split) -> random.Random:
     return random.Random(f"{task}/{seed}/{split}")  # str seeds hash with sha512: stable across runs
 

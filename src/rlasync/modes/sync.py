@@ -28,7 +28,7 @@ import torch
 from ..agents import SingleTurnAgentLoop, ToolAgentLoop, collate
 from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
 from ..config import Config
-from ..data.synthetic import Problem, get_task, iter_problems, make_problems
+from ..data.synthetic import Problem, iter_problems, loop_reward, make_problems
 from ..engines import SamplingParams, TorchEngine
 from ..models import load_pretrained_dir
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
@@ -49,22 +49,18 @@ class _Rollouts:
     """The agent loops of one task on one engine."""
 
     def __init__(self, config: Config, engine: TorchEngine, tokenizer: Any) -> None:
-        self.task = get_task(config.train.task)
+        self.reward = loop_reward(config.train.task)
         self.engine, self.tokenizer = engine, tokenizer
         self.tools = build_tools(["calculator"]) if config.train.task == "calc" else {}
         self.agent = msgspec.structs.replace(config.agent, tools=list(self.tools), max_assistant_turns=config.agent.max_assistant_turns or 3)
         self.count = 0
-
-    def _reward(self, row: dict[str, Any], trajectory: Any) -> float:
-        answers = [m for m in trajectory.messages if m["role"] == "assistant"]
-        return self.task.reward(row["problem"], answers[-1]["content"] if answers else "")
 
     async def run(self, problems: list[Problem], params: SamplingParams) -> list[Any]:
         loops = []
         for problem in problems:
             self.count += 1
             cls: Callable[..., Any] = ToolAgentLoop if self.tools else SingleTurnAgentLoop
-            loops.append(cls(self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self._reward, trajectory_id=f"r{self.count}"))
+            loops.append(cls(self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self.reward, trajectory_id=f"r{self.count}"))
         rows = [{"messages": p.messages, "problem": p} for p in problems]
         return list(await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)]))
 
