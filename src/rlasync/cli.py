@@ -48,6 +48,7 @@ def node(
 def train(
     config: str = typer.Argument(..., help="YAML experiment config, e.g. configs/quickstart.yaml."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides: trainer.lr=3e-4 train.steps=100 ..."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in train.run_dir."),
 ) -> None:
     """Train with the synchronous GRPO schedule; ends with one JSON line of the result."""
     import json
@@ -66,19 +67,30 @@ def train(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from .modes.sync import train_sync
 
-    steps, started = cfg.train.steps, __import__("time").perf_counter()
+    import time
+
+    steps = cfg.train.steps
+    clock: dict[str, float] = {}  # when and at which step this process's first RL step began
 
     def progress(record: dict[str, object]) -> None:
-        step = int(record["step"])  # type: ignore[call-overload]
+        step, now = int(record["step"]), time.perf_counter()  # type: ignore[call-overload]
+        took = float(record["rollout_s"]) + float(record["train_s"])  # type: ignore[arg-type]
+        clock.setdefault("since", now - took)
+        clock.setdefault("first", step - 1)
         if step % 10 and "val_accuracy" not in record:
             return
-        elapsed = __import__("time").perf_counter() - started
-        eta = elapsed / step * (steps - step)
-        tokens = float(record["response_tokens"]) / (float(record["rollout_s"]) + float(record["train_s"]))  # type: ignore[arg-type]
+        eta = (now - clock["since"]) / (step - clock["first"]) * (steps - step)
+        tokens = float(record["response_tokens"]) / took  # type: ignore[arg-type]
         val = f"  val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
         typer.echo(f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}")
 
-    result = uvloop.run(train_sync(cfg, on_step=progress))
+    from .trainer.checkpoint import CheckpointError
+
+    try:
+        result = uvloop.run(train_sync(cfg, resume=resume, on_step=progress))
+    except CheckpointError as exc:
+        typer.echo(f"rlasync train: {exc}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")
     typer.echo(json.dumps(msgspec.to_builtins(result)))
 

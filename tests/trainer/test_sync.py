@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,15 +11,17 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rlasync.agents import SingleTurnAgentLoop, collate
 from rlasync.algorithms import grpo_advantages
 from rlasync.config import TrainerConfig, load_config
 from rlasync.engines import SamplingParams, TorchEngine
-from rlasync.models import TinyLMConfig, build_tiny_lm
+from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir
 from rlasync.modes import train_sync
-from rlasync.trainer import PolicyTrainer
+from rlasync.trainer import PolicyTrainer, TrainBatch
 
+CONFIG = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 ROWS = [{"messages": [{"role": "user", "content": f"Reverse {w}"}]} for w in ("abc", "hgfe", "dd", "bcad")]
 
 
@@ -34,16 +37,15 @@ async def test_the_trainer_recomputes_the_engines_logprobs_so_the_first_ratio_is
     engine = TorchEngine(serving)
     batch = collate(await _rollouts(engine, tok, 8), pad_token_id=0)
     trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, micro_batch_size=3))
-    with torch.no_grad():
-        fresh = trainer.logprobs(batch, temperature=0.9)
+    fresh = trainer.compute_logprobs(TrainBatch.from_rollout(batch), temperature=0.9)
     mask = batch.response_mask.bool()
     # Same positions (real tokens only), same temperature: the engine's behaviour logprobs.
     assert torch.allclose(fresh[mask], batch.logprobs[mask], atol=1e-4)
     advantages = grpo_advantages(torch.arange(8, dtype=torch.float32), 4)
-    metrics = trainer.step(batch, advantages, temperature=0.9)
+    metrics = trainer.step(TrainBatch.from_rollout(batch, advantages), temperature=0.9)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["grad_norm"] > 0
-    with torch.no_grad():
-        after = trainer.logprobs(batch, temperature=0.9)
+    assert metrics["ratio_min"] <= 1.0 <= metrics["ratio_max"] and metrics["tokens"] == float(batch.response_mask.sum())
+    after = trainer.compute_logprobs(TrainBatch.from_rollout(batch), temperature=0.9)
     # The step moved probability toward the positive-advantage samples.
     gain = ((after - fresh) * mask).sum(-1) / mask.sum(-1)
     assert float((gain * advantages).sum()) > 0
@@ -52,12 +54,16 @@ async def test_the_trainer_recomputes_the_engines_logprobs_so_the_first_ratio_is
     await engine.close()
 
 
-async def test_a_short_sync_run_writes_its_run_directory(tmp_path: Path) -> None:
-    overrides = [
+def _short_run(run_dir: Path, model: Path, *more: str) -> list[str]:
+    return [
         "train.steps=3", "train.prompts_per_step=4", "train.group_size=4", "train.val_size=16", "train.validate_every=2",
-        f"train.run_dir={tmp_path}", "train.max_new_tokens=12",
+        f"train.run_dir={run_dir}", "train.max_new_tokens=12", f"train.model_dir={model}", *more,
     ]  # fmt: skip
-    config = load_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml", overrides)
+
+
+async def test_a_short_sync_run_writes_its_run_directory(tmp_path: Path, reverse_model: Path) -> None:
+    overrides = _short_run(tmp_path, reverse_model)
+    config = load_config(CONFIG, overrides)
     result = await train_sync(config)
     assert result.steps == 3 and 0.0 <= result.initial_accuracy <= 1.0 and 0.0 <= result.final_accuracy <= 1.0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -65,6 +71,39 @@ async def test_a_short_sync_run_writes_its_run_directory(tmp_path: Path) -> None
     assert "val_accuracy" in records[0] and "val_accuracy" in records[2] and "val_accuracy" in records[3]
     assert all(r["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3) for r in records[1:])  # on-policy
     assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 3
+    assert records[3]["checkpoint"].endswith("step_000003")  # the last step always saves
+    model, tok = load_pretrained_dir(Path(records[3]["checkpoint"]) / "model")  # a complete HF folder
+    assert tok.pad_token_id is not None and sum(p.numel() for p in model.parameters()) > 0
+
+
+async def test_resume_reproduces_the_uninterrupted_runs_next_step(tmp_path: Path, reverse_model: Path) -> None:
+    whole = tmp_path / "whole"
+    await train_sync(load_config(CONFIG, _short_run(whole, reverse_model, "train.checkpoint_every=2", "train.validate_every=100")))
+    assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+    # Interrupted after step 2: the same run directory, without what came after the checkpoint.
+    cut = tmp_path / "cut"
+    shutil.copytree(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000003")
+    config = load_config(CONFIG, _short_run(cut, reverse_model, "train.checkpoint_every=2", "train.validate_every=100"))
+    await train_sync(config, resume=True)
+    expected = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert expected[3]["train/grad_norm"] > 0  # the groups were mixed: the step did something
+    for key in ("reward", "response_tokens", "train/loss", "train/grad_norm", "train/lr", "train/ratio_mean"):
+        assert resumed[3][key] == pytest.approx(expected[3][key], rel=1e-5, abs=1e-7), key
+    # And the parameters after that step (saved in both runs' last checkpoint).
+    after = [load_file(str(run / "checkpoints" / "step_000003" / "model" / "model.safetensors")) for run in (whole, cut)]
+    assert max(float((after[0][k] - after[1][k]).abs().max()) for k in after[0]) <= 1e-6
+
+
+def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={tmp_path}", "--resume"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no complete checkpoint" in lines[0] and "checkpoint_every" in lines[0], done.stderr
 
 
 @pytest.mark.parametrize(("override", "needle"), [("trainer.lr=abc", "trainer.lr"), ("trainer.lrr=1", "lrr")])

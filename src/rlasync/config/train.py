@@ -35,8 +35,20 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """Dual clip for negative advantages (e.g. 3.0); None: off."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     threads: NonNegativeInt = 1
-    """torch threads of the training process (0: torch's default). One is as fast as two for the
+    """torch threads of each training rank (0: torch's default). One is as fast as two for the
     tiny models on 2 cores and immune to other processes' load."""
+    world_size: PositiveInt = 1
+    """Data-parallel ranks: processes the trainer actor starts and owns, one torch.distributed
+    rank each (gloo on CPU, NCCL on GPU); the batch is split between them and their gradients
+    summed, so any ``world_size`` takes the same step."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the ranks train: ``auto`` takes one GPU per rank when there are enough, else the CPU."""
+    autocast_bf16: bool = True
+    """On GPU, run forward and backward under bf16 autocast (weights and AdamW state stay float32)."""
+    start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    """Deadline for the ranks to start, load the model and join their process group."""
+    call_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 900.0
+    """Deadline for one trainer call (a step, logprobs, a checkpoint); raise it for big batches."""
 
 
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -46,6 +58,9 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """A synthetic task (``reverse``, ``arith``, ``calc``)."""
     preset: str = "nano"
     """Tiny-model size to build and warm-start (``nano``, ``micro``, ``mini``)."""
+    model_dir: str = ""
+    """Start RL from this Hugging Face causal-LM folder instead of building and warm-starting
+    ``preset`` (it must speak the task's format)."""
     seed: int = 0
     steps: PositiveInt = 300
     prompts_per_step: PositiveInt = 16
@@ -61,4 +76,9 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     validate_every: PositiveInt = 25
     val_size: PositiveInt = 128
     """Held-out problems scored greedily at each validation."""
+    checkpoint_every: NonNegativeInt = 0
+    """Save a checkpoint every this many steps (and after the last); 0: only after the last.
+    ``rlasync train … --resume`` continues from the newest one in ``run_dir``."""
+    keep_checkpoints: PositiveInt = 2
+    """Newest checkpoints kept; older ones are deleted once a newer one is complete."""
     run_dir: str = "runs/quickstart"

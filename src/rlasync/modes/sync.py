@@ -6,8 +6,12 @@ Each step, in order:
 2. roll them out with the agent loops on the engine (the policy's current weights);
 3. score them (the task's reward), and turn rewards into group-relative advantages;
 4. one optimiser step on the batch (on-policy: the PPO ratio starts at 1);
-5. push the new weights to the engine (an in-process copy here; a broadcast later);
-6. every ``validate_every`` steps, score held-out problems greedily.
+5. push the new weights to the engine (copied from the trainer's rank 0 here; the weight-sync
+   layer makes it a broadcast);
+6. every ``validate_every`` steps, score held-out problems greedily;
+7. every ``checkpoint_every`` steps (and after the last), save a checkpoint to resume from.
+
+The trainer is a ``TrainerActor``: ``trainer.world_size`` data-parallel rank processes.
 
     result = await train_sync(load_config("configs/quickstart.yaml"))
 """
@@ -33,7 +37,8 @@ from ..engines import SamplingParams, TorchEngine
 from ..models import load_pretrained_dir
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
 from ..tools import build_tools
-from ..trainer import PolicyTrainer
+from ..trainer import TrainBatch, TrainerActor
+from ..trainer.checkpoint import Checkpoints, read_state
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +58,20 @@ class _Rollouts:
         self.engine, self.tokenizer = engine, tokenizer
         self.tools = build_tools(["calculator"]) if config.train.task == "calc" else {}
         self.agent = msgspec.structs.replace(config.agent, tools=list(self.tools), max_assistant_turns=config.agent.max_assistant_turns or 3)
-        self.count = 0
 
-    async def run(self, problems: list[Problem], params: SamplingParams) -> list[Any]:
+    async def run(self, problems: list[Problem], params: SamplingParams, *, name: str) -> list[Any]:
+        """Roll out ``problems``; trajectory ids (hence sampling seeds) are ``name`` and the
+        index, so a resumed run samples what the uninterrupted one did."""
         loops = []
-        for problem in problems:
-            self.count += 1
-            cls: Callable[..., Any] = ToolAgentLoop if self.tools else SingleTurnAgentLoop
-            loops.append(cls(self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self.reward, trajectory_id=f"r{self.count}"))
+        cls: Callable[..., Any] = ToolAgentLoop if self.tools else SingleTurnAgentLoop
+        for i in range(len(problems)):
+            loops.append(cls(self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self.reward, trajectory_id=f"{name}/{i}"))
         rows = [{"messages": p.messages, "problem": p} for p in problems]
         return list(await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)]))
 
     async def accuracy(self, problems: list[Problem], max_new_tokens: int) -> float:
         greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
-        trajectories = await self.run(problems, greedy)
+        trajectories = await self.run(problems, greedy, name="val")
         return sum(t.reward for t in trajectories) / len(trajectories)
 
 
@@ -79,42 +84,56 @@ def _advantages(config: Config, rewards: torch.Tensor) -> torch.Tensor:
     return grpo_advantages(rewards, group, std_normalize=config.train.std_normalize)
 
 
-async def train_sync(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
+    ``train.run_dir`` exactly as if the run had not stopped.
+
+    Shutdown order, after the last step or on an error: close the metrics file, stop the
+    trainer's ranks, then the engine."""
     cfg, tcfg = config.train, config.trainer
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
     started = time.perf_counter()
-    settings = msgspec.structs.replace(DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold)
-    model_dir = await asyncio.to_thread(warm_start, cfg.task, run_dir=run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings)
-    torch.manual_seed(cfg.seed)
-    policy, tokenizer = load_pretrained_dir(model_dir)
-    serving, _ = load_pretrained_dir(model_dir)  # the engine's own copy, updated after each step
-    engine = TorchEngine(serving, max_batch=max(64, cfg.prompts_per_step * cfg.group_size), seed=cfg.seed)
-    trainer = PolicyTrainer(policy, tcfg, total_steps=cfg.steps)
+    checkpoints = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    resume_from = checkpoints.latest() if resume else None
+    state = read_state(resume_from) if resume_from is not None else {}
+    model_dir = await _model_dir(config)
+    serving, tokenizer = load_pretrained_dir(model_dir)  # the engine's copy, updated after each step
+    engine = TorchEngine(serving, max_batch=max(64, cfg.prompts_per_step * cfg.group_size), seed=cfg.seed, cpu_threads=config.engine.cpu_threads)
+    trainer = TrainerActor(tcfg, log_dir=run_dir)
     rollouts = _Rollouts(config, engine, tokenizer)
     val = make_problems(cfg.task, cfg.val_size, seed=cfg.seed, split="val")
     train_stream = iter_problems(cfg.task, seed=cfg.seed, split="train")
-    rng = random.Random(cfg.seed)
+    rng = random.Random(cfg.seed)  # the per-step sampling seeds
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     pad = int(tokenizer.pad_token_id or 0)
-    metrics_file = (run_dir / "metrics.jsonl").open("w")
+    metrics_file = _metrics_file(run_dir / "metrics.jsonl", upto=state.get("step"))
     try:
-        initial = await rollouts.accuracy(val, cfg.max_new_tokens)
-        accuracy = initial
-        _write(metrics_file, {"step": 0, "val_accuracy": initial})
-        for step in range(1, cfg.steps + 1):
+        await trainer.start(model_dir, total_steps=cfg.steps)
+        if resume_from is not None:
+            await trainer.load(resume_from)
+            await engine.update_weights(await trainer.weights(), version=state["weight_version"])
+            for _ in range(state["problems_drawn"]):
+                next(train_stream)
+            rng.setstate(_as_random_state(state["rng"]))
+            initial, accuracy = state["initial_accuracy"], state["accuracy"]
+            log.info("resumed from %s (step %d)", resume_from, state["step"])
+        else:
+            initial = accuracy = await rollouts.accuracy(val, cfg.max_new_tokens)
+            _write(metrics_file, {"step": 0, "val_accuracy": initial})
+        drawn = state.get("problems_drawn", 0)
+        for step in range(state.get("step", 0) + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             problems = [next(train_stream) for _ in range(cfg.prompts_per_step)]
+            drawn += len(problems)
             group_params = msgspec.structs.replace(params, seed=rng.getrandbits(62))
-            trajectories = await rollouts.run([p for p in problems for _ in range(cfg.group_size)], group_params)
+            trajectories = await rollouts.run([p for p in problems for _ in range(cfg.group_size)], group_params, name=f"step{step}")
             t1 = time.perf_counter()
             batch = collate(trajectories, pad)
             advantages = _advantages(config, batch.rewards)
-            train_metrics = await asyncio.to_thread(trainer.step, batch, advantages, temperature=cfg.temperature)
-            await engine.update_weights(trainer.weights(), version=step)
+            train_metrics = await trainer.step(TrainBatch.from_rollout(batch, advantages), temperature=cfg.temperature)
+            await engine.update_weights(await trainer.weights(), version=step)
             t2 = time.perf_counter()
             record: dict[str, Any] = {
                 "step": step, "reward": float(batch.rewards.mean()), "rollout_s": t1 - t0, "train_s": t2 - t1,
@@ -123,13 +142,40 @@ async def train_sync(config: Config, *, on_step: Callable[[dict[str, Any]], None
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await rollouts.accuracy(val, cfg.max_new_tokens)
                 record["val_accuracy"] = accuracy
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+                run_state = {"weight_version": step, "problems_drawn": drawn, "rng": rng.getstate(), "initial_accuracy": initial, "accuracy": accuracy}
+                record["checkpoint"] = str(await checkpoints.save(step, trainer, run_state, model_source=model_dir))
             _write(metrics_file, record)
             if on_step is not None:
                 on_step(record)
     finally:
         metrics_file.close()
+        await trainer.close()
         await engine.close()
     return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - started)
+
+
+async def _model_dir(config: Config) -> Path:
+    """The folder RL starts from: ``train.model_dir``, or the preset warm-started on the task."""
+    cfg = config.train
+    if cfg.model_dir:
+        return Path(cfg.model_dir)
+    settings = msgspec.structs.replace(DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold)
+    return await asyncio.to_thread(warm_start, cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings)
+
+
+def _metrics_file(path: Path, *, upto: int | None) -> Any:
+    """``metrics.jsonl`` for writing: fresh, or (resuming) its records up to step ``upto`` kept."""
+    if upto is None or not path.is_file():
+        return path.open("w")
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= upto]
+    path.write_text("".join(line + "\n" for line in kept))
+    return path.open("a")
+
+
+def _as_random_state(value: Any) -> Any:
+    version, internal, gauss = value  # JSON turned random.getstate()'s tuples into lists
+    return (version, tuple(internal), gauss)
 
 
 def _write(file: Any, record: dict[str, Any]) -> None:

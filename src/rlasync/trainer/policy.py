@@ -1,85 +1,167 @@
-"""The policy trainer: logprobs of a rollout batch under the current policy, and PPO/GRPO steps.
+"""The policy trainer of one rank: logprobs of a batch under the current policy, and PPO/GRPO steps.
 
-One process, one model (data-parallel ranks over torch.distributed come on top of it). The
-training forward uses the batch's ``position_ids`` (real tokens only, what the engine used
+The training forward uses the batch's ``position_ids`` (real tokens only, what the engine used
 when sampling) and the sampling temperature, so at the start of an on-policy step its
 logprobs equal the engine's behaviour logprobs and the PPO ratio is 1.
+
+Data parallel: when torch.distributed is initialised with more than one rank, each rank steps
+on its shard of the batch with the loss normalised by the *whole* batch's denominator, and the
+gradients are summed across ranks (bucketed all-reduce) before clipping: every rank then takes
+the same optimiser step, the one a single rank takes on the whole batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 
-from ..agents.batch import RolloutBatch
 from ..algorithms import policy_loss
 from ..config.train import TrainerConfig
+from .types import TrainBatch, reduce_metrics
+
+BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
 
 
 class PolicyTrainer:
     def __init__(self, model: Any, config: TrainerConfig | None = None, *, total_steps: int = 1) -> None:
         self.config = config or TrainerConfig()
         self.model = model.train()
+        self.device = next(model.parameters()).device
         cfg = self.config
+        # bf16 autocast on GPU (weights and optimiser state stay float32); CPU runs float32.
+        self.autocast = self.device.type == "cuda" and cfg.autocast_bf16
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
         )
         warmup, total = cfg.warmup_steps, max(total_steps, 1)
 
-        def schedule(step: int) -> float:  # linear warm-up, then cosine down to min_lr_ratio
+        def schedule(step: int) -> float:  # linear warm-up, then cosine down to min_lr_ratio (or flat)
             if step < warmup:
                 return (step + 1) / warmup
+            if not cfg.cosine:
+                return 1.0
             progress = min(1.0, (step - warmup) / max(1, total - warmup))
             return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule if cfg.cosine else (lambda s: min(1.0, (s + 1) / max(warmup, 1))))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.steps = 0
 
-    def logprobs(self, batch: RolloutBatch, temperature: float = 1.0, *, rows: slice | None = None) -> torch.Tensor:
+    def _forward_context(self) -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+
+    def logprobs(self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None) -> torch.Tensor:
         """``[B, R]`` logprobs of the response tokens under the current policy (with grad)."""
-        rows = rows or slice(None)
-        prompt_len = batch.prompts.shape[1]
-        input_ids = batch.input_ids[rows]
-        out = self.model(input_ids=input_ids, attention_mask=batch.attention_mask[rows], position_ids=batch.position_ids[rows], use_cache=False)
+        part = batch.rows(rows or slice(None)).to(self.device)
+        prompt_len = part.prompts.shape[1]
+        with self._forward_context():
+            out = self.model(input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids, use_cache=False)
         logits = out.logits[:, prompt_len - 1 : -1].float()
         if temperature > 0:
             logits = logits / temperature
-        return torch.log_softmax(logits, dim=-1).gather(-1, batch.responses[rows].unsqueeze(-1)).squeeze(-1)
+        return torch.log_softmax(logits, dim=-1).gather(-1, part.responses.unsqueeze(-1)).squeeze(-1)
 
-    def step(self, batch: RolloutBatch, advantages: torch.Tensor, *, temperature: float = 1.0) -> dict[str, float]:
-        """One optimiser step on the batch (gradient accumulated over micro-batches)."""
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+        """``[B, R]`` logprobs without grad, in micro-batches (old/proximal logprobs)."""
+        micro = self.config.micro_batch_size or max(batch.size, 1)
+        parts = [self.logprobs(batch, temperature, rows=slice(s, s + micro)).cpu() for s in range(0, batch.size, micro)]
+        return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
+
+    def step(self, batch: TrainBatch, *, temperature: float = 1.0, denominator: float | None = None) -> dict[str, float]:
+        """One optimiser step on ``batch`` (gradients accumulated over micro-batches, summed
+        over ranks). ``denominator``: the whole batch's (all ranks'), see
+        ``TrainBatch.loss_denominator``; omitted, this batch is the whole batch.
+
+        Returns this rank's metrics (token-weighted over its micro-batches) with ``tokens``,
+        plus ``grad_norm`` and ``lr`` (the same on every rank)."""
         cfg = self.config
+        denominator = denominator or batch.loss_denominator(cfg.loss_agg)
         mask = batch.response_mask.float()
-        size = batch.responses.shape[0]
-        # Normalise every micro-batch by the global count, so they add up to the batch's loss.
-        if cfg.loss_agg == "token-mean":
-            denominator = float(mask.sum().clamp(min=1))
-        else:
-            denominator = float((mask.sum(-1) > 0).sum().clamp(min=1))
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        micro = cfg.micro_batch_size or size
-        for start in range(0, size, micro):
-            rows = slice(start, min(size, start + micro))
+        parts: list[tuple[float, dict[str, float]]] = []
+        micro = cfg.micro_batch_size or max(batch.size, 1)
+        for start in range(0, batch.size, micro):
+            rows = slice(start, min(batch.size, start + micro))
             new = self.logprobs(batch, temperature, rows=rows)
+            part_mask = mask[rows].to(self.device)
             loss, metrics = policy_loss(
-                new, batch.logprobs[rows], advantages[rows], mask[rows],
+                new, batch.logprobs[rows].to(self.device), batch.advantages[rows].to(self.device), part_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
             )  # fmt: skip
-            local = mask[rows].sum() if cfg.loss_agg == "token-mean" else (mask[rows].sum(-1) > 0).sum()
+            local = part_mask.sum() if cfg.loss_agg == "token-mean" else (part_mask.sum(-1) > 0).sum()
             (loss * float(local) / denominator).backward()  # the micro-batch's share of the batch loss
-            share = (rows.stop - start) / size
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value * share
+            parts.append((float(part_mask.sum()), {"loss": loss.detach().item(), **metrics}))
+        self._all_reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.steps += 1
-        totals.update(grad_norm=float(grad_norm), lr=float(self.scheduler.get_last_lr()[0]))
+        totals = reduce_metrics(parts) if parts else {}
+        totals.update(tokens=float(mask.sum()), grad_norm=float(grad_norm), lr=float(self.scheduler.get_last_lr()[0]))
         return totals
 
+    def _all_reduce_gradients(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        for bucket in _buckets([p for p in self.model.parameters() if p.requires_grad]):
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)  # a sum: each rank's loss already carries its share of the batch
+            offset = 0
+            for p, g in zip(bucket, grads):
+                n = g.numel()
+                p.grad = flat[offset : offset + n].view_as(p).clone() if p.grad is None else p.grad.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current parameters by name, detached copies (what engines load)."""
-        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        """The current parameters by name, detached copies on the CPU (what engines load)."""
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "steps": self.steps}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
+
+    def save(self, folder: str | Path) -> None:
+        """The model as a Hugging Face folder (safetensors) plus ``optimizer.pt``."""
+        folder = Path(folder)
+        self.model.save_pretrained(folder / "model", safe_serialization=True)
+        torch.save(self.optimizer_state(), folder / "optimizer.pt")
+
+    def load(self, folder: str | Path) -> None:
+        """Restore parameters and optimiser/scheduler state saved by ``save``."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        state = load_file(str(folder / "model" / "model.safetensors"), device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if [m for m in missing if not _is_tied(self.model, m)] or unexpected:
+            raise ValueError(f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}")
+        self.load_optimizer_state(torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True))
+
+
+def _is_tied(model: Any, name: str) -> bool:
+    # save_pretrained drops tied weights (lm_head = embeddings); loading restores them by tying.
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and name.startswith("lm_head")
+
+
+def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:
+    bucket: list[torch.nn.Parameter] = []
+    size = 0
+    for p in params:
+        bucket.append(p)
+        size += p.numel() * p.element_size()
+        if size >= BUCKET_BYTES:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket

@@ -1,0 +1,182 @@
+"""One trainer rank: a process that holds a ``PolicyTrainer`` and answers its controller.
+
+Started by ``TrainerActor`` (``python -m rlasync.trainer.rank …``), never by hand. It joins the
+trainer's torch.distributed group, says hello over a ZeroMQ DEALER socket, then serves calls
+one at a time (they are collective: every rank runs the same call in the same order) until
+``shutdown``, until its controller process is gone (it checks every second, so a crashed
+controller leaves no orphans), or until a collective fails (a peer rank died).
+
+Messages are the runtime's ``Call``/``Reply``/``Error`` (``transport.messages``) through its
+codec: tensors travel as side frames, never pickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import random
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from ..config import convert
+from ..config.train import TrainerConfig
+from ..transport.codec import Codec, DecodeError
+from ..transport.messages import Call, Error, Reply
+from .policy import PolicyTrainer
+from .types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+class RankServer:
+    """The endpoints of one rank. Each returns plain data or tensors."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.trainer: PolicyTrainer | None = None
+
+    def _trainer(self) -> PolicyTrainer:
+        if self.trainer is None:
+            raise RuntimeError("the trainer has no model yet: call load first")
+        return self.trainer
+
+    def load(self, model_dir: str, config: dict[str, Any], total_steps: int) -> dict[str, Any]:
+        from ..models import load_pretrained_dir
+
+        cfg = convert(config, TrainerConfig)
+        model, _ = load_pretrained_dir(model_dir, device=str(self.device))
+        self.trainer = PolicyTrainer(model, cfg, total_steps=total_steps)
+        return {"parameters": sum(p.numel() for p in model.parameters()), "device": str(self.device)}
+
+    def step(self, batch: dict[str, Any], temperature: float, denominator: float) -> dict[str, float]:
+        return self._trainer().step(TrainBatch.from_tensors(batch), temperature=temperature, denominator=denominator)
+
+    def logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
+        return self._trainer().compute_logprobs(TrainBatch.from_tensors(batch), temperature)
+
+    def weights(self) -> dict[str, Any]:
+        return self._trainer().weights()
+
+    def save(self, folder: str) -> None:
+        path = Path(folder)
+        if self.rank == 0:  # data parallel: parameters and optimiser state are the same on every rank
+            self._trainer().save(path)
+        torch.save(_rng_state(), path / f"rng_rank{self.rank}.pt")
+
+    def load_checkpoint(self, folder: str) -> int:
+        path = Path(folder)
+        self._trainer().load(path)
+        rng = path / f"rng_rank{self.rank}.pt"
+        if rng.is_file():
+            _set_rng_state(torch.load(rng, weights_only=False))
+        return self._trainer().steps
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def pick_device(setting: str, rank: int) -> torch.device:
+    """``auto``: this rank's GPU (one per rank, by local rank) when there are enough, else the CPU."""
+    if setting == "cpu" or (setting == "auto" and torch.cuda.device_count() <= rank):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but torch sees no GPU: use trainer.device=cpu (or auto)")
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def serve(args: argparse.Namespace) -> int:
+    parent = os.getppid()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device, args.rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend, init_method=args.init_method, rank=args.rank, world_size=args.world_size,
+        timeout=datetime.timedelta(seconds=args.collective_timeout_s),
+    )  # fmt: skip
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, f"rank{args.rank}".encode())  # the actor addresses ranks by this
+    sock.connect(args.controller)
+    codec = Codec()
+    server = RankServer(args.rank, args.world_size, device)
+    sock.send_multipart(codec.encode(Reply(id=0, value={"rank": args.rank, "pid": os.getpid(), "backend": backend})))
+    try:
+        while True:
+            if not sock.poll(1000):
+                if os.getppid() != parent:
+                    log.warning("trainer rank %d: the controller is gone, exiting", args.rank)
+                    return 1
+                continue
+            frames = sock.recv_multipart(copy=False)
+            try:
+                msg = codec.decode(frames)
+            except DecodeError as exc:
+                log.warning("trainer rank %d: dropped a malformed message: %s", args.rank, exc)
+                continue
+            if not isinstance(msg, Call):
+                continue
+            if msg.method == "shutdown":
+                sock.send_multipart(codec.encode(Reply(id=msg.id)))
+                return 0
+            endpoint = getattr(server, msg.method, None) if not msg.method.startswith("_") else None
+            try:
+                if endpoint is None:
+                    raise AttributeError(f"trainer ranks have no endpoint {msg.method!r}")
+                reply: Any = Reply(id=msg.id, value=endpoint(*msg.args, **msg.kwargs))
+            except Exception as exc:
+                log.exception("trainer rank %d: %s failed", args.rank, msg.method)
+                reply = Error(id=msg.id, code="raised", type=type(exc).__name__, message=str(exc), traceback=traceback.format_exc())
+                if isinstance(exc, dist.DistBackendError):  # a peer died mid-collective: the group is broken
+                    sock.send_multipart(codec.encode(reply))
+                    return 3
+            sock.send_multipart(codec.encode(reply))
+    finally:
+        sock.close(0)
+        ctx.term()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlasync.trainer.rank", description=__doc__)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--controller", required=True, help="the controller's ZeroMQ address")
+    parser.add_argument("--init-method", required=True, help="torch.distributed init method (file:// or tcp://)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--collective-timeout-s", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("RLASYNC_LOG_LEVEL", "WARNING").upper(), format=f"%(asctime)s trainer-rank{args.rank} %(name)s %(levelname)s %(message)s")
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

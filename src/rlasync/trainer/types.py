@@ -1,0 +1,95 @@
+"""What crosses the boundary between the controller and the trainer's ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import torch
+
+from ..agents.batch import RolloutBatch
+
+TENSOR_FIELDS = ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "logprobs", "advantages")
+
+
+class TrainBatch(msgspec.Struct, kw_only=True):
+    """The tensors a training step needs, and nothing else (it is sent to every rank)."""
+
+    prompts: Any  # [B, P] long, left-padded
+    responses: Any  # [B, R] long, right-padded
+    response_mask: Any  # [B, R] long: 1 = a model token to train on
+    attention_mask: Any  # [B, P + R] long
+    position_ids: Any  # [B, P + R] long: the engine's positions (real tokens only)
+    logprobs: Any  # [B, R] float: behaviour logprobs
+    advantages: Any  # [B] or [B, R] float
+
+    @classmethod
+    def from_rollout(cls, batch: RolloutBatch, advantages: torch.Tensor | None = None) -> TrainBatch:
+        size = batch.responses.shape[0]
+        return cls(
+            prompts=batch.prompts, responses=batch.responses, response_mask=batch.response_mask,
+            attention_mask=batch.attention_mask, position_ids=batch.position_ids, logprobs=batch.logprobs,
+            advantages=advantages if advantages is not None else torch.zeros(size),
+        )  # fmt: skip
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Any]) -> TrainBatch:
+        missing = [name for name in TENSOR_FIELDS if name not in tensors]
+        if missing:
+            raise ValueError(f"a training batch needs {', '.join(missing)}")
+        return cls(**{name: tensors[name] for name in TENSOR_FIELDS})
+
+    def tensors(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in TENSOR_FIELDS}
+
+    @property
+    def size(self) -> int:
+        return int(self.responses.shape[0])
+
+    @property
+    def input_ids(self) -> Any:
+        return torch.cat([self.prompts, self.responses], dim=1)
+
+    def rows(self, rows: slice) -> TrainBatch:
+        """A slice of the sequences; the padded widths stay, so every slice lines up."""
+        return TrainBatch(**{name: getattr(self, name)[rows] for name in TENSOR_FIELDS})
+
+    def to(self, device: Any) -> TrainBatch:
+        return TrainBatch(**{name: getattr(self, name).to(device) for name in TENSOR_FIELDS})
+
+    def loss_denominator(self, agg: str) -> float:
+        """What the batch's loss is normalised by: its model tokens (``token-mean``) or its
+        non-empty sequences (the ``seq-mean`` modes). Computed once for the whole batch, so
+        micro-batches and ranks each add their share and the sum is the batch's loss."""
+        mask = self.response_mask
+        count = mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()
+        return float(max(int(count), 1))
+
+
+def shard_rows(size: int, world_size: int) -> list[slice]:
+    """Contiguous, nearly equal row ranges, one per rank (a rank may get none)."""
+    base, extra = divmod(size, world_size)
+    bounds, start = [], 0
+    for rank in range(world_size):
+        stop = start + base + (1 if rank < extra else 0)
+        bounds.append(slice(start, stop))
+        start = stop
+    return bounds
+
+
+def reduce_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Combine per-part metrics, each part weighted by its tokens: ``*_min`` by min, ``*_max``
+    by max, everything else a token-weighted mean (never a mean of means). Parts without
+    tokens count only when no part has any."""
+    weighted = [(w, m) for w, m in parts if w > 0] or [(1.0, m) for _, m in parts[:1]]
+    total = sum(w for w, _ in weighted)
+    out: dict[str, float] = {}
+    for weight, metrics in weighted:
+        for key, value in metrics.items():
+            if key.endswith("_min"):
+                out[key] = min(out.get(key, value), value)
+            elif key.endswith("_max"):
+                out[key] = max(out.get(key, value), value)
+            else:
+                out[key] = out.get(key, 0.0) + value * weight / total
+    return out
