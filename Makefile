@@ -56,6 +56,7 @@ bench: setup
 	$(PY) benchmarks/actor_bench.py
 	$(PY) benchmarks/engine_bench.py
 	$(PY) benchmarks/agent_bench.py
+	$(PY) benchmarks/train_bench.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache

@@ -44,8 +44,16 @@ from .types import TrainBatch, reduce_metrics, shard_rows
 log = logging.getLogger(__name__)
 
 
+STRAGGLER_GRACE_S = 5.0  # after one rank fails a call, how long the others may take to fail too
+
+
 class RankLostError(NodeLostError):
-    """A trainer rank process exited; the trainer cannot continue (restart from a checkpoint)."""
+    """A trainer rank exited, or failed while its peers waited for it in a collective: the
+    trainer cannot continue (start a new one from a checkpoint)."""
+
+    def __init__(self, message: str) -> None:
+        self.node = "trainer"
+        Exception.__init__(self, message)
 
 
 class TrainerActor:
@@ -63,6 +71,7 @@ class TrainerActor:
         self._receiver: asyncio.Task[None] | None = None
         self._next_id = 0
         self._closed = False
+        self._broken = ""
         self.info: dict[str, Any] = {}
 
     async def __aenter__(self) -> TrainerActor:
@@ -186,6 +195,8 @@ class TrainerActor:
     async def _call_ranks(self, per_rank: dict[int, list[Any]], method: str, *, deadline: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
         if self._closed or not self._procs:
             raise RuntimeError("the trainer actor is not running: call start() first" if not self._closed else "the trainer actor is closed")
+        if self._broken:
+            raise RankLostError(f"the trainer is unusable ({self._broken}): restart it from a checkpoint")
         loop = asyncio.get_running_loop()
         futures = []
         for rank, args in per_rank.items():
@@ -201,26 +212,32 @@ class TrainerActor:
                 del self._pending[key]
 
     async def _wait(self, futures: list[asyncio.Future[Any]], deadline: float, what: str, setting: str) -> list[Any]:
-        """The futures' results, unless a rank process exits or the deadline passes first."""
+        """The futures' results, unless a rank exits, a rank fails while its peers stay in a
+        collective, or the deadline passes first."""
+        first_error_at: float | None = None
         while True:
+            errors = [f.exception() for f in futures if f.done() and f.exception() is not None]
+            dead = [(rank, proc.returncode) for rank, proc in enumerate(self._procs) if proc.poll() is not None]
+            if dead:
+                rank, code = dead[0]
+                self._broken = f"trainer rank {rank} exited with code {code} during {what}"
+                raise RankLostError(self._broken + self._log_tail(rank)) from (errors[0] if errors else None)
             pending = [f for f in futures if not f.done()]
             if not pending:
+                if errors:
+                    raise errors[0]  # type: ignore[misc]
                 return [f.result() for f in futures]
-            for rank, proc in enumerate(self._procs):
-                code = proc.poll()
-                if code is not None:
-                    await asyncio.sleep(0.2)  # its last reply (an error with a traceback) may be in flight
-                    for f in futures:
-                        if f.done() and not f.cancelled() and f.exception() is not None:
-                            raise f.exception()  # type: ignore[misc]
-                    raise RankLostError(f"trainer rank {rank} exited with code {code} during {what}{self._log_tail(rank)}")
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if errors:
+                # Some ranks failed and others did not answer: those are waiting in a collective
+                # for the failed ones and never will, so the group is unusable.
+                first_error_at = first_error_at or now
+                if now - first_error_at > STRAGGLER_GRACE_S:
+                    self._broken = f"trainer ranks failed during {what} while others waited in a collective"
+                    raise RankLostError(self._broken + f": {errors[0]}") from errors[0]
+            if now >= deadline:
                 raise CallTimeout(f"trainer {what}: no answer from every rank within the deadline; raise {setting} if the work is just slow")
-            await asyncio.wait(pending, timeout=min(0.5, left), return_when=asyncio.FIRST_EXCEPTION)
-            for f in futures:
-                if f.done() and f.exception() is not None:
-                    raise f.exception()  # type: ignore[misc]
+            await asyncio.wait(pending, timeout=min(0.25, deadline - now), return_when=asyncio.FIRST_COMPLETED)
 
     async def _receive(self) -> None:
         """Route replies to their futures; drop garbage (counted in the log), never die silently."""

@@ -1,0 +1,90 @@
+"""Trainer step throughput on the tiny model: the trainer actor with 1 and 2 gloo ranks, and a
+plain in-process PyTorch step on the same batch as the reference, in one run.
+
+    .venv/bin/python benchmarks/train_bench.py [--preset nano] [--steps 8]
+
+The batch has the quickstart's shape: 16 prompts x 8 samples, 24-token prompts, responses of
+8 to 48 tokens (model tokens counted by the response mask). Each configuration takes
+``--warmup`` untimed steps, then ``--steps`` timed ones; throughput is model tokens trained per
+second of wall time (forward, backward, gradient all-reduce, AdamW). Every rank and the
+reference use one torch thread (``trainer.threads``), so 2 ranks on 2 cores can at best double.
+Last line: JSON ``{"train_tokens_per_s", "train_tokens_per_s_2_ranks", "scaling_2_ranks",
+"actor_vs_plain_torch"}`` (``train_tokens_per_s`` is 1 rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlasync.config import TrainerConfig
+from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir
+from rlasync.trainer import PolicyTrainer, TrainBatch, TrainerActor
+
+
+def make_batch(size: int = 128, prompt: int = 24, max_response: int = 48, seed: int = 0) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, 300, (size, prompt), generator=g)
+    responses = torch.randint(3, 300, (size, max_response), generator=g)
+    lengths = torch.randint(8, max_response + 1, (size,), generator=g)
+    mask = (torch.arange(max_response) < lengths[:, None]).long()
+    attention = torch.cat([torch.ones(size, prompt, dtype=torch.long), mask], dim=1)
+    return TrainBatch(
+        prompts=prompts, responses=responses * mask, response_mask=mask, attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0), logprobs=-torch.rand(size, max_response, generator=g) * mask,
+        advantages=torch.randn(size, generator=g),
+    )  # fmt: skip
+
+
+async def actor_rate(model_dir: Path, batch: TrainBatch, world_size: int, warmup: int, steps: int) -> float:
+    async with TrainerActor(TrainerConfig(world_size=world_size, threads=1, lr=1e-5)) as trainer:
+        await trainer.start(model_dir)
+        for _ in range(warmup):
+            await trainer.step(batch)
+        started = time.perf_counter()
+        for _ in range(steps):
+            await trainer.step(batch)
+        return float(batch.response_mask.sum()) * steps / (time.perf_counter() - started)
+
+
+def plain_rate(model_dir: Path, batch: TrainBatch, warmup: int, steps: int) -> float:
+    torch.set_num_threads(1)
+    trainer = PolicyTrainer(load_pretrained_dir(model_dir)[0], TrainerConfig(lr=1e-5))
+    for _ in range(warmup):
+        trainer.step(batch)
+    started = time.perf_counter()
+    for _ in range(steps):
+        trainer.step(batch)
+    return float(batch.response_mask.sum()) * steps / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="nano")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+    batch = make_batch()
+    with tempfile.TemporaryDirectory() as folder:
+        model, tokenizer = build_tiny_lm(TinyLMConfig.preset(args.preset, seed=0))
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        plain = plain_rate(Path(folder), batch, args.warmup, args.steps)
+        one = asyncio.run(actor_rate(Path(folder), batch, 1, args.warmup, args.steps))
+        two = asyncio.run(actor_rate(Path(folder), batch, 2, args.warmup, args.steps))
+    tokens = int(batch.response_mask.sum())
+    print(f"batch: {batch.size} sequences, {tokens} model tokens; preset {args.preset}")
+    print(f"plain PyTorch step (1 thread): {plain:9.0f} tokens/s")
+    print(f"trainer actor, 1 rank:         {one:9.0f} tokens/s  ({one / plain:.2f}x plain)")
+    print(f"trainer actor, 2 ranks:        {two:9.0f} tokens/s  ({two / one:.2f}x 1 rank)")
+    print(json.dumps({"train_tokens_per_s": round(one, 1), "train_tokens_per_s_2_ranks": round(two, 1), "scaling_2_ranks": round(two / one, 3), "actor_vs_plain_torch": round(one / plain, 3)}))
+
+
+if __name__ == "__main__":
+    main()

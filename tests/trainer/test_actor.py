@@ -1,0 +1,149 @@
+"""The trainer actor: real rank processes, real gloo, real ZeroMQ.
+
+Data parallelism must not change the step: ranks sum gradients whose losses are normalised by
+the whole batch, so N ranks take the step one rank takes on the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from rlasync.config import TrainerConfig
+from rlasync.models import TinyLMConfig, build_tiny_lm
+from rlasync.runtime.errors import ActorError, CallTimeout
+from rlasync.trainer import PolicyTrainer, RankLostError, TrainBatch, TrainerActor
+
+pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _batch(size: int = 6, seed: int = 0) -> TrainBatch:
+    """Left-padded prompts, ragged responses, behaviour logprobs off-policy (ratios != 1)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt, response = 5, 7
+    prompts = torch.randint(3, 300, (size, prompt), generator=g)
+    responses = torch.randint(3, 300, (size, response), generator=g)
+    mask = torch.ones(size, response, dtype=torch.long)
+    attention = torch.ones(size, prompt + response, dtype=torch.long)
+    for row in range(size):
+        pad, length = row % 3, response - (row % 4)
+        prompts[row, :pad], attention[row, :pad] = 0, 0
+        mask[row, length:], attention[row, prompt + length :], responses[row, length:] = 0, 0, 0
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    logprobs = -torch.rand(size, response, generator=g) * 6 * mask
+    return TrainBatch(
+        prompts=prompts, responses=responses, response_mask=mask, attention_mask=attention, position_ids=positions,
+        logprobs=logprobs, advantages=torch.linspace(-1.0, 1.0, size),
+    )  # fmt: skip
+
+
+async def _step_and_weights(model_dir: Path, config: TrainerConfig, batch: TrainBatch) -> tuple[dict[str, float], dict[str, Any]]:
+    async with TrainerActor(config) as trainer:
+        await trainer.start(model_dir)
+        metrics = await trainer.step(batch, temperature=0.8)
+        return metrics, await trainer.weights()
+
+
+def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+async def test_two_gloo_ranks_take_the_step_one_rank_takes_on_the_whole_batch(model_dir: Path) -> None:
+    batch = _batch(6)
+    # Micro-batches of 3: one rank accumulates rows 0-2 then 3-5; two ranks take one each.
+    one, w1 = await _step_and_weights(model_dir, TrainerConfig(world_size=1, micro_batch_size=3), batch)
+    two, w2 = await _step_and_weights(model_dir, TrainerConfig(world_size=2, micro_batch_size=3), batch)
+    assert _max_diff(w1, w2) <= 1e-6
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-6)
+    assert two["tokens"] == one["tokens"] == float(batch.response_mask.sum())
+    for key in ("loss", "pg_clipfrac", "ppo_kl", "ratio_mean", "ratio_min", "ratio_max"):
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    # The step really moved the parameters (so "equal" is not "both unchanged").
+    start, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
+    assert _max_diff(w1, {k: v.detach() for k, v in start.named_parameters()}) > 1e-4
+
+
+async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_dir: Path) -> None:
+    """Uneven shards (7 rows on 2 ranks, micro-batches of 2) and seq-mean aggregation: the
+    same step up to float rounding. AdamW's first step is lr * g / (|g| + eps), so gradients
+    that differ in the last bits move near-zero-gradient weights by up to ~lr * 1e-3."""
+    batch = _batch(7, seed=1)
+    config = TrainerConfig(world_size=2, micro_batch_size=2, loss_agg="seq-mean-token-mean", lr=1e-3)
+    _, distributed = await _step_and_weights(model_dir, config, batch)
+    from rlasync.models import load_pretrained_dir
+
+    local = PolicyTrainer(load_pretrained_dir(model_dir)[0], TrainerConfig(loss_agg="seq-mean-token-mean", lr=1e-3))
+    local.step(batch, temperature=0.8)
+    assert _max_diff(distributed, local.weights()) <= 1e-5
+
+
+async def test_logprobs_are_gathered_in_row_order(model_dir: Path) -> None:
+    batch = _batch(5)
+    from rlasync.models import load_pretrained_dir
+
+    expected = PolicyTrainer(load_pretrained_dir(model_dir)[0]).compute_logprobs(batch, temperature=0.8)
+    async with TrainerActor(TrainerConfig(world_size=2)) as trainer:
+        await trainer.start(model_dir)
+        got = await trainer.compute_logprobs(batch, temperature=0.8)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-6)
+
+
+async def test_a_failing_call_raises_with_the_remote_traceback_and_the_trainer_lives_on(model_dir: Path) -> None:
+    async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
+        await trainer.start(model_dir)
+        broken = _batch(4)
+        broken.responses = broken.responses[:, :3]  # no longer lines up with its mask
+        with pytest.raises(ActorError) as caught:
+            await trainer.step(broken)
+        assert caught.value.method == "step" and "Traceback" in caught.value.remote_traceback
+        assert (await trainer.step(_batch(4)))["grad_norm"] > 0
+
+
+async def test_garbage_on_the_control_socket_is_dropped(model_dir: Path) -> None:
+    async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
+        await trainer.start(model_dir)
+        ctx = zmq.Context()
+        for identity in (b"rank0", b"intruder"):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, identity)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"ipc://{trainer._folder}/control.sock")
+            sock.send_multipart([b"\xffnot a message", b"x"])
+            sock.close()
+        ctx.term()
+        assert (await trainer.step(_batch(4)))["grad_norm"] > 0
+
+
+async def test_a_killed_rank_fails_the_call_at_once_not_at_the_deadline(model_dir: Path) -> None:
+    async with TrainerActor(TrainerConfig(world_size=2, call_timeout_s=600)) as trainer:
+        await trainer.start(model_dir)
+        os.kill(trainer.info["pids"][1], signal.SIGKILL)
+        with pytest.raises(RankLostError, match="trainer rank 1 exited"):
+            await trainer.step(_batch(4))
+
+
+async def test_ranks_that_cannot_start_fail_within_the_start_deadline(tmp_path: Path) -> None:
+    async with TrainerActor(TrainerConfig(world_size=1, start_timeout_s=60)) as trainer:
+        with pytest.raises(ActorError, match="config.json"):
+            await trainer.start(tmp_path / "no-model-here")
+    slow = TrainerActor(TrainerConfig(world_size=2, start_timeout_s=0.5))
+    with pytest.raises(CallTimeout, match="trainer.start_timeout_s"):
+        await slow.start(tmp_path)  # half a second is too short to even import torch
+    await slow.close()
+    await slow.close()  # idempotent
