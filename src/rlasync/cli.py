@@ -84,11 +84,12 @@ def train(
         val = f"  val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
         typer.echo(f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}")
 
+    from .data import DatasetError
     from .trainer.checkpoint import CheckpointError
 
     try:
         result = uvloop.run(train_sync(cfg, resume=resume, on_step=progress))
-    except CheckpointError as exc:
+    except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")

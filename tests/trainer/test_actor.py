@@ -147,3 +147,15 @@ async def test_ranks_that_cannot_start_fail_within_the_start_deadline(tmp_path: 
         await slow.start(tmp_path)  # half a second is too short to even import torch
     await slow.close()
     await slow.close()  # idempotent
+
+
+@pytest.mark.gpu
+async def test_on_gpu_ranks_train_under_bf16_autocast_and_match_the_cpu_step(model_dir: Path) -> None:
+    """NCCL when every rank gets its own GPU (else one rank); bf16 autocast, float32 master
+    weights: the step lands near the float32 CPU step."""
+    world = 2 if torch.cuda.device_count() >= 2 else 1
+    batch = _batch(6)
+    gpu_metrics, on_gpu = await _step_and_weights(model_dir, TrainerConfig(world_size=world, device="cuda", micro_batch_size=3), batch)
+    _, on_cpu = await _step_and_weights(model_dir, TrainerConfig(world_size=1, device="cpu", micro_batch_size=3), batch)
+    assert all(v.dtype == torch.float32 for v in on_gpu.values())
+    assert gpu_metrics["grad_norm"] > 0 and _max_diff(on_gpu, on_cpu) <= 5e-3

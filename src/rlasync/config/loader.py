@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from .agent import AgentConfig
+from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
@@ -32,6 +33,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
 

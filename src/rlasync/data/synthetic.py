@@ -215,11 +215,16 @@ def iter_problems(task: str, *, seed: int, split: Split = "train") -> Iterator[P
             yield problem
 
 
+def synthetic_capacity(task: str, split: Split) -> int:
+    """How many distinct problems of a split ``make_problems`` will draw (80 % of the split:
+    finding the last unseen ones would take long)."""
+    return get_task(task).size * (VAL_PERCENT if split == "val" else 100 - VAL_PERCENT) // 100 * 4 // 5
+
+
 def make_problems(task: str, n: int, *, seed: int = 0, split: Split = "val") -> list[Problem]:
     """``n`` distinct problems of one split, the same for the same arguments."""
-    capacity = get_task(task).size * (VAL_PERCENT if split == "val" else 100 - VAL_PERCENT) // 100
-    if n > capacity * 0.8:  # drawing more would take long to find the last unseen ones
-        raise ValueError(f"{task}: asked for {n} distinct {split} problems, the split holds about {capacity}")
+    if n > synthetic_capacity(task, split):
+        raise ValueError(f"{task}: asked for {n} distinct {split} problems, at most {synthetic_capacity(task, split)} can be drawn")
     seen: dict[str, Problem] = {}
     for problem in iter_problems(task, seed=seed, split=split):
         seen.setdefault(problem.key, problem)

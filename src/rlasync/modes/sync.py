@@ -2,7 +2,8 @@
 
 Each step, in order:
 
-1. sample ``prompts_per_step`` training problems, each ``group_size`` times;
+1. sample ``prompts_per_step`` training rows (``data.*``: files, or the synthetic task), each
+   ``group_size`` times;
 2. roll them out with the agent loops on the engine (the policy's current weights);
 3. score them (the task's reward), and turn rewards into group-relative advantages;
 4. one optimiser step on the batch (on-policy: the PPO ratio starts at 1);
@@ -29,10 +30,11 @@ from typing import Any, Callable
 import msgspec
 import torch
 
-from ..agents import SingleTurnAgentLoop, ToolAgentLoop, collate
+from ..agents import collate, get_loop, registered_reward
 from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
-from ..config import Config
-from ..data.synthetic import Problem, iter_problems, loop_reward, make_problems
+from ..config import Config, ConfigError
+from ..data import Row, RowSampler, load_rows, synthetic_rows
+from ..data.synthetic import loop_reward, synthetic_capacity
 from ..engines import SamplingParams, TorchEngine
 from ..models import load_pretrained_dir
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
@@ -51,28 +53,53 @@ class TrainResult(msgspec.Struct, kw_only=True):
 
 
 class _Rollouts:
-    """The agent loops of one task on one engine."""
+    """The agent loops on one engine: each row's loop (its ``agent_name``, else
+    ``agent.default_loop``), the configured tools, and the run's reward."""
 
     def __init__(self, config: Config, engine: TorchEngine, tokenizer: Any) -> None:
-        self.reward = loop_reward(config.train.task)
-        self.engine, self.tokenizer = engine, tokenizer
-        self.tools = build_tools(["calculator"]) if config.train.task == "calc" else {}
-        self.agent = msgspec.structs.replace(config.agent, tools=list(self.tools), max_assistant_turns=config.agent.max_assistant_turns or 3)
+        synthetic = not config.data.train_files
+        self.reward = loop_reward(config.train.task) if synthetic else registered_reward(config.data.reward)
+        self.engine, self.tokenizer, self.agent = engine, tokenizer, config.agent
+        self.tools = build_tools(config.agent.tools)
 
-    async def run(self, problems: list[Problem], params: SamplingParams, *, name: str) -> list[Any]:
-        """Roll out ``problems``; trajectory ids (hence sampling seeds) are ``name`` and the
+    def check(self, rows: list[Row]) -> None:
+        """Fail at start-up, not mid-run, on a loop or tool the rows need and the config lacks."""
+        for row in rows:
+            get_loop(str(row.get("agent_name") or self.agent.default_loop))
+            missing = {str(t.get("function", t).get("name")) for t in row.get("tools") or []} - set(self.tools)
+            if missing:
+                raise ConfigError(f"rows offer the tool(s) {sorted(missing)} that agent.tools does not provide: add them to agent.tools")
+
+    async def run(self, rows: list[Row], params: SamplingParams, *, name: str) -> list[Any]:
+        """Roll out ``rows``; trajectory ids (hence sampling seeds) are ``name`` and the
         index, so a resumed run samples what the uninterrupted one did."""
-        loops = []
-        cls: Callable[..., Any] = ToolAgentLoop if self.tools else SingleTurnAgentLoop
-        for i in range(len(problems)):
-            loops.append(cls(self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self.reward, trajectory_id=f"{name}/{i}"))
-        rows = [{"messages": p.messages, "problem": p} for p in problems]
+        loops = [
+            get_loop(str(row.get("agent_name") or self.agent.default_loop))(
+                self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self.reward, trajectory_id=f"{name}/{i}"
+            )
+            for i, row in enumerate(rows)
+        ]  # fmt: skip
         return list(await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)]))
 
-    async def accuracy(self, problems: list[Problem], max_new_tokens: int) -> float:
+    async def accuracy(self, rows: list[Row], max_new_tokens: int) -> float:
         greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
-        trajectories = await self.run(problems, greedy, name="val")
+        trajectories = await self.run(rows, greedy, name="val")
         return sum(t.reward for t in trajectories) / len(trajectories)
+
+
+def _rows(config: Config) -> tuple[list[Row], list[Row]]:
+    """Training and validation rows: the data files, or the synthetic task's two splits."""
+    cfg, data = config.train, config.data
+    if not data.train_files:
+        size = min(data.synthetic_train_size, synthetic_capacity(cfg.task, "train"))
+        return synthetic_rows(cfg.task, size, seed=cfg.seed, split="train"), synthetic_rows(cfg.task, cfg.val_size, seed=cfg.seed, split="val")
+    if not data.val_files:
+        raise ConfigError("data.train_files is set but data.val_files is not: give held-out rows to validate on")
+
+    def read(files: list[str]) -> list[Row]:
+        return [row for f in files for row in load_rows(f, prompt_key=data.prompt_key, answer_key=data.answer_key, system_prompt=data.system_prompt)]
+
+    return read(data.train_files), read(data.val_files)[: cfg.val_size]
 
 
 def _advantages(config: Config, rewards: torch.Tensor) -> torch.Tensor:
@@ -103,8 +130,9 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
     engine = TorchEngine(serving, max_batch=max(64, cfg.prompts_per_step * cfg.group_size), seed=cfg.seed, cpu_threads=config.engine.cpu_threads)
     trainer = TrainerActor(tcfg, log_dir=run_dir)
     rollouts = _Rollouts(config, engine, tokenizer)
-    val = make_problems(cfg.task, cfg.val_size, seed=cfg.seed, split="val")
-    train_stream = iter_problems(cfg.task, seed=cfg.seed, split="train")
+    train_rows, val = _rows(config)
+    rollouts.check(train_rows + val)
+    sampler = RowSampler(train_rows, seed=cfg.seed, shuffle=config.data.shuffle)
     rng = random.Random(cfg.seed)  # the per-step sampling seeds
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     pad = int(tokenizer.pad_token_id or 0)
@@ -114,21 +142,18 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
         if resume_from is not None:
             await trainer.load(resume_from)
             await engine.update_weights(await trainer.weights(), version=state["weight_version"])
-            for _ in range(state["problems_drawn"]):
-                next(train_stream)
+            sampler.load_state_dict(state["sampler"])
             rng.setstate(_as_random_state(state["rng"]))
             initial, accuracy = state["initial_accuracy"], state["accuracy"]
             log.info("resumed from %s (step %d)", resume_from, state["step"])
         else:
             initial = accuracy = await rollouts.accuracy(val, cfg.max_new_tokens)
             _write(metrics_file, {"step": 0, "val_accuracy": initial})
-        drawn = state.get("problems_drawn", 0)
         for step in range(state.get("step", 0) + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            problems = [next(train_stream) for _ in range(cfg.prompts_per_step)]
-            drawn += len(problems)
+            rows = sampler.next_batch(cfg.prompts_per_step)
             group_params = msgspec.structs.replace(params, seed=rng.getrandbits(62))
-            trajectories = await rollouts.run([p for p in problems for _ in range(cfg.group_size)], group_params, name=f"step{step}")
+            trajectories = await rollouts.run([row for row in rows for _ in range(cfg.group_size)], group_params, name=f"step{step}")
             t1 = time.perf_counter()
             batch = collate(trajectories, pad)
             advantages = _advantages(config, batch.rewards)
@@ -143,7 +168,7 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
                 accuracy = await rollouts.accuracy(val, cfg.max_new_tokens)
                 record["val_accuracy"] = accuracy
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
-                run_state = {"weight_version": step, "problems_drawn": drawn, "rng": rng.getstate(), "initial_accuracy": initial, "accuracy": accuracy}
+                run_state = {"weight_version": step, "sampler": sampler.state_dict(), "rng": rng.getstate(), "initial_accuracy": initial, "accuracy": accuracy}
                 record["checkpoint"] = str(await checkpoints.save(step, trainer, run_state, model_source=model_dir))
             _write(metrics_file, record)
             if on_step is not None:

@@ -1,0 +1,34 @@
+"""Where a run's prompts come from (``data.*``; verl's ``data.*`` names where they exist)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Training and validation rows (``data.*``). Without files, the rows are problems of the
+    synthetic ``train.task``, scored by the task's own reward."""
+
+    train_files: list[str] = []
+    """Training rows: ``.jsonl`` or ``.parquet`` files, or folders written by ``datasets``'
+    ``save_to_disk`` (see ``rlasync.data.load_rows``); all of them, concatenated."""
+    val_files: list[str] = []
+    """Held-out rows scored greedily at each validation (``train.val_size`` of them at most)."""
+    prompt_key: str = "prompt"
+    """The column holding the prompt (a string, or chat messages); rows with ``messages`` keep them."""
+    answer_key: str | None = None
+    """The column the reward compares against (renamed ``ground_truth``); None: rows already
+    have ``ground_truth``, or the reward needs none."""
+    system_prompt: str | None = None
+    """Put first in every prompt that has no system message."""
+    reward: str = "exact_match"
+    """The reward of file rows, by name from ``rlasync.rewards`` (``exact_match``,
+    ``exact_numeric``, ``boxed_math``, ``tool_format``, or one you register)."""
+    shuffle: bool = True
+    """Shuffle the training rows each epoch (seeded by ``train.seed``; resumable)."""
+    synthetic_train_size: PositiveInt = 20000
+    """Distinct training problems drawn from the synthetic task (when there are no files)."""
