@@ -34,6 +34,17 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     dual_clip_c: float | None = None
     """Dual clip for negative advantages (e.g. 3.0); None: off."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses become the batch's: every token alike (``token-mean``, DAPO), every
+    sequence alike (``seq-mean-token-mean``, the GRPO paper), or by length (``seq-mean-token-sum``)."""
+    kl_coef: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Weight of a KL(policy || reference) penalty in the loss (verl's ``kl_loss_coef``); the
+    reference is a frozen copy of the starting model. 0: no penalty and no reference kept."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """Per-token KL estimator (``low_var_kl`` is ``k3``; verl's ``kl_loss_type``)."""
+    entropy_coef: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Weight of an entropy bonus (subtracted from the loss); 0: none."""
+    log_entropy: bool = True
+    """Report the policy's token entropy (``train/entropy``) even without a bonus."""
     threads: NonNegativeInt = 1
     """torch threads of each training rank (0: torch's default). One is as fast as two for the
     tiny models on 2 cores and immune to other processes' load."""

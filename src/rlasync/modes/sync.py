@@ -35,8 +35,8 @@ from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo
 from ..config import Config, ConfigError
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import loop_reward, synthetic_capacity
-from ..engines import SamplingParams, TorchEngine
-from ..models import load_pretrained_dir
+from ..engines import Engine, SamplingParams, build_engine
+from ..models.tiny import load_tokenizer
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
 from ..tools import build_tools
 from ..trainer import TrainBatch, TrainerActor
@@ -56,19 +56,10 @@ class _Rollouts:
     """The agent loops on one engine: each row's loop (its ``agent_name``, else
     ``agent.default_loop``), the configured tools, and the run's reward."""
 
-    def __init__(self, config: Config, engine: TorchEngine, tokenizer: Any) -> None:
+    def __init__(self, config: Config, engine: Engine, tokenizer: Any, tools: dict[str, Any]) -> None:
         synthetic = not config.data.train_files
         self.reward = loop_reward(config.train.task) if synthetic else registered_reward(config.data.reward)
-        self.engine, self.tokenizer, self.agent = engine, tokenizer, config.agent
-        self.tools = build_tools(config.agent.tools)
-
-    def check(self, rows: list[Row]) -> None:
-        """Fail at start-up, not mid-run, on a loop or tool the rows need and the config lacks."""
-        for row in rows:
-            get_loop(str(row.get("agent_name") or self.agent.default_loop))
-            missing = {str(t.get("function", t).get("name")) for t in row.get("tools") or []} - set(self.tools)
-            if missing:
-                raise ConfigError(f"rows offer the tool(s) {sorted(missing)} that agent.tools does not provide: add them to agent.tools")
+        self.engine, self.tokenizer, self.agent, self.tools = engine, tokenizer, config.agent, tools
 
     async def run(self, rows: list[Row], params: SamplingParams, *, name: str) -> list[Any]:
         """Roll out ``rows``; trajectory ids (hence sampling seeds) are ``name`` and the
@@ -85,6 +76,21 @@ class _Rollouts:
         greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
         trajectories = await self.run(rows, greedy, name="val")
         return sum(t.reward for t in trajectories) / len(trajectories)
+
+
+def _tools(config: Config, rows: list[Row]) -> dict[str, Any]:
+    """``agent.tools``, built; fails at start-up, not mid-run, on a loop or tool the rows need
+    and the config lacks."""
+    tools = build_tools(config.agent.tools)
+    for row in rows:
+        try:
+            get_loop(str(row.get("agent_name") or config.agent.default_loop))
+        except KeyError as exc:
+            raise ConfigError(f"agent.default_loop or a row's agent_name: {exc.args[0]}") from None
+        missing = {str(t.get("function", t).get("name")) for t in row.get("tools") or []} - set(tools)
+        if missing:
+            raise ConfigError(f"rows offer the tool(s) {sorted(missing)} that agent.tools does not provide: add them to agent.tools")
+    return tools
 
 
 def _rows(config: Config) -> tuple[list[Row], list[Row]]:
@@ -125,17 +131,18 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
     checkpoints = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     resume_from = checkpoints.latest() if resume else None
     state = read_state(resume_from) if resume_from is not None else {}
-    model_dir = await _model_dir(config)
-    serving, tokenizer = load_pretrained_dir(model_dir)  # the engine's copy, updated after each step
-    engine = TorchEngine(serving, max_batch=max(64, cfg.prompts_per_step * cfg.group_size), seed=cfg.seed, cpu_threads=config.engine.cpu_threads)
-    trainer = TrainerActor(tcfg, log_dir=run_dir)
-    rollouts = _Rollouts(config, engine, tokenizer)
     train_rows, val = _rows(config)
-    rollouts.check(train_rows + val)
+    tools = _tools(config, train_rows + val)
     sampler = RowSampler(train_rows, seed=cfg.seed, shuffle=config.data.shuffle)
     rng = random.Random(cfg.seed)  # the per-step sampling seeds
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    model_dir = await _model_dir(config)
+    tokenizer = load_tokenizer(model_dir)
     pad = int(tokenizer.pad_token_id or 0)
+    # The engine (engine.backend: torch, vllm, sglang) serves its own copy, updated after each step.
+    engine = await build_engine(msgspec.structs.replace(config.engine, model=str(model_dir)))
+    rollouts = _Rollouts(config, engine, tokenizer, tools)
+    trainer = TrainerActor(tcfg, log_dir=run_dir)
     metrics_file = _metrics_file(run_dir / "metrics.jsonl", upto=state.get("step"))
     try:
         await trainer.start(model_dir, total_steps=cfg.steps)
@@ -184,6 +191,8 @@ async def _model_dir(config: Config) -> Path:
     """The folder RL starts from: ``train.model_dir``, or the preset warm-started on the task."""
     cfg = config.train
     if cfg.model_dir:
+        if not (Path(cfg.model_dir) / "config.json").is_file():
+            raise ConfigError(f"train.model_dir={cfg.model_dir} is not a model folder (no config.json); leave it empty to warm-start train.preset")
         return Path(cfg.model_dir)
     settings = msgspec.structs.replace(DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold)
     return await asyncio.to_thread(warm_start, cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings)

@@ -155,12 +155,13 @@ class TrainerActor:
         merged.update(tokens=sum(r["tokens"] for r in replies), grad_norm=replies[0]["grad_norm"], lr=replies[0]["lr"])
         return merged
 
-    async def compute_logprobs(self, batch: TrainBatch, *, temperature: float = 1.0) -> Any:
-        """``[B, R]`` logprobs of ``batch``'s responses under the current parameters."""
+    async def compute_logprobs(self, batch: TrainBatch, *, temperature: float = 1.0, reference: bool = False) -> Any:
+        """``[B, R]`` logprobs of ``batch``'s responses under the current parameters, or under
+        the frozen reference policy (``reference``; needs ``trainer.kl_coef > 0``)."""
         import torch
 
         shards = shard_rows(batch.size, self.world_size)
-        parts = await self._call_all("logprobs", [[batch.rows(rows).tensors(), temperature] for rows in shards])
+        parts = await self._call_all("logprobs", [[batch.rows(rows).tensors(), temperature, reference] for rows in shards])
         return torch.cat(parts)
 
     async def weights(self) -> dict[str, Any]:

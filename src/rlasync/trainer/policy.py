@@ -13,6 +13,7 @@ the same optimiser step, the one a single rank takes on the whole batch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from ..algorithms import policy_loss
+from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
 from .types import TrainBatch, reduce_metrics
 
@@ -50,20 +51,41 @@ class PolicyTrainer:
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.steps = 0
+        # The KL penalty's reference: a frozen copy of the policy as it starts (the warm-start or
+        # the SFT model), kept only when the penalty is on.
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
 
     def _forward_context(self) -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
 
+    def _logits(self, model: Any, part: TrainBatch, temperature: float) -> torch.Tensor:
+        """``[B, R, V]`` float32 logits that predict the response tokens (scaled by the temperature)."""
+        prompt_len = part.prompts.shape[1]
+        with self._forward_context():
+            out = model(input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids, use_cache=False)
+        logits = out.logits[:, prompt_len - 1 : -1].float()
+        return logits / temperature if temperature > 0 else logits
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
     def logprobs(self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None) -> torch.Tensor:
         """``[B, R]`` logprobs of the response tokens under the current policy (with grad)."""
         part = batch.rows(rows or slice(None)).to(self.device)
-        prompt_len = part.prompts.shape[1]
-        with self._forward_context():
-            out = self.model(input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids, use_cache=False)
-        logits = out.logits[:, prompt_len - 1 : -1].float()
-        if temperature > 0:
-            logits = logits / temperature
-        return torch.log_softmax(logits, dim=-1).gather(-1, part.responses.unsqueeze(-1)).squeeze(-1)
+        return self._pick(self._logits(self.model, part, temperature), part.responses)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+        """``[B, R]`` logprobs under the frozen reference policy (needs ``trainer.kl_coef > 0``)."""
+        if self.reference is None:
+            raise RuntimeError("no reference policy: set trainer.kl_coef > 0 to keep one")
+        micro = self.config.micro_batch_size or max(batch.size, 1)
+        parts = []
+        for start in range(0, batch.size, micro):
+            part = batch.rows(slice(start, start + micro)).to(self.device)
+            parts.append(self._pick(self._logits(self.reference, part, temperature), part.responses).cpu())
+        return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -87,12 +109,25 @@ class PolicyTrainer:
         micro = cfg.micro_batch_size or max(batch.size, 1)
         for start in range(0, batch.size, micro):
             rows = slice(start, min(batch.size, start + micro))
-            new = self.logprobs(batch, temperature, rows=rows)
-            part_mask = mask[rows].to(self.device)
+            part = batch.rows(rows).to(self.device)
+            logits = self._logits(self.model, part, temperature)
+            new = self._pick(logits, part.responses)
+            part_mask = part.response_mask.float()
             loss, metrics = policy_loss(
-                new, batch.logprobs[rows].to(self.device), batch.advantages[rows].to(self.device), part_mask,
+                new, part.logprobs, part.advantages, part_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
             )  # fmt: skip
+            if self.reference is not None:  # KL(pi || pi_ref) penalty, estimated per token
+                with torch.no_grad():
+                    ref = self._pick(self._logits(self.reference, part, temperature), part.responses)
+                kl = kl_penalty(new, ref, cfg.kl_estimator)
+                loss = loss + cfg.kl_coef * aggregate(kl, part_mask, cfg.loss_agg)
+                metrics["kl_ref"] = float((kl.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
+            if cfg.entropy_coef or cfg.log_entropy:
+                entropy = entropy_from_logits(logits) if cfg.entropy_coef else entropy_from_logits(logits.detach())
+                if cfg.entropy_coef:  # a bonus: higher entropy lowers the loss
+                    loss = loss - cfg.entropy_coef * aggregate(entropy, part_mask, cfg.loss_agg)
+                metrics["entropy"] = float((entropy.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
             local = part_mask.sum() if cfg.loss_agg == "token-mean" else (part_mask.sum(-1) > 0).sum()
             (loss * float(local) / denominator).backward()  # the micro-batch's share of the batch loss
             parts.append((float(part_mask.sum()), {"loss": loss.detach().item(), **metrics}))

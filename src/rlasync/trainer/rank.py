@@ -59,8 +59,9 @@ class RankServer:
     def step(self, batch: dict[str, Any], temperature: float, denominator: float) -> dict[str, float]:
         return self._trainer().step(TrainBatch.from_tensors(batch), temperature=temperature, denominator=denominator)
 
-    def logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
-        return self._trainer().compute_logprobs(TrainBatch.from_tensors(batch), temperature)
+    def logprobs(self, batch: dict[str, Any], temperature: float, reference: bool = False) -> Any:
+        trainer, rows = self._trainer(), TrainBatch.from_tensors(batch)
+        return trainer.reference_logprobs(rows, temperature) if reference else trainer.compute_logprobs(rows, temperature)
 
     def weights(self) -> dict[str, Any]:
         return self._trainer().weights()
