@@ -8,6 +8,7 @@ with the torch engine's on the same weights.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,26 @@ async def test_quickstart_rollout_on_vllm_matches_the_torch_engine(calc_model: P
         # so allow a near-tie to break differently on a few problems).
         agree = sum(a == b for a, b in zip(vllm, torch_))
         assert agree >= len(problems) - 3, (vllm, torch_)
+
+
+@pytest.mark.timeout(600)
+async def test_sync_grpo_with_vllm_serving_keeps_the_engine_on_the_trainers_weights(calc_model: Path, tmp_path: Path) -> None:
+    """The quickstart's tool run with engine.backend=vllm: vLLM samples, the trainer steps, the
+    new weights go into vLLM. A large learning rate makes the step move the policy a lot, so
+    a PPO ratio of 1 at step 2 means vLLM sampled with step 1's weights, not the old ones."""
+    from rlasync.config import load_config
+    from rlasync.modes import train_sync
+
+    overrides = [
+        f"train.run_dir={tmp_path}", f"train.model_dir={calc_model}", "train.steps=2", "train.prompts_per_step=8",
+        "train.group_size=8", "train.val_size=8", "train.validate_every=100", "engine.backend=vllm",
+        "engine.max_seq_len=512", "trainer.lr=3e-3",
+    ]  # fmt: skip
+    result = await train_sync(load_config(Path(__file__).parents[2] / "configs" / "quickstart_tools.yaml", overrides))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert result.steps == 2 and [r["step"] for r in records] == [0, 1, 2]
+    assert records[1]["train/grad_norm"] > 0, records[1]  # some groups were mixed: the step moved
+    for record in records[1:]:
+        # vLLM's logprobs are the trainer's own, token by token. (Before the tied lm_head was
+        # repacked after each update, step 2's ratios spread over 0.61-1.38.)
+        assert 0.99 < record["train/ratio_min"] <= record["train/ratio_max"] < 1.01, record

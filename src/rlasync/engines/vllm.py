@@ -103,6 +103,10 @@ class VLLMEngine:
             seed=config.seed,
             enforce_eager=config.device == "cpu",
             enable_prefix_caching=True,
+            # vLLM's CPU worker cannot rewind a seeded request's generator when it discards the
+            # sample of a partly prefilled prompt ("CPU Generator does not use offset"), and we
+            # always seed: on CPU, prompts are prefilled whole, never in chunks.
+            enable_chunked_prefill=config.device != "cpu",
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rlasync.engines.vllm_worker.WeightLoader",
         )
