@@ -79,6 +79,29 @@ async def test_two_gloo_ranks_take_the_step_one_rank_takes_on_the_whole_batch(mo
     assert _max_diff(w1, {k: v.detach() for k, v in start.named_parameters()}) > 1e-4
 
 
+async def test_fsdp2_shards_take_the_same_step_and_checkpoints_move_between_strategies(model_dir: Path, tmp_path: Path) -> None:
+    """Uneven shards (7 rows: 4 + 3, micro-batches of 2: the short rank runs a filler so both
+    gather parameters as often). Checkpoints are saved whole: an FSDP2 one resumes under DDP."""
+    batch, follow = _batch(7), _batch(6, seed=2)
+    _, ddp = await _step_and_weights(model_dir, TrainerConfig(world_size=1, micro_batch_size=2), batch)
+    async with TrainerActor(TrainerConfig(world_size=2, strategy="fsdp2", micro_batch_size=2)) as trainer:
+        await trainer.start(model_dir)
+        first = await trainer.step(batch, temperature=0.8)
+        fsdp = await trainer.weights()
+        await trainer.save(tmp_path / "ckpt")
+        expected_next = await trainer.step(follow, temperature=0.8)
+        logprobs = await trainer.compute_logprobs(follow, temperature=0.8)
+    assert _max_diff(fsdp, ddp) <= 1e-6 and first["tokens"] == float(batch.response_mask.sum())
+    assert logprobs.shape == follow.responses.shape
+    async with TrainerActor(TrainerConfig(world_size=1, micro_batch_size=2)) as resumed:
+        await resumed.start(model_dir)
+        assert await resumed.load(tmp_path / "ckpt") == 1
+        assert _max_diff(await resumed.weights(), fsdp) == 0.0
+        again = await resumed.step(follow, temperature=0.8)
+    for key in ("loss", "grad_norm", "ratio_mean"):  # the optimiser state came along too
+        assert again[key] == pytest.approx(expected_next[key], rel=1e-5), key
+
+
 async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_dir: Path) -> None:
     """Uneven shards (7 rows on 2 ranks, micro-batches of 2) and seq-mean aggregation: the
     same step up to float rounding. AdamW's first step is lr * g / (|g| + eps), so gradients

@@ -52,6 +52,11 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """Data-parallel ranks: processes the trainer actor starts and owns, one torch.distributed
     rank each (gloo on CPU, NCCL on GPU); the batch is split between them and their gradients
     summed, so any ``world_size`` takes the same step."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How ranks hold the model: ``ddp``, a whole copy each and one gradient all-reduce per step;
+    ``fsdp2``, parameters, gradients and optimiser state sharded over the ranks (PyTorch FSDP2,
+    each transformer block its own unit), for models one device cannot hold. Both take the same
+    step; checkpoints are saved whole and load into either."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the ranks train: ``auto`` takes one GPU per rank when there are enough, else the CPU."""
     autocast_bf16: bool = True

@@ -147,9 +147,11 @@ class TrainerActor:
     async def step(self, batch: TrainBatch, *, temperature: float = 1.0) -> dict[str, float]:
         """One optimiser step on ``batch``, split over the ranks. Metrics are reduced over the
         ranks once (token-weighted; ``*_min``/``*_max`` by min/max)."""
+        if self.config.strategy == "fsdp2" and batch.size < self.world_size:
+            raise ValueError(f"trainer.strategy=fsdp2 needs a row per rank: a batch of {batch.size} for {self.world_size} ranks")
         denominator = batch.loss_denominator(self.config.loss_agg)
         shards = shard_rows(batch.size, self.world_size)
-        args = [[batch.rows(rows).tensors(), temperature, denominator] for rows in shards]
+        args = [[batch.rows(rows).tensors(), temperature, denominator, self._micro_batches(shards)] for rows in shards]
         replies = await self._call_all("step", args)
         merged = reduce_metrics([(r["tokens"], {k: v for k, v in r.items() if k not in ("tokens", "grad_norm", "lr")}) for r in replies])
         merged.update(tokens=sum(r["tokens"] for r in replies), grad_norm=replies[0]["grad_norm"], lr=replies[0]["lr"])
@@ -161,12 +163,18 @@ class TrainerActor:
         import torch
 
         shards = shard_rows(batch.size, self.world_size)
-        parts = await self._call_all("logprobs", [[batch.rows(rows).tensors(), temperature, reference] for rows in shards])
+        count = self._micro_batches(shards)
+        parts = await self._call_all("logprobs", [[batch.rows(rows).tensors(), temperature, count, reference] for rows in shards])
         return torch.cat(parts)
 
     async def weights(self) -> dict[str, Any]:
-        """The parameters by name (rank 0's; every rank holds the same), on the CPU."""
-        return dict(await self._call_one(0, "weights", []))
+        """The parameters by name, whole, on the CPU (gathered by rank 0)."""
+        return dict((await self._call_all("weights", [[]] * self.world_size))[0])
+
+    def _micro_batches(self, shards: list[slice]) -> int:
+        """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
+        micro = self.config.micro_batch_size
+        return max(-(-(s.stop - s.start) // micro) if micro else int(s.stop > s.start) for s in shards)
 
     async def save(self, folder: str | os.PathLike[str]) -> None:
         """Write the model (Hugging Face folder, safetensors), optimiser, scheduler and every
@@ -186,9 +194,6 @@ class TrainerActor:
 
     def _send(self, rank: int, call: Call) -> None:
         self._sock.send_multipart([f"rank{rank}".encode(), *self._codec.encode(call)], copy=False)
-
-    async def _call_one(self, rank: int, method: str, args: list[Any]) -> Any:
-        return (await self._call_ranks({rank: args}, method))[0]
 
     async def _call_all(self, method: str, per_rank: list[list[Any]], *, deadline: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
         return await self._call_ranks(dict(enumerate(per_rank)), method, deadline=deadline, setting=setting)

@@ -20,6 +20,13 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
@@ -34,8 +41,14 @@ class PolicyTrainer:
         self.model = model.train()
         self.device = next(model.parameters()).device
         cfg = self.config
-        # bf16 autocast on GPU (weights and optimiser state stay float32); CPU runs float32.
+        # bf16 autocast on GPU (weights and AdamW state stay float32); CPU runs float32.
         self.autocast = self.device.type == "cuda" and cfg.autocast_bf16
+        # The KL penalty's reference: a frozen copy of the policy as it starts (the warm-start or
+        # the SFT model), kept (whole, on every rank) only when the penalty is on.
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        self.sharded = cfg.strategy == "fsdp2" and _world_size() > 1
+        if self.sharded:
+            _fully_shard(model, self.device)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
         )
@@ -51,9 +64,6 @@ class PolicyTrainer:
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.steps = 0
-        # The KL penalty's reference: a frozen copy of the policy as it starts (the warm-start or
-        # the SFT model), kept only when the penalty is on.
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
 
     def _forward_context(self) -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
@@ -87,28 +97,46 @@ class PolicyTrainer:
             parts.append(self._pick(self._logits(self.reference, part, temperature), part.responses).cpu())
         return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
 
+    def micro_batches(self, size: int) -> int:
+        """How many micro-batches ``size`` rows take."""
+        micro = self.config.micro_batch_size or max(size, 1)
+        return -(-size // micro)
+
+    def _plan(self, size: int, count: int | None) -> list[tuple[slice, bool]]:
+        """Row ranges of the micro-batches, each with whether it is real. Sharded (FSDP2), every
+        rank must run as many forwards as the others (each gathers parameters collectively): a
+        rank with fewer rows repeats its last micro-batch as a zero-weight filler up to ``count``."""
+        micro = self.config.micro_batch_size or max(size, 1)
+        plan = [(slice(start, min(size, start + micro)), True) for start in range(0, size, micro)]
+        if self.sharded and count is not None and len(plan) < count:
+            if not plan:
+                raise ValueError("with trainer.strategy=fsdp2 every rank needs at least one row: give a batch of at least trainer.world_size sequences")
+            plan += [(plan[-1][0], False)] * (count - len(plan))
+        return plan
+
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+    def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0, *, micro_batches: int | None = None) -> torch.Tensor:
         """``[B, R]`` logprobs without grad, in micro-batches (old/proximal logprobs)."""
-        micro = self.config.micro_batch_size or max(batch.size, 1)
-        parts = [self.logprobs(batch, temperature, rows=slice(s, s + micro)).cpu() for s in range(0, batch.size, micro)]
+        parts = []
+        for rows, real in self._plan(batch.size, micro_batches):
+            logprobs = self.logprobs(batch, temperature, rows=rows)  # fillers too: the forward is collective
+            if real:
+                parts.append(logprobs.cpu())
         return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
 
-    def step(self, batch: TrainBatch, *, temperature: float = 1.0, denominator: float | None = None) -> dict[str, float]:
+    def step(self, batch: TrainBatch, *, temperature: float = 1.0, denominator: float | None = None, micro_batches: int | None = None) -> dict[str, float]:
         """One optimiser step on ``batch`` (gradients accumulated over micro-batches, summed
         over ranks). ``denominator``: the whole batch's (all ranks'), see
         ``TrainBatch.loss_denominator``; omitted, this batch is the whole batch.
+        ``micro_batches``: the most any rank runs (FSDP2 ranks must run as many).
 
         Returns this rank's metrics (token-weighted over its micro-batches) with ``tokens``,
         plus ``grad_norm`` and ``lr`` (the same on every rank)."""
         cfg = self.config
         denominator = denominator or batch.loss_denominator(cfg.loss_agg)
-        mask = batch.response_mask.float()
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[float, dict[str, float]]] = []
-        micro = cfg.micro_batch_size or max(batch.size, 1)
-        for start in range(0, batch.size, micro):
-            rows = slice(start, min(batch.size, start + micro))
+        for rows, real in self._plan(batch.size, micro_batches):
             part = batch.rows(rows).to(self.device)
             logits = self._logits(self.model, part, temperature)
             new = self._pick(logits, part.responses)
@@ -129,15 +157,20 @@ class PolicyTrainer:
                     loss = loss - cfg.entropy_coef * aggregate(entropy, part_mask, cfg.loss_agg)
                 metrics["entropy"] = float((entropy.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
             local = part_mask.sum() if cfg.loss_agg == "token-mean" else (part_mask.sum(-1) > 0).sum()
-            (loss * float(local) / denominator).backward()  # the micro-batch's share of the batch loss
-            parts.append((float(part_mask.sum()), {"loss": loss.detach().item(), **metrics}))
-        self._all_reduce_gradients()
+            share = float(local) / denominator if real else 0.0  # a filler adds nothing
+            (loss * share).backward()  # the micro-batch's share of the batch loss
+            if real:
+                parts.append((float(part_mask.sum()), {"loss": loss.detach().item(), **metrics}))
+        if not self.sharded:  # FSDP2 reduce-scatters in backward (summing: see _fully_shard)
+            self._all_reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.scheduler.step()
         self.steps += 1
         totals = reduce_metrics(parts) if parts else {}
-        totals.update(tokens=float(mask.sum()), grad_norm=float(grad_norm), lr=float(self.scheduler.get_last_lr()[0]))
+        totals.update(tokens=float(batch.response_mask.sum()), grad_norm=float(grad_norm), lr=float(self.scheduler.get_last_lr()[0]))
         return totals
 
     def _all_reduce_gradients(self) -> None:
@@ -154,39 +187,66 @@ class PolicyTrainer:
                 offset += n
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current parameters by name, detached copies on the CPU (what engines load)."""
-        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        """The current parameters by name, full (gathered when sharded: every rank must call
+        it), detached copies on the CPU: what engines load. Tied weights appear once."""
+        if not self.sharded:
+            return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: full[name] for name, _ in self.model.named_parameters() if name in full}
 
     # -- checkpoints ----------------------------------------------------------------------
-    def optimizer_state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "steps": self.steps}
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.steps = int(state["steps"])
-
-    def save(self, folder: str | Path) -> None:
-        """The model as a Hugging Face folder (safetensors) plus ``optimizer.pt``."""
+    def save(self, folder: str | Path, *, write: bool = True) -> None:
+        """The model as a Hugging Face folder (safetensors) plus ``optimizer.pt`` (optimizer
+        state by parameter name, scheduler, step count). Gathered whole when sharded, so a
+        checkpoint loads into any ``world_size`` and strategy; every rank calls it, ``write``
+        on one."""
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(self.model, options=full)
+        optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+        if not write:
+            return
         folder = Path(folder)
-        self.model.save_pretrained(folder / "model", safe_serialization=True)
-        torch.save(self.optimizer_state(), folder / "optimizer.pt")
+        self.model.save_pretrained(folder / "model", state_dict=model_state, safe_serialization=True)
+        torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "steps": self.steps}, folder / "optimizer.pt")
 
     def load(self, folder: str | Path) -> None:
-        """Restore parameters and optimiser/scheduler state saved by ``save``."""
+        """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""
         from safetensors.torch import load_file
 
         folder = Path(folder)
-        state = load_file(str(folder / "model" / "model.safetensors"), device=str(self.device))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if [m for m in missing if not _is_tied(self.model, m)] or unexpected:
+        state = load_file(str(folder / "model" / "model.safetensors"))
+        unexpected = sorted(set(state) - {name for name, _ in self.model.named_parameters()} - set(self.model.state_dict()))
+        missing = [name for name, _ in self.model.named_parameters() if name not in state]
+        if missing or unexpected:
             raise ValueError(f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}")
-        self.load_optimizer_state(torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True))
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        saved = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved["optimizer"], options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.steps = int(saved["steps"])
 
 
-def _is_tied(model: Any, name: str) -> bool:
-    # save_pretrained drops tied weights (lm_head = embeddings); loading restores them by tying.
-    return bool(getattr(model.config, "tie_word_embeddings", False)) and name.startswith("lm_head")
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _fully_shard(model: Any, device: torch.device) -> None:
+    """FSDP2: shard each transformer block (the model's ``_no_split_modules``), then the rest.
+    Reduce-scatter *sums* gradients (divide factor 1): each rank's loss already carries its
+    share of the whole batch, as in the all-reduce path."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
 
 
 def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:

@@ -56,20 +56,21 @@ class RankServer:
         self.trainer = PolicyTrainer(model, cfg, total_steps=total_steps)
         return {"parameters": sum(p.numel() for p in model.parameters()), "device": str(self.device)}
 
-    def step(self, batch: dict[str, Any], temperature: float, denominator: float) -> dict[str, float]:
-        return self._trainer().step(TrainBatch.from_tensors(batch), temperature=temperature, denominator=denominator)
+    def step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
+        rows = TrainBatch.from_tensors(batch)
+        return self._trainer().step(rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches)
 
-    def logprobs(self, batch: dict[str, Any], temperature: float, reference: bool = False) -> Any:
+    def logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False) -> Any:
         trainer, rows = self._trainer(), TrainBatch.from_tensors(batch)
-        return trainer.reference_logprobs(rows, temperature) if reference else trainer.compute_logprobs(rows, temperature)
+        return trainer.reference_logprobs(rows, temperature) if reference else trainer.compute_logprobs(rows, temperature, micro_batches=micro_batches)
 
-    def weights(self) -> dict[str, Any]:
-        return self._trainer().weights()
+    def weights(self) -> dict[str, Any] | None:
+        weights = self._trainer().weights()  # every rank: gathering shards is collective
+        return weights if self.rank == 0 else None
 
     def save(self, folder: str) -> None:
         path = Path(folder)
-        if self.rank == 0:  # data parallel: parameters and optimiser state are the same on every rank
-            self._trainer().save(path)
+        self._trainer().save(path, write=self.rank == 0)  # every rank: gathering shards is collective
         torch.save(_rng_state(), path / f"rng_rank{self.rank}.pt")
 
     def load_checkpoint(self, folder: str) -> int:
