@@ -8,8 +8,9 @@ The batch has the quickstart's shape: 16 prompts x 8 samples, 24-token prompts, 
 ``--warmup`` untimed steps, then ``--steps`` timed ones; throughput is model tokens trained per
 second of wall time (forward, backward, gradient all-reduce, AdamW). Every rank and the
 reference use one torch thread (``trainer.threads``), so 2 ranks on 2 cores can at best double.
-Last line: JSON ``{"train_tokens_per_s", "train_tokens_per_s_2_ranks", "scaling_2_ranks",
-"actor_vs_plain_torch"}`` (``train_tokens_per_s`` is 1 rank).
+2 ranks run both strategies (``ddp``, ``fsdp2``). Last line: JSON ``{"train_tokens_per_s",
+"train_tokens_per_s_2_ranks", "scaling_2_ranks", "scaling_2_ranks_fsdp2", "actor_vs_plain_torch"}``
+(``train_tokens_per_s`` is 1 rank).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def make_batch(size: int = 128, prompt: int = 24, max_response: int = 48, seed: 
     )  # fmt: skip
 
 
-async def actor_rate(model_dir: Path, batch: TrainBatch, world_size: int, warmup: int, steps: int) -> float:
-    async with TrainerActor(TrainerConfig(world_size=world_size, threads=1, lr=1e-5)) as trainer:
+async def actor_rate(model_dir: Path, batch: TrainBatch, world_size: int, warmup: int, steps: int, strategy: str = "ddp") -> float:
+    async with TrainerActor(TrainerConfig(world_size=world_size, threads=1, lr=1e-5, strategy=strategy)) as trainer:  # type: ignore[arg-type]
         await trainer.start(model_dir)
         for _ in range(warmup):
             await trainer.step(batch)
@@ -78,12 +79,17 @@ def main() -> None:
         plain = plain_rate(Path(folder), batch, args.warmup, args.steps)
         one = asyncio.run(actor_rate(Path(folder), batch, 1, args.warmup, args.steps))
         two = asyncio.run(actor_rate(Path(folder), batch, 2, args.warmup, args.steps))
+        sharded = asyncio.run(actor_rate(Path(folder), batch, 2, args.warmup, args.steps, strategy="fsdp2"))
     tokens = int(batch.response_mask.sum())
     print(f"batch: {batch.size} sequences, {tokens} model tokens; preset {args.preset}")
     print(f"plain PyTorch step (1 thread): {plain:9.0f} tokens/s")
     print(f"trainer actor, 1 rank:         {one:9.0f} tokens/s  ({one / plain:.2f}x plain)")
     print(f"trainer actor, 2 ranks:        {two:9.0f} tokens/s  ({two / one:.2f}x 1 rank)")
-    print(json.dumps({"train_tokens_per_s": round(one, 1), "train_tokens_per_s_2_ranks": round(two, 1), "scaling_2_ranks": round(two / one, 3), "actor_vs_plain_torch": round(one / plain, 3)}))
+    print(f"trainer actor, 2 ranks FSDP2:  {sharded:9.0f} tokens/s  ({sharded / one:.2f}x 1 rank)")
+    print(json.dumps({
+        "train_tokens_per_s": round(one, 1), "train_tokens_per_s_2_ranks": round(two, 1), "scaling_2_ranks": round(two / one, 3),
+        "scaling_2_ranks_fsdp2": round(sharded / one, 3), "actor_vs_plain_torch": round(one / plain, 3),
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":
