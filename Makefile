@@ -57,6 +57,7 @@ bench: setup
 	$(PY) benchmarks/engine_bench.py
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/train_bench.py
+	$(PY) benchmarks/sync_bench.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache

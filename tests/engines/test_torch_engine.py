@@ -158,6 +158,23 @@ async def test_update_weights_changes_outputs_and_versions(nano) -> None:  # typ
     await engine.close()
 
 
+async def test_swap_weights_takes_staged_tensors_by_reference(nano) -> None:  # type: ignore[no-untyped-def]
+    model, tok = nano
+    copied, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=1))
+    swapped, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=1))
+    by_copy, by_swap = TorchEngine(copied), TorchEngine(swapped)
+    staged = {name: p.detach() + 0.05 * torch.randn_like(p) for name, p in copied.named_parameters()}  # embeddings too
+    await by_copy.update_weights(staged, version=1)
+    pause = await by_swap.swap_weights({k: v.clone() for k, v in staged.items()}, version=1)
+    assert 0 <= pause == by_swap.last_swap_s and by_swap.weight_version == 1
+    ids = tok.encode("Reverse abcd")
+    assert (await by_copy.generate(_req("c", ids))).token_ids == (await by_swap.generate(_req("s", ids))).token_ids
+    with pytest.raises(EngineError, match="does not fit"):
+        await by_swap.swap_weights({next(iter(staged)): torch.zeros(1)}, version=2)
+    await by_copy.close()
+    await by_swap.close()
+
+
 async def test_bad_requests_get_clear_errors(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model)

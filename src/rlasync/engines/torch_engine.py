@@ -20,6 +20,7 @@ import asyncio
 import collections
 import logging
 import threading
+import time
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import torch
@@ -65,6 +66,9 @@ class _Sequence(RequestProgress):
 
 class TorchEngine:
     """A continuous-batching engine around any Hugging Face causal LM."""
+
+    last_swap_s = 0.0
+    """How long the last ``swap_weights`` held decoding."""
 
     def __init__(self, model: Any, *, max_batch: int = 64, max_seq_len: int | None = None, seed: int = 0, cpu_threads: int = 1) -> None:
         self.model = model.eval()
@@ -193,6 +197,27 @@ class TorchEngine:
             self._version = version
 
         await self._command(load)
+
+    async def swap_weights(self, named_tensors: Mapping[str, Any], version: int) -> float:
+        """Like ``update_weights``, but takes ownership of ``named_tensors`` (a staged copy the
+        caller no longer touches, on the model's device, in its dtype) and swaps them in by
+        reference: decoding pauses for pointer assignments, not a copy of every byte. Returns
+        that pause in seconds (also ``last_swap_s``)."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors.items():
+            target = params.get(name)
+            if target is None or tuple(tensor.shape) != tuple(target.shape) or tensor.dtype != target.dtype or tensor.device != target.device:
+                raise EngineError(f"swap_weights: {name} does not fit the model's parameter (name, shape, dtype and device must match)")
+
+        def swap() -> None:  # on the worker, between two steps
+            started = time.perf_counter()
+            for name, tensor in named_tensors.items():
+                params[name].data = tensor
+            self._version = version
+            self.last_swap_s = time.perf_counter() - started
+
+        await self._command(swap)
+        return self.last_swap_s
 
     @property
     def weight_version(self) -> int:

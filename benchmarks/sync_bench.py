@@ -1,0 +1,138 @@
+"""Weight sync throughput and the engine's pause, against a raw gloo broadcast, in one run.
+
+    .venv/bin/python benchmarks/sync_bench.py [--gb 1.0] [--bucket-mb 64] [--repeats 3]
+
+Two processes on this machine: this one plays the trainer's rank 0, a child plays an engine
+(a torch engine serving a model of about ``--gb`` of float32 parameters, decoding the whole
+time). Measured, each as the best of ``--repeats``, on the sender and up to a barrier:
+
+(a) ``raw_broadcast_s``: one ``broadcast`` of the same number of bytes in one flat buffer over
+    the same gloo group (the transport's limit);
+(b) ``sync_s``: ``WeightSender.send`` of the model's named parameters (bucket packing, the
+    transfer, and the receiver staging a full copy);
+(c) ``pause_s``: how long the engine stopped decoding to take the new version
+    (``TorchEngine.swap_weights``), against ``transfer_s`` (the receive, during which it decoded).
+
+Last line JSON: ``{"bytes", "sync_s", "raw_broadcast_s", "vs_raw_broadcast", "pause_s",
+"pause_vs_transfer"}`` with ``vs_raw_broadcast`` = raw / ours (goal >= 0.8) and
+``pause_vs_transfer`` = pause / transfer (goal <= 0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+from rlasync.models import TinyLMConfig, build_tiny_lm
+from rlasync.weights import WeightGroup, WeightReceiver, WeightSender, plan_for
+
+
+def model_config(gb: float, seed: int) -> TinyLMConfig:
+    """A Qwen2-shaped model of about ``gb`` GB of float32 (16 layers, width to fit)."""
+    layers, hidden = 16, 256
+    while True:
+        per_layer = 3 * hidden * hidden + 3 * hidden * 4 * hidden  # attention (GQA) and MLP, roughly
+        if layers * per_layer * 4 >= gb * 1e9 or hidden >= 4096:
+            break
+        hidden += 128
+    return TinyLMConfig(hidden_size=hidden, num_layers=layers, num_heads=hidden // 64, num_kv_heads=hidden // 128, intermediate_size=4 * hidden, seed=seed)
+
+
+def _alone(args: argparse.Namespace) -> int | None:
+    return int(args.alone_mb * (1 << 20)) if args.alone_mb else None
+
+
+def sender(args: argparse.Namespace) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    child = subprocess.Popen([sys.executable, __file__, "--role", "engine", "--port", str(port), "--gb", str(args.gb), "--bucket-mb", str(args.bucket_mb), "--alone-mb", str(args.alone_mb), "--repeats", str(args.repeats)], stdout=subprocess.PIPE, text=True)
+    torch.set_num_threads(1)
+    model, _ = build_tiny_lm(model_config(args.gb, seed=1))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    plan = plan_for(params, args.bucket_mb << 20, alone_bytes=_alone(args))
+    group = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=600)
+    sender_ = WeightSender(group, plan)
+    flat = torch.ones(plan.total_bytes, dtype=torch.uint8)
+    raw, ours = [], []
+    for version in range(1, args.repeats + 1):
+        group.barrier()
+        started = time.perf_counter()
+        group.broadcast(flat, "the raw broadcast")
+        group.barrier()
+        raw.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        sender_.send(params, version)
+        group.barrier()
+        ours.append(time.perf_counter() - started)
+    engine_report = json.loads(child.communicate(timeout=600)[0].strip().splitlines()[-1])
+    group.close()
+    sync_s, raw_s = min(ours), min(raw)
+    pause, transfer = engine_report["pause_s"], engine_report["transfer_s"]
+    print(f"parameters: {plan.total_bytes / 1e9:.2f} GB in {len(plan.sizes)} buckets of {args.bucket_mb} MB (model width {model.config.hidden_size})")
+    print(f"raw gloo broadcast, one buffer: {raw_s:7.3f} s  ({plan.total_bytes / raw_s / 1e9:.2f} GB/s)")
+    print(f"weight sync, end to end:        {sync_s:7.3f} s  ({plan.total_bytes / sync_s / 1e9:.2f} GB/s, {raw_s / sync_s:.2f}x raw)")
+    print(f"engine: decoded {engine_report['tokens_during_transfer']} tokens during the transfer; paused {pause * 1e3:.2f} ms to swap ({pause / transfer:.4f} of the transfer)")
+    print(json.dumps({"bytes": plan.total_bytes, "sync_s": round(sync_s, 4), "raw_broadcast_s": round(raw_s, 4), "vs_raw_broadcast": round(raw_s / sync_s, 3), "pause_s": round(pause, 5), "pause_vs_transfer": round(pause / transfer, 5)}))
+
+
+def engine(args: argparse.Namespace) -> None:
+    from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine
+
+    torch.set_num_threads(1)
+    model, _ = build_tiny_lm(model_config(args.gb, seed=0))
+    plan = plan_for({name: p.detach() for name, p in model.named_parameters()}, args.bucket_mb << 20, alone_bytes=_alone(args))
+    group = WeightGroup("127.0.0.1", args.port, 1, 2, timeout_s=600)
+    receiver = WeightReceiver(group, plan)
+    flat = torch.empty(plan.total_bytes, dtype=torch.uint8)
+
+    async def main() -> dict[str, float]:
+        server = TorchEngine(model, max_batch=4)
+        stop = asyncio.Event()
+
+        async def decode() -> None:  # keep the engine busy the whole time
+            n = 0
+            while not stop.is_set():
+                n += 1
+                await server.generate(GenerateRequest(request_id=f"r{n}", prompt_ids=[5, 6, 7], params=SamplingParams(temperature=1.0, max_new_tokens=4, seed=n)))
+
+        decoding = asyncio.create_task(decode())
+        pauses, transfers, tokens = [], [], 0
+        for _ in range(args.repeats):
+            await asyncio.to_thread(group.barrier)
+            await asyncio.to_thread(group.broadcast, flat, "the raw broadcast")
+            await asyncio.to_thread(group.barrier)
+            before = server.stats().finished
+            started = time.perf_counter()
+            version, staged = await asyncio.to_thread(receiver.receive)  # the engine decodes meanwhile
+            transfers.append(time.perf_counter() - started)
+            tokens += server.stats().finished - before
+            pauses.append(await server.swap_weights(staged, version))
+            await asyncio.to_thread(group.barrier)
+        stop.set()
+        await decoding
+        await server.close()
+        return {"pause_s": min(pauses), "transfer_s": min(transfers), "tokens_during_transfer": tokens}
+
+    report = asyncio.run(main())
+    group.close()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gb", type=float, default=1.0)
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--alone-mb", type=float, default=0.0, help="tensors this big travel alone (0: the planner's default)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--role", choices=["trainer", "engine"], default="trainer")
+    parser.add_argument("--port", type=int, default=0)
+    arguments = parser.parse_args()
+    (engine if arguments.role == "engine" else sender)(arguments)

@@ -1,0 +1,11 @@
+"""Moving parameters from the trainer to the engines: bucket plans, a dedicated
+torch.distributed group with deadlines, and the sender/receiver of one version."""
+
+from .buckets import BucketPlan, TensorSpec, pack, plan_buckets, plan_for, unpack
+from .group import SyncError, WeightGroup
+from .sync import SyncStats, WeightReceiver, WeightSender
+
+__all__ = [
+    "BucketPlan", "SyncError", "SyncStats", "TensorSpec", "WeightGroup", "WeightReceiver", "WeightSender",
+    "pack", "plan_buckets", "plan_for", "unpack",
+]  # fmt: skip

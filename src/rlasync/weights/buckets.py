@@ -1,0 +1,118 @@
+"""Parameters packed into fixed-size byte buckets, the unit a weight sync moves.
+
+The plan (names, shapes, dtypes, where each tensor sits in which bucket) is computed once
+from the parameters' metadata and shared by the sender and every receiver, so afterwards only
+raw buckets travel. A tensor larger than the bucket size gets a bucket of its own; tensors
+are never split, so a receiver can hand each bucket's tensors to its engine as they arrive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Iterator, Mapping
+
+import msgspec
+import torch
+
+ALIGN = 16  # bytes: each tensor starts aligned, so its view in the bucket is a valid tensor of its dtype
+
+
+class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without "torch.", e.g. "float32", "bfloat16"
+    offset: int = 0  # bytes into its bucket
+    bucket: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * _dtype(self.dtype).itemsize
+
+
+class BucketPlan(msgspec.Struct, frozen=True):
+    """Where every tensor goes: ``tensors`` in order, ``sizes`` the bytes of each bucket."""
+
+    tensors: list[TensorSpec]
+    sizes: list[int]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def digest(self) -> int:
+        """A 63-bit fingerprint both sides compare before a sync (same plan, same layout)."""
+        raw = hashlib.blake2b(msgspec.msgpack.encode(self), digest_size=8).digest()
+        return int.from_bytes(raw, "little") >> 1
+
+    def bucket(self, index: int) -> list[TensorSpec]:
+        return [t for t in self.tensors if t.bucket == index]
+
+
+def plan_buckets(named: Iterable[tuple[str, tuple[int, ...], str]], bucket_bytes: int, *, alone_bytes: int | None = None) -> BucketPlan:
+    """Pack ``(name, shape, dtype)`` in order into buckets of at most ``bucket_bytes``. A tensor
+    of at least ``alone_bytes`` (default: 1 MiB, or half a bucket if less) travels alone: its
+    bucket is the tensor itself, sent without a copy. Small tensors (norms, biases) are packed,
+    so each costs no collective of its own."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket size must be at least one byte, got {bucket_bytes}")
+    alone_at = alone_bytes if alone_bytes is not None else min(1 << 20, max(1, bucket_bytes // 2))
+    tensors: list[TensorSpec] = []
+    sizes: list[int] = []  # bytes used in each bucket; the last one is open
+    for name, shape, dtype in named:
+        spec = TensorSpec(name, tuple(int(s) for s in shape), dtype)
+        start = -(-sizes[-1] // ALIGN) * ALIGN if sizes else 0
+        alone = spec.nbytes >= alone_at
+        if not sizes or (sizes[-1] > 0 and (alone or start + spec.nbytes > bucket_bytes or _is_alone(tensors, len(sizes) - 1, alone_at))):
+            sizes.append(0)
+            start = 0
+        tensors.append(msgspec.structs.replace(spec, offset=start, bucket=len(sizes) - 1))
+        sizes[-1] = start + spec.nbytes
+    return BucketPlan(tensors=tensors, sizes=sizes)
+
+
+def _is_alone(tensors: list[TensorSpec], bucket: int, alone_at: int) -> bool:
+    return bool(tensors) and tensors[-1].bucket == bucket and tensors[-1].nbytes >= alone_at
+
+
+def solo(plan: BucketPlan, index: int) -> TensorSpec | None:
+    """The tensor that is bucket ``index`` by itself, if it is one."""
+    specs = plan.bucket(index)
+    return specs[0] if len(specs) == 1 and specs[0].offset == 0 else None
+
+
+def plan_for(tensors: Mapping[str, torch.Tensor], bucket_bytes: int, *, alone_bytes: int | None = None) -> BucketPlan:
+    return plan_buckets(((name, tuple(t.shape), _name(t.dtype)) for name, t in tensors.items()), bucket_bytes, alone_bytes=alone_bytes)
+
+
+def pack(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """Bucket ``index`` as a flat uint8 tensor (written into ``out`` when given, to reuse it)."""
+    size = plan.sizes[index]
+    buffer = out[:size] if out is not None else torch.empty(size, dtype=torch.uint8)
+    for spec in plan.bucket(index):
+        source = tensors[spec.name].detach()
+        if source.dtype != _dtype(spec.dtype) or tuple(source.shape) != spec.shape:
+            raise ValueError(f"{spec.name}: planned {spec.dtype}{list(spec.shape)}, got {_name(source.dtype)}{list(source.shape)}")
+        view = buffer[spec.offset : spec.offset + spec.nbytes].view(source.dtype).view(spec.shape)
+        view.copy_(source)
+    return buffer
+
+
+def unpack(plan: BucketPlan, index: int, buffer: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of bucket ``index``, as views into ``buffer`` (copy them to keep them)."""
+    for spec in plan.bucket(index):
+        yield spec.name, buffer[spec.offset : spec.offset + spec.nbytes].view(_dtype(spec.dtype)).view(spec.shape)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {name!r}")
+    return dtype

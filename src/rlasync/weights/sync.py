@@ -1,0 +1,111 @@
+"""Sending and receiving one version of the parameters, bucket by bucket.
+
+    # trainer rank 0                                  # each engine process
+    sender = WeightSender(group, plan)                receiver = WeightReceiver(group, plan)
+    stats = sender.send(named_tensors, version=7)     version, staged = receiver.receive()
+                                                      engine.update_weights(staged, version)  # the swap
+
+A sync is a header (version, the plan's digest, bucket count) then the buckets in order. The
+sender posts every bucket without waiting: a tensor of 1 MiB or more is its own bucket and
+travels from its own memory, small ones are packed into two buffers that take turns; a receiver
+posts every bucket at once into one fresh staging buffer, and its tensors are views into it
+(no copy). It stages a complete copy of the parameters and only then hands it over, so its engine keeps decoding during the
+transfer and pauses just for the swap (``update_weights``), and never serves a mix of two
+versions: a sync that fails midway leaves the engine on its old version.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+import msgspec
+import torch
+
+from .buckets import BucketPlan, pack, solo, unpack
+from .group import SyncError, WeightGroup
+
+
+class SyncStats(msgspec.Struct, kw_only=True):
+    version: int
+    bytes: int
+    buckets: int
+    seconds: float
+
+
+def _buffers(plan: BucketPlan, device: torch.device | str) -> list[torch.Tensor]:
+    largest = max(plan.sizes, default=0)
+    return [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(2 if len(plan.sizes) > 1 else 1)]
+
+
+class WeightSender:
+    def __init__(self, group: WeightGroup, plan: BucketPlan, *, device: torch.device | str = "cpu") -> None:
+        if group.rank != 0:
+            raise ValueError("the sender is rank 0 of the weight group")
+        self.group, self.plan = group, plan
+        self._buffers = _buffers(plan, device)
+
+    def send(self, tensors: Mapping[str, torch.Tensor], version: int) -> SyncStats:
+        started = time.perf_counter()
+        plan = self.plan
+        header = torch.tensor([version, plan.digest, len(plan.sizes)], dtype=torch.int64)
+        self.group.broadcast(header, "the header")
+        works: list[tuple[int, object]] = []  # every bucket's transfer, in order
+        buffer_user: dict[int, int] = {}  # pack buffer -> the position in `works` of its last transfer
+        for index, size in enumerate(plan.sizes):
+            alone = solo(plan, index)
+            source = tensors[alone.name].detach() if alone is not None else None
+            if source is not None and source.is_contiguous() and str(source.dtype).removeprefix("torch.") == alone.dtype and source.device.type == "cpu":
+                buffer = source.reshape(-1).view(torch.uint8)  # a big tensor is its own bucket: no copy
+            else:
+                slot = index % len(self._buffers)
+                if slot in buffer_user:  # that buffer's previous bucket must have left before reuse
+                    previous, work = works[buffer_user[slot]]
+                    self.group.wait(work, f"bucket {previous}")
+                buffer = pack(plan, index, tensors, out=self._buffers[slot])
+                buffer_user[slot] = len(works)
+            works.append((index, self.group.broadcast_async(buffer[:size])))  # ops run in the order posted
+        for index, work in works:
+            self.group.wait(work, f"bucket {index}")
+        return SyncStats(version=version, bytes=plan.total_bytes, buckets=len(plan.sizes), seconds=time.perf_counter() - started)
+
+
+class WeightReceiver:
+    def __init__(self, group: WeightGroup, plan: BucketPlan, *, device: torch.device | str = "cpu") -> None:
+        if group.rank == 0:
+            raise ValueError("receivers are ranks 1.. of the weight group (rank 0 sends)")
+        self.group, self.plan, self.device = group, plan, device
+        starts, offset = [], 0
+        for size in plan.sizes:
+            starts.append(offset)
+            offset += -(-size // 64) * 64  # buckets start 64-byte aligned in the staging buffer
+        self._starts, self._staging_bytes = starts, offset
+        self._ring: list[torch.Tensor] = []
+        self._turn = 0
+
+    def receive(self, on_bucket: Callable[[int], None] | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+        """Stage one version: ``(version, named tensors)``. Buckets land straight in a staging
+        buffer and the tensors are views into it (no copy). Two staging buffers take turns
+        (double buffering): the tensors of a version stay valid until the version after next
+        is received, so an engine may swap them in by reference and serve them meanwhile.
+        ``on_bucket(i)`` is called as bucket ``i`` lands (progress, tests)."""
+        plan = self.plan
+        header = torch.zeros(3, dtype=torch.int64)
+        self.group.broadcast(header, "the header")
+        version, digest, count = (int(v) for v in header)
+        if digest != plan.digest or count != len(plan.sizes):
+            self.group.close()  # the sender is mid-sync with a layout we cannot read
+            raise SyncError(f"weight sync v{version}: the sender's bucket plan differs from this engine's; exchange the plan again")
+        if len(self._ring) < 2:
+            self._ring.append(torch.empty(self._staging_bytes, dtype=torch.uint8, device=self.device))
+        staging = self._ring[self._turn % len(self._ring)]
+        self._turn += 1
+        buckets = [staging[start : start + size] for start, size in zip(self._starts, plan.sizes)]
+        works = [self.group.broadcast_async(bucket) for bucket in buckets]  # posted in order, run in order
+        staged: dict[str, torch.Tensor] = {}
+        for index, work in enumerate(works):
+            self.group.wait(work, f"bucket {index}")
+            staged.update(unpack(plan, index, buckets[index]))
+            if on_bucket is not None:
+                on_bucket(index)
+        return version, staged

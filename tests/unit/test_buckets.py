@@ -1,0 +1,48 @@
+"""Bucket plans: where each parameter travels, and packing it there and back exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlasync.weights import pack, plan_buckets, plan_for, unpack
+from rlasync.weights.buckets import ALIGN, solo
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    return {
+        "a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64), "c": torch.randn(100).bfloat16(),
+        "d": torch.randn(2), "e": torch.empty(0, 3), "f": torch.randn(4, 4).t(),  # non-contiguous
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 40, 64, 300, 1000, 1 << 20])
+def test_every_tensor_round_trips_through_its_bucket(bucket_bytes: int) -> None:
+    tensors = _tensors()
+    plan = plan_for(tensors, bucket_bytes)
+    out = {}
+    for index in range(len(plan.sizes)):
+        buffer = pack(plan, index, tensors).clone()
+        out.update({name: view.clone() for name, view in unpack(plan, index, buffer)})
+    assert out.keys() == tensors.keys()
+    assert all(out[k].dtype == tensors[k].dtype and torch.equal(out[k], tensors[k]) for k in tensors)
+    assert [t.name for t in plan.tensors] == list(tensors)  # order kept
+    assert all(t.offset % ALIGN == 0 for t in plan.tensors)
+
+
+def test_buckets_fill_up_to_their_size_and_big_tensors_travel_alone() -> None:
+    plan = plan_buckets([("x", (10,), "float32"), ("y", (10,), "float32"), ("z", (100,), "float32"), ("w", (1,), "float32")], 100, alone_bytes=400)
+    # x (40 B) and y (40 B at offset 48) share a bucket; z (400 B) is alone; w starts a new one.
+    assert [(t.name, t.bucket, t.offset) for t in plan.tensors] == [("x", 0, 0), ("y", 0, 48), ("z", 1, 0), ("w", 2, 0)]
+    assert plan.sizes == [88, 400, 4] and solo(plan, 1) is not None and solo(plan, 0) is None
+    assert plan.digest != plan_buckets([("x", (10,), "float32")], 100).digest
+    with pytest.raises(ValueError, match="at least one byte"):
+        plan_buckets([], 0)
+
+
+def test_packing_a_tensor_that_changed_shape_is_an_error() -> None:
+    tensors = _tensors()
+    plan = plan_for(tensors, 1 << 20)
+    tensors["a"] = torch.randn(5, 3)
+    with pytest.raises(ValueError, match="a: planned float32"):
+        pack(plan, 0, tensors)
