@@ -35,7 +35,7 @@ from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo
 from ..config import Config, ConfigError
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import loop_reward, synthetic_capacity
-from ..engines import Engine, SamplingParams, build_engine
+from ..engines import SamplingParams, build_engine
 from ..models.tiny import load_tokenizer
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
 from ..tools import build_tools
@@ -56,7 +56,8 @@ class _Rollouts:
     """The agent loops on one engine: each row's loop (its ``agent_name``, else
     ``agent.default_loop``), the configured tools, and the run's reward."""
 
-    def __init__(self, config: Config, engine: Engine, tokenizer: Any, tools: dict[str, Any]) -> None:
+    def __init__(self, config: Config, engine: Any, tokenizer: Any, tools: dict[str, Any]) -> None:
+        # ``engine``: an Engine (``build_engine``), which the loops call as their generator.
         synthetic = not config.data.train_files
         self.reward = loop_reward(config.train.task) if synthetic else registered_reward(config.data.reward)
         self.engine, self.tokenizer, self.agent, self.tools = engine, tokenizer, config.agent, tools

@@ -191,7 +191,7 @@ class PolicyTrainer:
         it), detached copies on the CPU: what engines load. Tied weights appear once."""
         if not self.sharded:
             return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full: dict[str, Any] = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: full[name] for name, _ in self.model.named_parameters() if name in full}
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -214,7 +214,7 @@ class PolicyTrainer:
         from safetensors.torch import load_file
 
         folder = Path(folder)
-        state = load_file(str(folder / "model" / "model.safetensors"))
+        state: dict[str, Any] = load_file(str(folder / "model" / "model.safetensors"))
         unexpected = sorted(set(state) - {name for name, _ in self.model.named_parameters()} - set(self.model.state_dict()))
         missing = [name for name, _ in self.model.named_parameters() if name not in state]
         if missing or unexpected:

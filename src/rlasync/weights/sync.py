@@ -38,6 +38,11 @@ def _buffers(plan: BucketPlan, device: torch.device | str) -> list[torch.Tensor]
     return [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(2 if len(plan.sizes) > 1 else 1)]
 
 
+def _sendable(tensor: torch.Tensor, dtype: str) -> bool:
+    """Whether ``tensor`` can go on the wire from its own memory, as planned."""
+    return tensor.is_contiguous() and str(tensor.dtype).removeprefix("torch.") == dtype and tensor.device.type == "cpu"
+
+
 class WeightSender:
     def __init__(self, group: WeightGroup, plan: BucketPlan, *, device: torch.device | str = "cpu") -> None:
         if group.rank != 0:
@@ -55,7 +60,7 @@ class WeightSender:
         for index, size in enumerate(plan.sizes):
             alone = solo(plan, index)
             source = tensors[alone.name].detach() if alone is not None else None
-            if source is not None and source.is_contiguous() and str(source.dtype).removeprefix("torch.") == alone.dtype and source.device.type == "cpu":
+            if alone is not None and source is not None and _sendable(source, alone.dtype):
                 buffer = source.reshape(-1).view(torch.uint8)  # a big tensor is its own bucket: no copy
             else:
                 slot = index % len(self._buffers)
