@@ -18,6 +18,7 @@ from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
+from .weights import WeightsConfig
 
 T = TypeVar("T")
 
@@ -36,6 +37,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

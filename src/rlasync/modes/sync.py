@@ -7,8 +7,8 @@ Each step, in order:
 2. roll them out with the agent loops on the engine (the policy's current weights);
 3. score them (the task's reward), and turn rewards into group-relative advantages;
 4. one optimiser step on the batch (on-policy: the PPO ratio starts at 1);
-5. push the new weights to the engine (copied from the trainer's rank 0 here; the weight-sync
-   layer makes it a broadcast);
+5. push the new weights to the engine (``rlasync.weights``: a bucketed broadcast from the
+   trainer's rank 0 into a staging copy, then a swap);
 6. every ``validate_every`` steps, score held-out problems greedily;
 7. every ``checkpoint_every`` steps (and after the last), save a checkpoint to resume from.
 
@@ -41,6 +41,7 @@ from ..models.warmstart import DEFAULT_SETTINGS, warm_start
 from ..tools import build_tools
 from ..trainer import TrainBatch, TrainerActor
 from ..trainer.checkpoint import Checkpoints, read_state
+from ..weights import ParameterSynchronizer
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,8 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` exactly as if the run had not stopped.
 
-    Shutdown order, after the last step or on an error: close the metrics file, stop the
-    trainer's ranks, then the engine."""
+    Shutdown order, after the last step or on an error: close the metrics file, drop the
+    weight group, stop the trainer's ranks, then the engine."""
     cfg, tcfg = config.train, config.trainer
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,12 +145,14 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
     engine = await build_engine(msgspec.structs.replace(config.engine, model=str(model_dir)))
     rollouts = _Rollouts(config, engine, tokenizer, tools)
     trainer = TrainerActor(tcfg, log_dir=run_dir)
+    synchronizer = ParameterSynchronizer(config.weights, trainer, engine)
     metrics_file = _metrics_file(run_dir / "metrics.jsonl", upto=state.get("step"))
     try:
         await trainer.start(model_dir, total_steps=cfg.steps)
+        await synchronizer.start()
         if resume_from is not None:
             await trainer.load(resume_from)
-            await engine.update_weights(await trainer.weights(), version=state["weight_version"])
+            await synchronizer.sync(state["weight_version"])
             sampler.load_state_dict(state["sampler"])
             rng.setstate(_as_random_state(state["rng"]))
             initial, accuracy = state["initial_accuracy"], state["accuracy"]
@@ -166,11 +169,12 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
             batch = collate(trajectories, pad)
             advantages = _advantages(config, batch.rewards)
             train_metrics = await trainer.step(TrainBatch.from_rollout(batch, advantages), temperature=cfg.temperature)
-            await engine.update_weights(await trainer.weights(), version=step)
+            synced = await synchronizer.sync(step)
             t2 = time.perf_counter()
             record: dict[str, Any] = {
                 "step": step, "reward": float(batch.rewards.mean()), "rollout_s": t1 - t0, "train_s": t2 - t1,
                 "response_tokens": int(batch.response_mask.sum()), **{f"train/{k}": v for k, v in train_metrics.items()},
+                "weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s,
             }  # fmt: skip
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await rollouts.accuracy(val, cfg.max_new_tokens)
@@ -183,6 +187,7 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
                 on_step(record)
     finally:
         metrics_file.close()
+        synchronizer.close()
         await trainer.close()
         await engine.close()
     return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - started)

@@ -171,6 +171,16 @@ class TrainerActor:
         """The parameters by name, whole, on the CPU (gathered by rank 0)."""
         return dict((await self._call_all("weights", [[]] * self.world_size))[0])
 
+    # -- weight sync: the sending side of rlasync.weights.ParameterSynchronizer ---------------
+    async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
+        return bytes((await self._call_ranks({0: [bucket_bytes, alone_bytes]}, "weight_plan"))[0])
+
+    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None:
+        await self._call_ranks({0: [host, port, size, timeout_s, generation, plan]}, "join_weights")
+
+    async def send_weights(self, version: int) -> float:
+        return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])
+
     def _micro_batches(self, shards: list[slice]) -> int:
         """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
         micro = self.config.micro_batch_size

@@ -186,10 +186,13 @@ class PolicyTrainer:
                 p.grad = flat[offset : offset + n].view_as(p).clone() if p.grad is None else p.grad.copy_(flat[offset : offset + n].view_as(p))
                 offset += n
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
         """The current parameters by name, full (gathered when sharded: every rank must call
-        it), detached copies on the CPU: what engines load. Tied weights appear once."""
+        it), detached copies on the CPU: what engines load. Tied weights appear once.
+        ``copy=False`` returns the live tensors themselves when it can (to send them at once)."""
         if not self.sharded:
+            if not copy:
+                return {name: p.detach() for name, p in self.model.named_parameters()}
             return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
         full: dict[str, Any] = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: full[name] for name, _ in self.model.named_parameters() if name in full}

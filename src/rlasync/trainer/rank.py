@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 import zmq
@@ -42,6 +43,7 @@ class RankServer:
     def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.trainer: PolicyTrainer | None = None
+        self.sender: Any = None  # the WeightSender, on rank 0 once joined
 
     def _trainer(self) -> PolicyTrainer:
         if self.trainer is None:
@@ -67,6 +69,36 @@ class RankServer:
     def weights(self) -> dict[str, Any] | None:
         weights = self._trainer().weights()  # every rank: gathering shards is collective
         return weights if self.rank == 0 else None
+
+    # -- weight sync (rank 0 sends; the others take part in gathering sharded parameters) ---
+    def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
+        """The bucket plan of this model's parameters (names, shapes, dtypes), as msgpack."""
+        from ..weights import plan_buckets
+
+        named = [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in self._trainer().model.named_parameters()]
+        return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
+
+    def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None:
+        """Rank 0 hosts the weight group's store and becomes its rank 0 (a new generation after a failure)."""
+        if self.rank != 0:
+            return
+        from ..weights import BucketPlan, WeightGroup, WeightSender
+
+        if self.sender is not None:
+            self.sender.group.close()
+        store = self.sender.group.store if self.sender is not None else None
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
+        self.sender = WeightSender(group, msgspec.msgpack.decode(plan, type=BucketPlan), device=self.device)
+
+    def send_weights(self, version: int) -> float:
+        """Send the current parameters as ``version``; returns rank 0's seconds."""
+        weights = self._trainer().weights(copy=False)  # every rank: gathering shards is collective
+        if self.rank != 0:
+            return 0.0
+        if self.sender is None:
+            raise RuntimeError("no weight group: call join_weights first")
+        return self.sender.send(weights, version).seconds
 
     def save(self, folder: str) -> None:
         path = Path(folder)

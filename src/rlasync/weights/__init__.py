@@ -4,8 +4,9 @@ torch.distributed group with deadlines, and the sender/receiver of one version."
 from .buckets import BucketPlan, TensorSpec, pack, plan_buckets, plan_for, unpack
 from .group import SyncError, WeightGroup
 from .sync import SyncStats, WeightReceiver, WeightSender
+from .synchronizer import ParameterSynchronizer, SyncReport, WeightSource
 
 __all__ = [
-    "BucketPlan", "SyncError", "SyncStats", "TensorSpec", "WeightGroup", "WeightReceiver", "WeightSender",
+    "BucketPlan", "ParameterSynchronizer", "SyncError", "SyncReport", "WeightSource", "SyncStats", "TensorSpec", "WeightGroup", "WeightReceiver", "WeightSender",
     "pack", "plan_buckets", "plan_for", "unpack",
 ]  # fmt: skip

@@ -1,0 +1,74 @@
+"""The synchroniser between a real trainer actor (its rank 0 process) and a torch engine here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlasync.config import TrainerConfig, WeightsConfig
+from rlasync.engines import TorchEngine
+from rlasync.models import TinyLMConfig, build_tiny_lm
+from rlasync.trainer import TrainBatch, TrainerActor
+from rlasync.weights import ParameterSynchronizer, SyncError
+
+pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    prompts, responses = torch.randint(3, 300, (4, 5), generator=g), torch.randint(3, 300, (4, 6), generator=g)
+    ones = torch.ones(4, 11, dtype=torch.long)
+    return TrainBatch(
+        prompts=prompts, responses=responses, response_mask=torch.ones(4, 6, dtype=torch.long), attention_mask=ones,
+        position_ids=torch.arange(11).expand(4, -1).clone(), logprobs=-torch.rand(4, 6, generator=g), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(model_dir: Path, world_size: int) -> None:
+    engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])  # other weights to start with
+    async with TrainerActor(TrainerConfig(world_size=world_size, strategy="fsdp2" if world_size > 1 else "ddp", lr=1e-2)) as trainer:
+        await trainer.start(model_dir)
+        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.05, alone_mb=0.02), trainer, engine)
+        await sync.start()
+        for version in (1, 2):
+            await trainer.step(_batch())
+            report = await sync.sync(version)
+            expected = await trainer.weights()
+            served = dict(engine.model.named_parameters())
+            assert engine.weight_version == version and report.attempts == 1 and report.pause_s < report.transfer_s + 1
+            assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
+        sync.close()
+    await engine.close()
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_last_version(model_dir: Path, retries: int) -> None:
+    engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
+    async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
+        await trainer.start(model_dir)
+        sync = ParameterSynchronizer(WeightsConfig(timeout_s=3, retries=retries), trainer, engine)
+        await sync.start()
+        await sync.sync(1)
+        assert sync._group is not None
+        sync._group.close()  # this side drops out: the trainer's rank 0 waits for it until the deadline
+        if retries:
+            report = await sync.sync(2)
+            assert report.attempts == 2 and sync.generation == 1 and engine.weight_version == 2
+        else:
+            with pytest.raises(SyncError):
+                await sync.sync(2)
+            assert engine.weight_version == 1  # never a half-loaded version
+        sync.close()
+    await engine.close()
