@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlasync.weights import pack, plan_buckets, plan_for, unpack
+from rlasync.weights import contiguous_bucket, flat_layout, pack, plan_buckets, plan_for, unpack
 from rlasync.weights.buckets import ALIGN, solo
 
 
@@ -46,3 +46,23 @@ def test_packing_a_tensor_that_changed_shape_is_an_error() -> None:
     tensors["a"] = torch.randn(5, 3)
     with pytest.raises(ValueError, match="a: planned float32"):
         pack(plan, 0, tensors)
+
+
+def test_parameters_laid_out_as_the_buckets_are_sent_from_their_own_memory() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    plan = plan_for({n: p.detach() for n, p in params.items()}, 300)
+    assert len(plan.bucket(1)) > 1 and contiguous_bucket(plan, 1, {n: p.detach() for n, p in params.items()}) is None  # scattered
+    flat = flat_layout(plan, params)
+    live = {name: p.detach() for name, p in model.named_parameters()}
+    assert all(torch.equal(live[n], before[n]) for n in before)  # values kept
+    for index in range(len(plan.sizes)):
+        view = contiguous_bucket(plan, index, live)
+        assert view is not None and view.data_ptr() >= flat.data_ptr()
+        assert torch.equal(view, pack(plan, index, live))  # the same bytes packing would send
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)  # training goes on in place
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(live["0.weight"], before["0.weight"])
+    assert torch.equal(contiguous_bucket(plan, 0, live), pack(plan, 0, live))

@@ -44,6 +44,7 @@ class RankServer:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.trainer: PolicyTrainer | None = None
         self.sender: Any = None  # the WeightSender, on rank 0 once joined
+        self.flat: Any = None  # the buffer rank 0's parameters live in once laid out as buckets
 
     def _trainer(self) -> PolicyTrainer:
         if self.trainer is None:
@@ -82,14 +83,20 @@ class RankServer:
         """Rank 0 hosts the weight group's store and becomes its rank 0 (a new generation after a failure)."""
         if self.rank != 0:
             return
-        from ..weights import BucketPlan, WeightGroup, WeightSender
+        from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
 
         if self.sender is not None:
             self.sender.group.close()
         store = self.sender.group.store if self.sender is not None else None
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
-        self.sender = WeightSender(group, msgspec.msgpack.decode(plan, type=BucketPlan), device=self.device)
+        bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)
+        trainer = self._trainer()
+        if not trainer.sharded and self.device.type == "cpu" and self.sender is None:
+            # Parameters move into one buffer laid out as the buckets: each bucket is then sent
+            # straight from the parameters' memory (no packing copy).
+            self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
+        self.sender = WeightSender(group, bucket_plan, device=self.device)
 
     def send_weights(self, version: int) -> float:
         """Send the current parameters as ``version``; returns rank 0's seconds."""

@@ -6,8 +6,8 @@
                                                       engine.update_weights(staged, version)  # the swap
 
 A sync is a header (version, the plan's digest, bucket count) then the buckets in order. The
-sender posts every bucket without waiting: a tensor of 1 MiB or more is its own bucket and
-travels from its own memory, small ones are packed into two buffers that take turns; a receiver
+sender posts every bucket without waiting: a tensor too big to pack is its own bucket and
+travels from its own memory, the others are packed into two buffers that take turns; a receiver
 posts every bucket at once into one fresh staging buffer, and its tensors are views into it
 (no copy). It stages a complete copy of the parameters and only then hands it over, so its engine keeps decoding during the
 transfer and pauses just for the swap (``update_weights``), and never serves a mix of two
@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 import msgspec
 import torch
 
-from .buckets import BucketPlan, pack, solo, unpack
+from .buckets import BucketPlan, bucket_starts, contiguous_bucket, pack, unpack
 from .group import SyncError, WeightGroup
 
 
@@ -36,11 +36,6 @@ class SyncStats(msgspec.Struct, kw_only=True):
 def _buffers(plan: BucketPlan, device: torch.device | str) -> list[torch.Tensor]:
     largest = max(plan.sizes, default=0)
     return [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(2 if len(plan.sizes) > 1 else 1)]
-
-
-def _sendable(tensor: torch.Tensor, dtype: str) -> bool:
-    """Whether ``tensor`` can go on the wire from its own memory, as planned."""
-    return tensor.is_contiguous() and str(tensor.dtype).removeprefix("torch.") == dtype and tensor.device.type == "cpu"
 
 
 class WeightSender:
@@ -58,11 +53,8 @@ class WeightSender:
         works: list[tuple[int, object]] = []  # every bucket's transfer, in order
         buffer_user: dict[int, int] = {}  # pack buffer -> the position in `works` of its last transfer
         for index, size in enumerate(plan.sizes):
-            alone = solo(plan, index)
-            source = tensors[alone.name].detach() if alone is not None else None
-            if alone is not None and source is not None and _sendable(source, alone.dtype):
-                buffer = source.reshape(-1).view(torch.uint8)  # a big tensor is its own bucket: no copy
-            else:
+            buffer = contiguous_bucket(plan, index, tensors)  # already laid out as the bucket: no copy
+            if buffer is None:
                 slot = index % len(self._buffers)
                 if slot in buffer_user:  # that buffer's previous bucket must have left before reuse
                     previous, work = works[buffer_user[slot]]
@@ -80,11 +72,8 @@ class WeightReceiver:
         if group.rank == 0:
             raise ValueError("receivers are ranks 1.. of the weight group (rank 0 sends)")
         self.group, self.plan, self.device = group, plan, device
-        starts, offset = [], 0
-        for size in plan.sizes:
-            starts.append(offset)
-            offset += -(-size // 64) * 64  # buckets start 64-byte aligned in the staging buffer
-        self._starts, self._staging_bytes = starts, offset
+        starts = bucket_starts(plan)
+        self._starts, self._staging_bytes = starts[:-1], starts[-1]
         self._ring: list[torch.Tensor] = []
         self._turn = 0
 
@@ -107,9 +96,13 @@ class WeightReceiver:
         self._turn += 1
         buckets = [staging[start : start + size] for start, size in zip(self._starts, plan.sizes)]
         works = [self.group.broadcast_async(bucket) for bucket in buckets]  # posted in order, run in order
+        if works:
+            # Block once, on the last bucket, rather than waking for each: this process also
+            # runs the engine, whose decoding wants the interpreter meanwhile.
+            self.group.wait(works[-1], f"bucket {len(works) - 1}")
         staged: dict[str, torch.Tensor] = {}
         for index, work in enumerate(works):
-            self.group.wait(work, f"bucket {index}")
+            self.group.wait(work, f"bucket {index}")  # done already, or fails as the transfer did
             staged.update(unpack(plan, index, buckets[index]))
             if on_bucket is not None:
                 on_bucket(index)

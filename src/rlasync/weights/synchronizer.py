@@ -61,7 +61,8 @@ class ParameterSynchronizer:
     async def start(self) -> None:
         """Exchange the plan (once) and form the weight group."""
         cfg = self.config
-        self._plan_bytes = await self.source.weight_plan(int(cfg.bucket_mb * (1 << 20)), int(cfg.alone_mb * (1 << 20)))
+        bucket = int(cfg.bucket_mb * (1 << 20))
+        self._plan_bytes = await self.source.weight_plan(bucket, int(cfg.alone_mb * (1 << 20)) or bucket)
         self.plan = msgspec.msgpack.decode(self._plan_bytes, type=BucketPlan)
         self._port = _free_port(cfg.host)
         await self._join()
