@@ -72,3 +72,20 @@ async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_l
             assert engine.weight_version == 1  # never a half-loaded version
         sync.close()
     await engine.close()
+
+
+async def test_one_trainer_syncs_engines_one_after_another_each_with_its_own_group(model_dir: Path) -> None:
+    engines = [TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0]) for _ in range(2)]
+    async with TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer:
+        await trainer.start(model_dir)
+        await trainer.step(_batch())
+        expected = await trainer.weights()
+        for engine in engines:  # the trainer's rank 0 leaves one group and forms the next
+            sync = ParameterSynchronizer(WeightsConfig(timeout_s=30), trainer, engine)
+            await sync.start()
+            await sync.sync(1)
+            sync.close()
+            served = dict(engine.model.named_parameters())
+            assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
+    for engine in engines:
+        await engine.close()

@@ -85,9 +85,11 @@ class RankServer:
             return
         from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
 
+        store = None
         if self.sender is not None:
             self.sender.group.close()
-        store = self.sender.group.store if self.sender is not None else None
+            if self.sender.group.address == (host, port):  # a new generation of the same group: same store
+                store = self.sender.group.store
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
         bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)

@@ -137,7 +137,7 @@ def contiguous_bucket(plan: BucketPlan, index: int, tensors: Mapping[str, torch.
             return None
     if base + plan.sizes[index] > storage.nbytes():
         return None
-    return torch.empty(0, dtype=torch.uint8).set_(storage, base, (plan.sizes[index],))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, base, (plan.sizes[index],), (1,))
 
 
 def pack(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:

@@ -27,6 +27,7 @@ class WeightGroup:
         store: Any = None,
     ) -> None:  # fmt: skip
         self.rank, self.size, self.backend, self.timeout_s, self.generation = rank, size, backend, timeout_s, generation
+        self.address = (host, port)
         timeout = datetime.timedelta(seconds=timeout_s)
         # Rank 0 hosts the rendezvous store; it outlives groups, so a new generation reuses it.
         self.store = store or dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
