@@ -46,6 +46,16 @@ def model_config(gb: float, seed: int) -> TinyLMConfig:
     return TinyLMConfig(hidden_size=hidden, num_layers=layers, num_heads=hidden // 64, num_kv_heads=hidden // 128, intermediate_size=4 * hidden, seed=seed)
 
 
+def _device(args: argparse.Namespace, rank: int) -> torch.device:
+    """CPU, or with ``--device cuda`` the trainer on GPU 0 and the engine on GPU 1 (NCCL needs
+    a device per rank)."""
+    return torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+
+
+def _backend(args: argparse.Namespace) -> str:
+    return "nccl" if args.device == "cuda" else "gloo"
+
+
 def _alone(args: argparse.Namespace) -> int | None:
     return int(args.alone_mb * (1 << 20)) if args.alone_mb else None
 
@@ -54,17 +64,20 @@ def sender(args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    child = subprocess.Popen([sys.executable, __file__, "--role", "engine", "--port", str(port), "--gb", str(args.gb), "--bucket-mb", str(args.bucket_mb), "--alone-mb", str(args.alone_mb), "--repeats", str(args.repeats)], stdout=subprocess.PIPE, text=True)
+    forwarded = ["--gb", str(args.gb), "--bucket-mb", str(args.bucket_mb), "--alone-mb", str(args.alone_mb), "--repeats", str(args.repeats), "--device", args.device]
+    child = subprocess.Popen([sys.executable, __file__, "--role", "engine", "--port", str(port), *forwarded], stdout=subprocess.PIPE, text=True)
     torch.set_num_threads(1)
+    device = _device(args, 0)
     model, _ = build_tiny_lm(model_config(args.gb, seed=1))
+    model.to(device)
     params = {name: p.detach() for name, p in model.named_parameters()}
     plan = plan_for(params, args.bucket_mb << 20, alone_bytes=_alone(args))
     if not args.no_flat:  # as the trainer's rank 0 does: parameters laid out as the buckets
         flat_layout(plan, dict(model.named_parameters()))
         params = {name: p.detach() for name, p in model.named_parameters()}
-    group = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=600)
-    sender_ = WeightSender(group, plan)
-    flat = torch.ones(plan.total_bytes, dtype=torch.uint8)
+    group = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=600, backend=_backend(args))
+    sender_ = WeightSender(group, plan, device=device)
+    flat = torch.ones(plan.total_bytes, dtype=torch.uint8, device=device)
     raw, ours, busy = [], [], []
     version = 0
     for _ in range(args.repeats):  # phase 1, the engine idle: the transport against its limit
@@ -104,11 +117,13 @@ def engine(args: argparse.Namespace) -> None:
     from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine
 
     torch.set_num_threads(1)
+    device = _device(args, 1)
     model, _ = build_tiny_lm(model_config(args.gb, seed=0))
+    model.to(device)
     plan = plan_for({name: p.detach() for name, p in model.named_parameters()}, args.bucket_mb << 20, alone_bytes=_alone(args))
-    group = WeightGroup("127.0.0.1", args.port, 1, 2, timeout_s=600)
-    receiver = WeightReceiver(group, plan)
-    flat = torch.empty(plan.total_bytes, dtype=torch.uint8)
+    group = WeightGroup("127.0.0.1", args.port, 1, 2, timeout_s=600, backend=_backend(args))
+    receiver = WeightReceiver(group, plan, device=device)
+    flat = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
 
     async def main() -> dict[str, float]:
         server = TorchEngine(model, max_batch=4)
@@ -155,6 +170,7 @@ if __name__ == "__main__":
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--alone-mb", type=float, default=0.0, help="tensors this big travel alone (0: the planner's default, a bucket)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL between GPU 0 (trainer) and GPU 1 (engine)")
     parser.add_argument("--no-flat", action="store_true", help="pack every bucket (parameters not laid out as the buckets)")
     parser.add_argument("--role", choices=["trainer", "engine"], default="trainer")
     parser.add_argument("--port", type=int, default=0)

@@ -122,7 +122,7 @@ def contiguous_bucket(plan: BucketPlan, index: int, tensors: Mapping[str, torch.
     if not specs:
         return None
     first = tensors[specs[0].name].detach()
-    if first.device.type != "cpu" or not first.is_contiguous():
+    if not first.is_contiguous():
         return None
     storage = first.untyped_storage()
     base = first.storage_offset() * first.element_size() - specs[0].offset
@@ -137,7 +137,7 @@ def contiguous_bucket(plan: BucketPlan, index: int, tensors: Mapping[str, torch.
             return None
     if base + plan.sizes[index] > storage.nbytes():
         return None
-    return torch.empty(0, dtype=torch.uint8).set_(storage, base, (plan.sizes[index],), (1,))
+    return torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage, base, (plan.sizes[index],), (1,))
 
 
 def pack(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
