@@ -101,3 +101,30 @@ async def test_a_peer_that_reads_nothing_does_not_block_the_others() -> None:
         sock.close(linger=0)
     server.close()
     ctx.term()
+
+
+async def test_a_lost_wake_up_is_rescued_and_counted_and_a_fresh_arrival_is_not() -> None:
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://lost")
+    push.connect("inproc://lost")
+    got: list[list[bytes]] = []
+    pump = SocketPump(pull, got.append, recheck_s=0.05, batch=False)
+    await asyncio.sleep(0.01)
+    pump.loop.remove_reader(pump._fd)  # the reader will never fire: every wake-up is lost
+    push.send(b"one")
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.01)
+    assert got == [[b"one"]] and pump.rescued == 1  # rescued by the timer, and counted
+    pump.loop.add_reader(pump._fd, pump._drain)  # the reader is back: arrivals are not lost ones
+    for i in range(200):
+        push.send(b"%d" % i)
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.2)
+    assert len(got) == 201 and pump.rescued == 1
+    pump.close()
+    pull.close(0)
+    push.close(0)
+    ctx.term()

@@ -107,7 +107,10 @@ def _rows(config: Config) -> tuple[list[Row], list[Row]]:
     def read(files: list[str]) -> list[Row]:
         return [row for f in files for row in load_rows(f, prompt_key=data.prompt_key, answer_key=data.answer_key, system_prompt=data.system_prompt)]
 
-    return read(data.train_files), read(data.val_files)[: cfg.val_size]
+    train, val = read(data.train_files), read(data.val_files)[: cfg.val_size]
+    if not train or not val:
+        raise ConfigError(f"data.{'train' if not train else 'val'}_files hold no rows")
+    return train, val
 
 
 def _advantages(config: Config, rewards: torch.Tensor) -> torch.Tensor:

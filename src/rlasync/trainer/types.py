@@ -7,7 +7,6 @@ from typing import Any
 import msgspec
 import torch
 
-from ..agents.batch import RolloutBatch
 
 TENSOR_FIELDS = ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "logprobs", "advantages")
 
@@ -24,7 +23,9 @@ class TrainBatch(msgspec.Struct, kw_only=True):
     advantages: Any  # [B] or [B, R] float
 
     @classmethod
-    def from_rollout(cls, batch: RolloutBatch, advantages: torch.Tensor | None = None) -> TrainBatch:
+    def from_rollout(cls, batch: Any, advantages: torch.Tensor | None = None) -> TrainBatch:
+        """From the agents' ``RolloutBatch`` (any object with its tensor fields: the trainer
+        does not import the agents)."""
         size = batch.responses.shape[0]
         return cls(
             prompts=batch.prompts, responses=batch.responses, response_mask=batch.response_mask,

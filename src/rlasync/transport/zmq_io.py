@@ -92,7 +92,6 @@ class SocketPump:
         self.loop.add_reader(self._fd, self._drain)
         self._timer: asyncio.TimerHandle | None = None
         self._recheck_s = recheck_s
-        self._due = 0.0
         self._last_drain = self._last_send = 0.0  # loop times, for the rescue diagnostics
         if recheck_s is not None:
             self._arm_recheck()
@@ -154,7 +153,6 @@ class SocketPump:
 
     def _arm_recheck(self) -> None:
         assert self._recheck_s is not None
-        self._due = self.loop.time() + self._recheck_s
         self._timer = self.loop.call_later(self._recheck_s, self._recheck)
 
     def _recheck(self) -> None:
@@ -163,17 +161,10 @@ class SocketPump:
         try:
             events = self.sock.getsockopt(zmq.EVENTS)
             if events & zmq.POLLIN and not self._drain_scheduled and not self._flush_scheduled:
-                # Count it as a lost wake-up only if the loop ran on time: after the loop was
-                # blocked, this timer may simply run before the reader callback that is also due.
-                assert self._recheck_s is not None
-                if self.loop.time() - self._due < _ON_TIME_S:
-                    self.rescued += 1
-                    now = self.loop.time()
-                    log.info(
-                        "lost wake-up rescued by the safety timer (router=%s, last drain %.1f ms ago, last send %.1f ms ago)",
-                        self.routed, (now - self._last_drain) * 1e3, (now - self._last_send) * 1e3,
-                    )  # fmt: skip
-                self._drain()
+                # Input may have arrived after this iteration's select: its reader callback then
+                # runs next iteration. Look again shortly; only input still unread then, with the
+                # loop on time, is a lost wake-up (the count once had false alarms from this race).
+                self.loop.call_later(_ON_TIME_S, self._confirm, self._last_drain, self.loop.time() + _ON_TIME_S)
             elif self._outboxes:  # even without POLLOUT: sends to a vanished peer fail fast and free memory
                 self._flush_outbox()
                 self._schedule_drain()  # the flush may have consumed an input edge
@@ -182,6 +173,23 @@ class SocketPump:
         finally:
             if not self._closed and self._recheck_s is not None:
                 self._arm_recheck()
+
+    def _confirm(self, drained_at: float, due: float) -> None:
+        if self._closed or self._drain_scheduled or self._flush_scheduled or self._last_drain != drained_at:
+            return  # the reader ran (or is about to): the wake-up was not lost
+        try:
+            if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
+            if self.loop.time() - due < _ON_TIME_S:  # after a blocked loop, not (provably) lost
+                self.rescued += 1
+                now = self.loop.time()
+                log.info(
+                    "lost wake-up rescued by the safety timer (router=%s, last drain %.1f ms ago, last send %.1f ms ago)",
+                    self.routed, (now - self._last_drain) * 1e3, (now - self._last_send) * 1e3,
+                )  # fmt: skip
+            self._drain()
+        except Exception:  # the safety net itself must never stop
+            log.exception("socket re-check failed")
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frames: list[Any], copy: bool = True) -> None:
