@@ -36,3 +36,15 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     import uvloop
 
     return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+
+
+@pytest.fixture(scope="session")
+def nano_model_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A saved nano model (seed 3, not trained) with its tokenizer: what trainer ranks load."""
+    from rlasync.models import TinyLMConfig, build_tiny_lm
+
+    folder = tmp_path_factory.mktemp("nano-model")
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

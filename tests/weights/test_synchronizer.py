@@ -16,13 +16,9 @@ from rlasync.weights import ParameterSynchronizer, SyncError
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("model")
-    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+@pytest.fixture
+def model_dir(nano_model_dir: Path) -> Path:
+    return nano_model_dir
 
 
 def _batch() -> TrainBatch:
