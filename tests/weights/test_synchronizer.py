@@ -31,19 +31,22 @@ def _batch() -> TrainBatch:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(model_dir: Path, world_size: int) -> None:
+@pytest.mark.parametrize(
+    "world_size, transport", [(1, "shm"), (1, "broadcast"), (2, "auto")], ids=["shm", "broadcast", "fsdp2-shm-packed"]
+)  # fmt: skip
+async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(model_dir: Path, world_size: int, transport: str) -> None:
     engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])  # other weights to start with
     async with TrainerActor(TrainerConfig(world_size=world_size, strategy="fsdp2" if world_size > 1 else "ddp", lr=1e-2)) as trainer:
         await trainer.start(model_dir)
-        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.05, alone_mb=0.02), trainer, engine)
+        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.05, alone_mb=0.02, transport=transport), trainer, engine)  # type: ignore[arg-type]
         await sync.start()
         for version in (1, 2):
             await trainer.step(_batch())
             report = await sync.sync(version)
             expected = await trainer.weights()
             served = dict(engine.model.named_parameters())
-            assert engine.weight_version == version and report.attempts == 1 and report.pause_s < report.transfer_s + 1
+            assert engine.weight_version == version and report.attempts == 1 and report.engines == {"engine-0": version}
+            assert report.transports == {"engine-0": "broadcast" if transport == "broadcast" else "shm"}
             assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
         sync.close()
     await engine.close()
@@ -54,18 +57,36 @@ async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_l
     engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
     async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
         await trainer.start(model_dir)
-        sync = ParameterSynchronizer(WeightsConfig(timeout_s=3, retries=retries), trainer, engine)
+        sync = ParameterSynchronizer(WeightsConfig(timeout_s=3, retries=retries, transport="broadcast"), trainer, engine)
         await sync.start()
         await sync.sync(1)
-        assert sync._group is not None
-        sync._group.close()  # this side drops out: the trainer's rank 0 waits for it until the deadline
+        local = sync._sinks[0].local
+        assert local is not None
+        local.close_group()  # this side drops out: the trainer's rank 0 waits for it until the deadline
         if retries:
             report = await sync.sync(2)
-            assert report.attempts == 2 and sync.generation == 1 and engine.weight_version == 2
+            assert report.attempts == 2 and sync.generation == 1 and engine.weight_version == 2 and not report.removed
         else:
-            with pytest.raises(SyncError):
+            with pytest.raises(SyncError, match="no engine is left"):
                 await sync.sync(2)
             assert engine.weight_version == 1  # never a half-loaded version
+        sync.close()
+    await engine.close()
+
+
+async def test_the_trainer_changing_its_parameters_mid_copy_is_an_error_not_a_mixed_version(model_dir: Path) -> None:
+    engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
+    async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
+        await trainer.start(model_dir)
+        sync = ParameterSynchronizer(WeightsConfig(timeout_s=1, retries=0, transport="shm"), trainer, engine)
+        await sync.start()
+        await sync.sync(1)
+        await trainer.step(_batch())  # marks the shared parameters as changing; nobody publishes version 2
+        local = sync._sinks[0].local
+        assert local is not None
+        with pytest.raises(SyncError, match="was not published within weights.timeout_s=1"):
+            await local.stage(2, 1.0)
+        assert engine.weight_version == 1
         sync.close()
     await engine.close()
 

@@ -24,5 +24,22 @@ class WeightsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """Deadline of every collective of a sync: a peer that died fails it at once, one that
     stalls fails it when this passes. Raise it if a sync of your model is just slow."""
     retries: Annotated[int, msgspec.Meta(ge=0)] = 1
-    """After a failed sync, make a new group (a new generation) and sync again this many times
-    before stopping the run; engines keep serving the last complete version meanwhile."""
+    """After a failed sync, make a new group (a new generation) and sync again; an engine that
+    still answers but fails more than this many times in one sync is handled as
+    ``on_engine_failure`` says. Engines keep serving their last complete version meanwhile."""
+    on_engine_failure: Literal["remove", "stop"] = "remove"
+    """An engine that died, stalls, or keeps failing a sync: ``remove`` takes it out of rotation
+    (the router sends it nothing more; the run goes on with the others, and stops only when no
+    engine is left), ``stop`` ends the run with ``SyncError``."""
+    transport: Literal["auto", "broadcast", "shm"] = "auto"
+    """``auto``: engines that share the trainer's machine copy each version from its shared
+    memory (no socket), the others take the broadcast; ``broadcast``: all take the broadcast;
+    ``shm``: all must share the machine (an error at start-up otherwise). Shared memory is
+    used for CPU parameters; on GPUs NCCL is the path."""
+    shm_dir: str = "/dev/shm"
+    """Where the trainer's shared-memory file lives (a tmpfs, so it is memory, not disk). It
+    holds a copy of the parameters' size; the trainer's rank 0 keeps its parameters there."""
+    double_buffer: bool = True
+    """Engines that can swap a version in by reference (the torch engine) keep two staging
+    copies, so the pause is pointer swaps; false: one copy, and the engine copies each version
+    into its weights (less memory, a longer pause). Others (vLLM, SGLang) copy with one."""

@@ -83,6 +83,7 @@ class EngineActor(Actor):
         # Arguments of a remote spawn arrive as plain data: rebuild the Struct (and check it).
         self.config = msgspec.convert(config, EngineConfig) if isinstance(config, dict) else config
         self.engine: Engine | None = engine
+        self._weights: Any = None  # rlasync.weights.EngineWeights, on the first weight_attach
 
     async def on_start(self) -> None:
         if self.engine is None:
@@ -90,6 +91,8 @@ class EngineActor(Actor):
             self.engine = await build_engine(self.config)
 
     async def on_stop(self) -> None:
+        if self._weights is not None:
+            self._weights.close()
         if self.engine is not None:
             await self.engine.close()
 
@@ -127,6 +130,36 @@ class EngineActor(Actor):
     @endpoint
     async def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         await self._engine().update_weights(named_tensors, version)
+
+    # -- the receiving side of rlasync.weights.ParameterSynchronizer -----------------------------
+    @endpoint
+    async def weight_attach(self, plan: bytes, offer: Any = None, double_buffer: bool = True) -> str:
+        """Take the bucket plan (once) and map the trainer's shared memory if it is on this
+        machine; returns how this engine will receive versions: ``shm`` or ``broadcast``."""
+        from ..weights.sink import EngineWeights  # the weights layer sits below the engines
+
+        if self._weights is None:
+            self._weights = EngineWeights(self._engine())
+        return str(await self._weights.attach(plan, offer, double_buffer=double_buffer))
+
+    @endpoint
+    async def weight_join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo") -> None:
+        await self._weights_side().join(host, port, rank, size, timeout_s, generation, backend)
+
+    @endpoint
+    async def weight_stage(self, version: int, timeout_s: float) -> float:
+        return float(await self._weights_side().stage(version, timeout_s))
+
+    @endpoint
+    async def weight_commit(self, version: int) -> float:
+        return float(await self._weights_side().commit(version))
+
+    def _weights_side(self) -> Any:
+        if self._weights is None:
+            from ..weights.group import SyncError
+
+            raise SyncError(f"engine {self.name}: weight_attach first (the synchroniser sends the plan before anything else)")
+        return self._weights
 
     @endpoint
     async def weight_version(self) -> int:

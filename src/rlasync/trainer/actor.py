@@ -70,6 +70,7 @@ class TrainerActor:
         self._hello: dict[int, asyncio.Future[Any]] = {}
         self._receiver: asyncio.Task[None] | None = None
         self._next_id = 0
+        self._shared_files: list[str] = []  # rank 0's shared-memory weights: removed here too, should it be killed
         self._closed = False
         self._broken = ""
         self.info: dict[str, Any] = {}
@@ -142,6 +143,8 @@ class TrainerActor:
         if self._ctx is not None:
             self._ctx.term()
         shutil.rmtree(self._folder, ignore_errors=True)
+        for path in self._shared_files:
+            Path(path).unlink(missing_ok=True)
 
     # -- endpoints ------------------------------------------------------------------------
     async def step(self, batch: TrainBatch, *, temperature: float = 1.0) -> dict[str, float]:
@@ -174,6 +177,14 @@ class TrainerActor:
     # -- weight sync: the sending side of rlasync.weights.ParameterSynchronizer ---------------
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
         return bytes((await self._call_ranks({0: [bucket_bytes, alone_bytes]}, "weight_plan"))[0])
+
+    async def share_weights(self, directory: str, plan: bytes) -> Any:
+        """Rank 0 lays its parameters out in a shared-memory file in ``directory`` for engines
+        on this machine; returns the offer to send them (None on GPUs)."""
+        offer = (await self._call_ranks({0: [directory, plan]}, "share_weights"))[0]
+        if offer is not None:
+            self._shared_files.append(str(offer[0]))
+        return offer
 
     async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None:
         await self._call_ranks({0: [host, port, size, timeout_s, generation, plan]}, "join_weights")

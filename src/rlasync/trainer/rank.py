@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ class RankServer:
         self.trainer: PolicyTrainer | None = None
         self.sender: Any = None  # the WeightSender, on rank 0 once joined
         self.flat: Any = None  # the buffer rank 0's parameters live in once laid out as buckets
+        self.plan: Any = None  # the BucketPlan engines were given
+        self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
 
     def _trainer(self) -> PolicyTrainer:
         if self.trainer is None:
@@ -61,6 +64,8 @@ class RankServer:
 
     def step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
         rows = TrainBatch.from_tensors(batch)
+        if self.shared is not None:
+            self.shared.invalidate()  # the parameters in shared memory change now: no engine may copy them
         return self._trainer().step(rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches)
 
     def logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False) -> Any:
@@ -79,8 +84,27 @@ class RankServer:
         named = [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in self._trainer().model.named_parameters()]
         return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
 
+    def share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
+        """Rank 0 on a CPU: lay the parameters out in a shared-memory file in ``directory`` and
+        return its ``ShmOffer`` (engines on this machine copy from it); else None."""
+        if self.rank != 0:
+            return None
+        from ..weights import BucketPlan, SharedWeights, flat_layout
+
+        trainer = self._trainer()
+        if self.device.type != "cpu":
+            return None  # GPU parameters: NCCL is the fast path (CUDA IPC is not written)
+        self.plan = msgspec.msgpack.decode(plan, type=BucketPlan)
+        if self.shared is not None:
+            self.shared.close()
+        self.shared = SharedWeights.create(directory, self.plan)
+        if not trainer.sharded:  # the optimizer then updates the parameters in the shared file itself
+            self.flat = flat_layout(self.plan, dict(trainer.model.named_parameters()), out=self.shared.data)
+        return list(msgspec.to_builtins(self.shared.offer))
+
     def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None:
-        """Rank 0 hosts the weight group's store and becomes its rank 0 (a new generation after a failure)."""
+        """Rank 0 hosts the weight group's store and becomes its rank 0 (a new generation after
+        a failure). ``size`` 1: no engine takes the broadcast (all copy from shared memory)."""
         if self.rank != 0:
             return
         from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
@@ -90,24 +114,40 @@ class RankServer:
             self.sender.group.close()
             if self.sender.group.address == (host, port):  # a new generation of the same group: same store
                 store = self.sender.group.store
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
+            self.sender = None
         bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)
         trainer = self._trainer()
-        if not trainer.sharded and self.device.type == "cpu" and self.sender is None:
+        if not trainer.sharded and self.device.type == "cpu" and self.flat is None:
             # Parameters move into one buffer laid out as the buckets: each bucket is then sent
             # straight from the parameters' memory (no packing copy).
             self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
-        self.sender = WeightSender(group, bucket_plan, device=self.device)
+        if size > 1:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
+            self.sender = WeightSender(group, bucket_plan, device=self.device)
 
     def send_weights(self, version: int) -> float:
-        """Send the current parameters as ``version``; returns rank 0's seconds."""
+        """Publish the current parameters as ``version``: into shared memory (if offered) and
+        over the weight group (if any engine takes the broadcast); returns rank 0's seconds."""
         weights = self._trainer().weights(copy=False)  # every rank: gathering shards is collective
         if self.rank != 0:
             return 0.0
-        if self.sender is None:
-            raise RuntimeError("no weight group: call join_weights first")
-        return self.sender.send(weights, version).seconds
+        started = time.perf_counter()
+        if self.shared is not None:
+            from ..weights import fill_flat
+
+            fill_flat(self.shared.plan, weights, self.shared.data)  # no copy when already laid out there
+            self.shared.publish(version)
+        if self.sender is not None:
+            self.sender.send(weights, version)
+        elif self.shared is None:
+            raise RuntimeError("no weight group and no shared memory: call join_weights first")
+        return time.perf_counter() - started
+
+    def close_weights(self) -> None:
+        """Remove the shared-memory file (engines that mapped it keep their mapping)."""
+        if self.shared is not None:
+            self.shared.close()
 
     def save(self, folder: str) -> None:
         path = Path(folder)
@@ -116,6 +156,8 @@ class RankServer:
 
     def load_checkpoint(self, folder: str) -> int:
         path = Path(folder)
+        if self.shared is not None:
+            self.shared.invalidate()
         self._trainer().load(path)
         rng = path / f"rng_rank{self.rank}.pt"
         if rng.is_file():
@@ -185,6 +227,7 @@ def serve(args: argparse.Namespace) -> int:
             if not isinstance(msg, Call):
                 continue
             if msg.method == "shutdown":
+                server.close_weights()
                 sock.send_multipart(codec.encode(Reply(id=msg.id)))
                 return 0
             endpoint = getattr(server, msg.method, None) if not msg.method.startswith("_") else None
@@ -200,6 +243,7 @@ def serve(args: argparse.Namespace) -> int:
                     return 3
             sock.send_multipart(codec.encode(reply))
     finally:
+        server.close_weights()
         sock.close(0)
         ctx.term()
         if dist.is_initialized():

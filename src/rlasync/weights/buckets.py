@@ -98,14 +98,16 @@ def bucket_starts(plan: BucketPlan, align: int = 64) -> list[int]:
     return starts + [offset]  # the last entry: the flat buffer's size
 
 
-def flat_layout(plan: BucketPlan, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Move ``tensors`` (parameters) into one flat buffer laid out as the plan's buckets, each
-    tensor's data becoming a view into it, and return the buffer. Every bucket is then a slice
-    of it, sent without packing. Values, shapes and dtypes are unchanged (an optimiser keeps
-    working on the same Parameter objects)."""
+def flat_layout(plan: BucketPlan, tensors: Mapping[str, torch.Tensor], *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Move ``tensors`` (parameters) into one flat buffer laid out as the plan's buckets (``out``,
+    e.g. shared memory, or a new one), each tensor's data becoming a view into it, and return
+    the buffer. Every bucket is then a slice of it, sent without packing. Values, shapes and
+    dtypes are unchanged (an optimiser keeps working on the same Parameter objects)."""
     starts = bucket_starts(plan)
     first = next(iter(tensors.values()))
-    flat = torch.empty(starts[-1], dtype=torch.uint8, device=first.device)
+    flat = out if out is not None else torch.empty(starts[-1], dtype=torch.uint8, device=first.device)
+    if flat.numel() < starts[-1] or flat.dtype != torch.uint8:
+        raise ValueError(f"flat_layout needs a uint8 buffer of {starts[-1]} bytes, got {flat.dtype} of {flat.numel()}")
     for spec in plan.tensors:
         tensor = tensors[spec.name]
         begin = starts[spec.bucket] + spec.offset
@@ -113,6 +115,17 @@ def flat_layout(plan: BucketPlan, tensors: Mapping[str, torch.Tensor]) -> torch.
         view.copy_(tensor.detach())
         tensor.data = view
     return flat
+
+
+def fill_flat(plan: BucketPlan, tensors: Mapping[str, torch.Tensor], flat: torch.Tensor) -> None:
+    """Make ``flat`` (laid out as ``bucket_starts``) hold ``tensors``: buckets whose tensors
+    already live there (``flat_layout``) are skipped, the others packed into place."""
+    starts = bucket_starts(plan)
+    for index, size in enumerate(plan.sizes):
+        target = flat[starts[index] : starts[index] + size]
+        there = contiguous_bucket(plan, index, tensors)
+        if there is None or there.data_ptr() != target.data_ptr():
+            pack(plan, index, tensors, out=target)
 
 
 def contiguous_bucket(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:

@@ -67,22 +67,51 @@ class WeightSender:
         return SyncStats(version=version, bytes=plan.total_bytes, buckets=len(plan.sizes), seconds=time.perf_counter() - started)
 
 
-class WeightReceiver:
-    def __init__(self, group: WeightGroup, plan: BucketPlan, *, device: torch.device | str = "cpu") -> None:
-        if group.rank == 0:
-            raise ValueError("receivers are ranks 1.. of the weight group (rank 0 sends)")
-        self.group, self.plan, self.device = group, plan, device
+class StagingRing:
+    """Staging buffers for whole versions, each laid out as the plan's flat buffer, taking
+    turns. With two (double buffering), the tensors of a version stay valid until the version
+    after next is staged, so an engine may swap them in by reference and serve them meanwhile;
+    with one, the engine must copy a version in before the next is staged."""
+
+    def __init__(self, plan: BucketPlan, *, device: torch.device | str = "cpu", depth: int = 2) -> None:
+        if depth not in (1, 2):
+            raise ValueError(f"staging depth is 1 or 2, got {depth}")
+        self.plan, self.device, self.depth = plan, device, depth
         starts = bucket_starts(plan)
-        self._starts, self._staging_bytes = starts[:-1], starts[-1]
-        self._ring: list[torch.Tensor] = []
+        self.starts, self.nbytes = starts[:-1], starts[-1]
+        self._buffers: list[torch.Tensor] = []
         self._turn = 0
 
+    def next(self) -> torch.Tensor:
+        """The buffer the next version lands in (allocated on first use)."""
+        if len(self._buffers) < self.depth:
+            self._buffers.append(torch.empty(self.nbytes, dtype=torch.uint8, device=self.device))
+        buffer = self._buffers[self._turn % len(self._buffers)]
+        self._turn += 1
+        return buffer
+
+    def buckets(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return [buffer[start : start + size] for start, size in zip(self.starts, self.plan.sizes)]
+
+    def tensors(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The named tensors staged in ``buffer``, as views (no copy)."""
+        staged: dict[str, torch.Tensor] = {}
+        for index, bucket in enumerate(self.buckets(buffer)):
+            staged.update(unpack(self.plan, index, bucket))
+        return staged
+
+
+class WeightReceiver:
+    def __init__(self, group: WeightGroup, plan: BucketPlan, *, device: torch.device | str = "cpu", ring: StagingRing | None = None) -> None:
+        if group.rank == 0:
+            raise ValueError("receivers are ranks 1.. of the weight group (rank 0 sends)")
+        self.group, self.plan = group, plan
+        self.ring = ring or StagingRing(plan, device=device)
+
     def receive(self, on_bucket: Callable[[int], None] | None = None) -> tuple[int, dict[str, torch.Tensor]]:
-        """Stage one version: ``(version, named tensors)``. Buckets land straight in a staging
-        buffer and the tensors are views into it (no copy). Two staging buffers take turns
-        (double buffering): the tensors of a version stay valid until the version after next
-        is received, so an engine may swap them in by reference and serve them meanwhile.
-        ``on_bucket(i)`` is called as bucket ``i`` lands (progress, tests)."""
+        """Stage one version: ``(version, named tensors)``. Buckets land straight in the ring's
+        next staging buffer and the tensors are views into it (no copy; see ``StagingRing``
+        for how long they stay valid). ``on_bucket(i)`` is called as bucket ``i`` lands."""
         plan = self.plan
         header = torch.zeros(3, dtype=torch.int64)
         self.group.broadcast(header, "the header")
@@ -90,11 +119,7 @@ class WeightReceiver:
         if digest != plan.digest or count != len(plan.sizes):
             self.group.close()  # the sender is mid-sync with a layout we cannot read
             raise SyncError(f"weight sync v{version}: the sender's bucket plan differs from this engine's; exchange the plan again")
-        if len(self._ring) < 2:
-            self._ring.append(torch.empty(self._staging_bytes, dtype=torch.uint8, device=self.device))
-        staging = self._ring[self._turn % len(self._ring)]
-        self._turn += 1
-        buckets = [staging[start : start + size] for start, size in zip(self._starts, plan.sizes)]
+        buckets = self.ring.buckets(self.ring.next())
         works = [self.group.broadcast_async(bucket) for bucket in buckets]  # posted in order, run in order
         if works:
             # Block once, on the last bucket, rather than waking for each: this process also

@@ -1,17 +1,27 @@
-"""``ParameterSynchronizer``: after each step, the trainer's parameters reach an engine.
+"""``ParameterSynchronizer``: after each step, the trainer's parameters reach every engine.
 
-    sync = ParameterSynchronizer(config.weights, trainer, engine)
-    await sync.start()                    # plan exchanged once, weight group formed
-    stats = await sync.sync(version=7)    # transfer while the engine decodes, then the swap
+    sync = ParameterSynchronizer(config.weights, trainer, [engine_a, engine_b], router=router)
+    await sync.start()                    # plan sent once, shared memory offered, group formed
+    report = await sync.sync(version=7)   # every engine stages v7 while decoding, then all swap
 
-The sending side is anything with the trainer actor's four endpoints (``weight_plan``,
-``join_weights``, ``send_weights``; rank 0 sends, other ranks help gather shards). The
-receiving side runs here, in the engine's process: buckets stream into a staging copy while
-the engine keeps decoding, and the engine pauses only to take the complete version
-(``swap_weights`` when it has one: pointer swaps; else ``update_weights``). A version is taken
-whole or not at all. A sync that fails (a peer died, or stalled past ``weights.timeout_s``)
-drops the group, forms a new generation and tries again, ``weights.retries`` times, then
-raises ``SyncError``; the engine keeps serving its last complete version meanwhile.
+The sending side is anything with the trainer actor's endpoints (``weight_plan``,
+``share_weights``, ``join_weights``, ``send_weights``; rank 0 sends, other ranks help gather
+shards). The engines are ``EngineActor`` refs on any node, or engines in this process. An
+engine on the trainer's machine copies each version from the trainer's shared memory
+(``weights.transport``); the others are ranks of one torch.distributed group with rank 0 of
+the trainer and take a bucketed broadcast.
+
+A sync has two phases. *Stage*: every engine receives the version into a staging copy while
+it keeps decoding. *Commit*: only once all have staged, each swaps it in (the only pause).
+So from the caller's view the version bump is atomic: when ``sync`` returns, every engine in
+rotation serves the new version, and an engine that could not take it is out of rotation
+(removed from the ``router``), never left serving a silent mix.
+
+Failures: every step has a deadline (``weights.timeout_s``). An engine that died or stalls
+fails the attempt; it is probed, and one that does not answer is removed at once
+(``weights.on_engine_failure="remove"``) or stops the run (``"stop"``). The rest form a new
+group generation and the sync is tried again, up to ``weights.retries`` times for an engine
+that answers but keeps failing. Engines keep serving their last complete version meanwhile.
 """
 
 from __future__ import annotations
@@ -20,114 +30,248 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 import msgspec
 
 from ..config.weights import WeightsConfig
-from .buckets import BucketPlan
-from .group import SyncError, WeightGroup
-from .sync import WeightReceiver
+from ..runtime import ActorRef
+from .group import SyncError
+from .sink import EngineWeights
 
 log = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes: ...
+    async def share_weights(self, directory: str, plan: bytes) -> Any: ...
     async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None: ...
     async def send_weights(self, version: int) -> float: ...
+
+
+class Rotation(Protocol):
+    """Where engines serve requests (the ``Router``): a failed engine leaves it."""
+
+    def remove_engine(self, name: str) -> None: ...
 
 
 class SyncReport(msgspec.Struct, kw_only=True):
     version: int
     bytes: int
     transfer_s: float
-    """Staging the version here (the engine decoded meanwhile)."""
+    """From the start of the sync until every engine had staged the version (they decoded meanwhile)."""
     pause_s: float
-    """The engine's stop to take it."""
+    """The longest stop of an engine to take it."""
     attempts: int = 1
+    engines: dict[str, int] = {}
+    """Engine name -> the version it serves now (all equal ``version``)."""
+    transports: dict[str, str] = {}
+    """Engine name -> how it received the version: ``shm`` or ``broadcast``."""
+    removed: list[str] = []
+    """Engines taken out of rotation during this sync."""
+
+
+class _Sink:
+    """One engine's receiving side as the synchroniser calls it: here, or an ``EngineActor``."""
+
+    def __init__(self, engine: Any, index: int, call_deadline_s: float) -> None:
+        self.remote = isinstance(engine, ActorRef)
+        self.engine = engine
+        self.name = engine.name if self.remote else str(getattr(engine, "name", None) or f"engine-{index}")
+        self.local = None if self.remote else EngineWeights(engine)
+        self.deadline = call_deadline_s
+        self.transport = "broadcast"
+        self.version = -1
+
+    def _call(self, endpoint: str, *args: Any, timeout: float | None = None) -> Any:
+        if self.local is not None:
+            return getattr(self.local, endpoint)(*args)
+        return getattr(self.engine, f"weight_{endpoint}").options(timeout=timeout or self.deadline)(*args)
+
+    async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
+        if self.local is not None:
+            self.transport = await self.local.attach(plan, offer, double_buffer=double_buffer)
+        else:
+            self.transport = str(await self._call("attach", plan, offer, double_buffer))
+
+    async def join(self, *args: Any) -> None:
+        await self._call("join", *args)
+
+    async def stage(self, version: int, timeout_s: float) -> float:
+        return float(await self._call("stage", version, timeout_s))
+
+    async def commit(self, version: int) -> float:
+        pause = float(await self._call("commit", version))
+        self.version = version
+        return pause
+
+    async def alive(self, within_s: float) -> bool:
+        """Does the engine still answer (within ``within_s``)?"""
+        if self.local is not None:
+            return True
+        try:
+            await self.engine.weight_version.options(timeout=within_s)()
+        except Exception:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
 
 
 class ParameterSynchronizer:
-    def __init__(self, config: WeightsConfig, source: WeightSource, engine: Any) -> None:
-        self.config, self.source, self.engine = config, source, engine
+    def __init__(self, config: WeightsConfig, source: WeightSource, engines: Any, *, router: Rotation | None = None) -> None:
+        self.config, self.source, self.router = config, source, router
+        listed: Iterable[Any] = engines if isinstance(engines, (list, tuple)) else [engines]
+        # A remote call may take the collective's deadline plus a little to answer: a stalled
+        # engine is then an error soon after the trainer's side gave up on it.
+        self._sinks = [_Sink(engine, i, config.timeout_s + 5.0) for i, engine in enumerate(listed)]
+        if not self._sinks:
+            raise ValueError("ParameterSynchronizer needs at least one engine")
         self.generation = -1
-        self.plan: BucketPlan | None = None
-        self._plan_bytes = b""
+        self.plan_bytes = b""
+        self.total_bytes = 0
         self._port = 0
-        self._group: WeightGroup | None = None
-        self._receiver: WeightReceiver | None = None
+        self._started = False
+        self.removed: list[str] = []
+
+    @property
+    def engines(self) -> dict[str, int]:
+        """Engines in rotation -> the version each serves (as of its last commit)."""
+        return {sink.name: sink.version for sink in self._sinks}
 
     async def start(self) -> None:
-        """Exchange the plan (once) and form the weight group."""
+        """Send the plan (once), offer shared memory to the engines on the trainer's machine,
+        and form the weight group of the others."""
+        from .buckets import BucketPlan
+
         cfg = self.config
         bucket = int(cfg.bucket_mb * (1 << 20))
-        self._plan_bytes = await self.source.weight_plan(bucket, int(cfg.alone_mb * (1 << 20)) or bucket)
-        self.plan = msgspec.msgpack.decode(self._plan_bytes, type=BucketPlan)
+        self.plan_bytes = await self.source.weight_plan(bucket, int(cfg.alone_mb * (1 << 20)) or bucket)
+        self.total_bytes = msgspec.msgpack.decode(self.plan_bytes, type=BucketPlan).total_bytes
+        offer = await self.source.share_weights(cfg.shm_dir, self.plan_bytes) if cfg.transport != "broadcast" else None
+        await asyncio.gather(*[sink.attach(self.plan_bytes, offer, cfg.double_buffer) for sink in self._sinks])
+        if cfg.transport == "shm":
+            far = [sink.name for sink in self._sinks if sink.transport != "shm"]
+            if far:
+                raise SyncError(
+                    f"weights.transport=shm, but engine(s) {far} cannot map the trainer's shared memory in "
+                    f"weights.shm_dir={cfg.shm_dir} (another machine or container); use weights.transport=auto"
+                )
         self._port = _free_port(cfg.host)
+        self._started = True
         await self._join()
 
     async def _join(self) -> None:
+        """Form a new generation of the group: trainer rank 0 and every broadcast engine. An
+        engine that fails to join is handled like one that fails a sync."""
         cfg = self.config
-        store = self._group.store if self._group is not None else None
-        if self._group is not None:
-            self._group.close()
-        self.generation += 1
-        generation = self.generation
+        while True:
+            self.generation += 1
+            far = [sink for sink in self._sinks if sink.transport == "broadcast"]
+            size = len(far) + 1
+            args = (cfg.host, self._port, size, cfg.timeout_s, self.generation)
+            results = await asyncio.gather(
+                self.source.join_weights(*args, self.plan_bytes),
+                *[sink.join(cfg.host, self._port, rank, size, cfg.timeout_s, self.generation, self._backend()) for rank, sink in enumerate(far, 1)],
+                return_exceptions=True,
+            )  # fmt: skip
+            failed = {sink: r for sink, r in zip(far, results[1:]) if isinstance(r, BaseException)}
+            if not failed and not isinstance(results[0], BaseException):
+                return
+            if not failed:
+                raise results[0]  # type: ignore[misc]  # the trainer could not form it
+            await self._drop(failed, "joining the weight group", always=True)
 
-        def connect() -> WeightGroup:
-            return WeightGroup(cfg.host, self._port, 1, 2, timeout_s=cfg.timeout_s, generation=generation, store=store)
-
-        joined, group = await asyncio.gather(
-            self.source.join_weights(cfg.host, self._port, 2, cfg.timeout_s, generation, self._plan_bytes), asyncio.to_thread(connect),
-            return_exceptions=True,
-        )  # fmt: skip
-        for result in (joined, group):
-            if isinstance(result, BaseException):
-                if isinstance(group, WeightGroup):
-                    group.close()
-                raise result
-        assert isinstance(group, WeightGroup) and self.plan is not None
-        self._group, self._receiver = group, WeightReceiver(group, self.plan)
+    def _backend(self) -> str:
+        return "nccl" if self.config.backend == "nccl" else "gloo"
 
     async def sync(self, version: int) -> SyncReport:
-        """Move the trainer's current parameters to the engine as ``version``."""
-        if self._receiver is None or self.plan is None:
+        """Move the trainer's current parameters to every engine in rotation as ``version``."""
+        if not self._started:
             raise RuntimeError("call start() first")
-        attempts = 0
+        removed_before = len(self.removed)
+        attempts, sender_failures = 0, 0
+        failures: dict[_Sink, int] = {}
+        started = time.perf_counter()
         while True:
             attempts += 1
-            started = time.perf_counter()
-            sent, received = await asyncio.gather(self.source.send_weights(version), asyncio.to_thread(self._receiver.receive), return_exceptions=True)
-            transfer = time.perf_counter() - started
-            error = next((r for r in (received, sent) if isinstance(r, BaseException)), None)
-            if error is None:
+            sinks = list(self._sinks)
+            results = await asyncio.gather(
+                self.source.send_weights(version), *[sink.stage(version, self.config.timeout_s) for sink in sinks], return_exceptions=True
+            )  # fmt: skip
+            failed = {sink: r for sink, r in zip(sinks, results[1:]) if isinstance(r, BaseException)}
+            sent = results[0]
+            if not failed and not isinstance(sent, BaseException):
                 break
-            if not _is_sync_failure(error) or attempts > self.config.retries:
-                raise error
-            log.warning("weight sync v%d failed (%s); forming generation %d and trying again", version, error, self.generation + 1)
+            for error in [sent, *failed.values()]:
+                if isinstance(error, BaseException) and not _is_sync_failure(error):
+                    raise error  # a bug or a bad config, not a transfer failure: retrying cannot help
+            if failed:
+                for sink in failed:
+                    failures[sink] = failures.get(sink, 0) + 1
+                await self._drop(failed, f"staging version {version}", always=False, failures=failures)
+            else:
+                sender_failures += 1
+                if sender_failures > self.config.retries:
+                    raise sent  # type: ignore[misc]
+            log.warning("weight sync v%d failed (attempt %d); forming generation %d and trying again", version, attempts, self.generation + 1)
             await self._join()
-        got_version, staged = received  # type: ignore[misc]
-        if got_version != version:
-            raise SyncError(f"weight sync: sent version {version}, received {got_version}")
-        swap = getattr(self.engine, "swap_weights", None)
-        if swap is not None:
-            pause = float(await swap(staged, version))
+        transfer = time.perf_counter() - started
+        sinks = list(self._sinks)
+        pauses = await asyncio.gather(*[sink.commit(version) for sink in sinks], return_exceptions=True)
+        failed = {sink: p for sink, p in zip(sinks, pauses) if isinstance(p, BaseException)}
+        if failed:  # staged but could not switch: out of rotation (it serves its old version)
+            await self._drop(failed, f"committing version {version}", always=True)
+        return SyncReport(
+            version=version, bytes=self.total_bytes, transfer_s=transfer, attempts=attempts,
+            pause_s=max((p for p in pauses if isinstance(p, float)), default=0.0),
+            engines=self.engines, transports={sink.name: sink.transport for sink in self._sinks}, removed=self.removed[removed_before:],
+        )  # fmt: skip
+
+    async def _drop(self, failed: dict[_Sink, BaseException], during: str, *, always: bool, failures: dict[_Sink, int] | None = None) -> None:
+        """Take failed engines out: those that no longer answer, those past ``weights.retries``
+        failures, or all of them (``always``). ``on_engine_failure="stop"`` raises instead."""
+        answers = await asyncio.gather(*[sink.alive(min(5.0, self.config.timeout_s)) for sink in failed])
+        dead = [sink for sink, ok in zip(failed, answers) if not ok]
+        if always:
+            out = list(failed)
+        elif dead:
+            out = dead  # the others most likely failed because of them: not counted against them
+            for sink in failed:
+                if failures is not None and sink not in dead:
+                    failures[sink] -= 1
         else:
-            began = time.perf_counter()
-            await self.engine.update_weights(staged, version)
-            pause = time.perf_counter() - began
-        return SyncReport(version=version, bytes=self.plan.total_bytes, transfer_s=transfer, pause_s=pause, attempts=attempts)
+            out = [sink for sink in failed if failures is not None and failures[sink] > self.config.retries]
+        if not out:
+            return
+        reasons = "; ".join(f"{sink.name}: {str(failed[sink]).splitlines()[0][:200] if str(failed[sink]) else type(failed[sink]).__name__}" for sink in out)
+        if self.config.on_engine_failure == "stop":
+            raise SyncError(f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run") from failed[out[0]]
+        for sink in out:
+            self._sinks.remove(sink)
+            self.removed.append(sink.name)
+            sink.close()
+            if self.router is not None:
+                self.router.remove_engine(sink.name)
+            log.warning("engine %s is out of rotation: it failed while %s and serves version %d", sink.name, during, sink.version)
+        if not self._sinks:
+            raise SyncError(f"weight sync failed while {during} and no engine is left ({reasons})") from failed[out[0]]
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        for sink in self._sinks:
+            sink.close()
 
 
 def _is_sync_failure(error: BaseException) -> bool:
-    # Locally a SyncError; from the trainer's rank, an ActorError whose remote type is SyncError.
-    return isinstance(error, SyncError) or getattr(error, "remote_type", "") == "SyncError"
+    """A failed transfer: locally a SyncError; from another process an ActorError whose remote
+    type is SyncError; or the engine's node died or did not answer in time."""
+    from ..runtime import ActorNotFound, CallTimeout, NodeLostError
+
+    return isinstance(error, (SyncError, CallTimeout, NodeLostError, ActorNotFound, TimeoutError)) or getattr(error, "remote_type", "") in (
+        "SyncError", "DistBackendError", "DistNetworkError",
+    )  # fmt: skip
 
 
 def _free_port(host: str) -> int:

@@ -1,0 +1,117 @@
+"""``EngineWeights``: the receiving side of the weight sync, in an engine's process.
+
+    weights = EngineWeights(engine)                   # any Engine; EngineActor holds one
+    mode = await weights.attach(plan, offer)          # once: "shm" (same machine) or "broadcast"
+    await weights.join(host, port, rank, size, ...)   # broadcast engines: a rank of the weight group
+    await weights.stage(7, timeout_s)                 # the version lands in a staging copy; decoding goes on
+    pause = await weights.commit(7)                   # the engine takes it whole: the only pause
+
+Staging and committing are two steps so that a synchroniser with several engines can stage
+the version on all of them first and only then let them switch, close together, and so a
+version is taken whole or not at all: an engine never serves a mix of two versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Literal
+
+import msgspec
+import torch
+
+from .buckets import BucketPlan
+from .group import SyncError, WeightGroup
+from .shm import SharedWeights, ShmOffer
+from .sync import StagingRing, WeightReceiver
+
+Transport = Literal["shm", "broadcast"]
+
+
+class EngineWeights:
+    """Receives versions for ``engine`` (anything with ``update_weights``; an engine with
+    ``swap_weights`` takes a version by reference, from a double-buffered staging ring)."""
+
+    def __init__(self, engine: Any, *, device: torch.device | str | None = None) -> None:
+        self.engine = engine
+        model = getattr(engine, "model", None)
+        first = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+        self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        self.plan: BucketPlan | None = None
+        self.transport: Transport = "broadcast"
+        self._ring: StagingRing | None = None
+        self._shared: SharedWeights | None = None
+        self._group: WeightGroup | None = None
+        self._receiver: WeightReceiver | None = None
+        self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.weight_version)
+
+    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> Transport:
+        """Take the plan (sent once) and, given the trainer's shared-memory offer, map it if this
+        process sees the same file: then versions are copied from it, else broadcast."""
+        self.plan = msgspec.msgpack.decode(plan, type=BucketPlan)
+        # Swapping by reference needs the version served to outlive the next one's staging.
+        depth = 2 if double_buffer and hasattr(self.engine, "swap_weights") else 1
+        self._ring = StagingRing(self.plan, device=self.device, depth=depth)
+        self._shared = None
+        if offer is not None and self.device.type == "cpu":
+            self._shared = SharedWeights.open(msgspec.convert(offer, ShmOffer), self.plan)
+        self.transport = "shm" if self._shared is not None else "broadcast"
+        return self.transport
+
+    async def join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo") -> None:
+        """Become ``rank`` of the weight group's ``generation`` (rank 0, the trainer, hosts its store)."""
+        if self.plan is None or self._ring is None:
+            raise SyncError("join before attach: the synchroniser sends the plan first")
+        previous = self._group
+        store = previous.store if previous is not None and previous.address == (host, port) else None
+        self.close_group()
+
+        def connect() -> WeightGroup:
+            return WeightGroup(host, port, rank, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
+
+        self._group = await asyncio.to_thread(connect)
+        self._receiver = WeightReceiver(self._group, self.plan, ring=self._ring)
+
+    async def stage(self, version: int, timeout_s: float) -> float:
+        """Receive ``version`` into a staging copy (the engine decodes meanwhile); returns seconds."""
+        started = time.perf_counter()
+        if self._shared is not None and self._ring is not None:
+            shared, ring = self._shared, self._ring
+            buffer = ring.next()
+            await asyncio.to_thread(shared.copy_into, buffer, version, timeout_s)
+            staged = (version, ring.tensors(buffer))
+        elif self._receiver is not None:
+            staged = await asyncio.to_thread(self._receiver.receive)
+            if staged[0] != version:
+                raise SyncError(f"weight sync: expected version {version}, the trainer sent {staged[0]}")
+        else:
+            raise SyncError("stage before join: this engine is in no weight group and maps no shared memory")
+        self._staged = staged
+        return time.perf_counter() - started
+
+    async def commit(self, version: int) -> float:
+        """The engine takes the staged ``version``; returns how long it paused decoding."""
+        if self._staged is None or self._staged[0] != version:
+            have = "nothing" if self._staged is None else f"version {self._staged[0]}"
+            raise SyncError(f"commit of version {version}, but {have} is staged here")
+        _, tensors = self._staged
+        self._staged = None
+        swap = getattr(self.engine, "swap_weights", None)
+        if swap is not None and self._ring is not None and self._ring.depth == 2:
+            return float(await swap(tensors, version))
+        began = time.perf_counter()
+        await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused
+        return time.perf_counter() - began
+
+    def close_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._receiver = None, None
+
+    def close(self) -> None:
+        self.close_group()
+        self._shared = None
