@@ -45,8 +45,8 @@ async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(mo
             report = await sync.sync(version)
             expected = await trainer.weights()
             served = dict(engine.model.named_parameters())
-            assert engine.weight_version == version and report.attempts == 1 and report.engines == {"engine-0": version}
-            assert report.transports == {"engine-0": "broadcast" if transport == "broadcast" else "shm"}
+            assert engine.weight_version == version and report.attempts == 1 and report.engines == {"local-0": version}
+            assert report.transports == {"local-0": "broadcast" if transport == "broadcast" else "shm"}
             assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
         sync.close()
     await engine.close()

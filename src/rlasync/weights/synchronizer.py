@@ -77,7 +77,7 @@ class _Sink:
     def __init__(self, engine: Any, index: int, call_deadline_s: float) -> None:
         self.remote = isinstance(engine, ActorRef)
         self.engine = engine
-        self.name = engine.name if self.remote else str(getattr(engine, "name", None) or f"engine-{index}")
+        self.name = engine.name if self.remote else str(getattr(engine, "name", None) or f"local-{index}")
         self.local = None if self.remote else EngineWeights(engine)
         self.deadline = call_deadline_s
         self.transport = "broadcast"
@@ -129,6 +129,9 @@ class ParameterSynchronizer:
         self._sinks = [_Sink(engine, i, config.timeout_s + 5.0) for i, engine in enumerate(listed)]
         if not self._sinks:
             raise ValueError("ParameterSynchronizer needs at least one engine")
+        names = [sink.name for sink in self._sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engines need distinct names, got {names}")
         self.generation = -1
         self.plan_bytes = b""
         self.total_bytes = 0
@@ -269,7 +272,7 @@ def _is_sync_failure(error: BaseException) -> bool:
     type is SyncError; or the engine's node died or did not answer in time."""
     from ..runtime import ActorNotFound, CallTimeout, NodeLostError
 
-    return isinstance(error, (SyncError, CallTimeout, NodeLostError, ActorNotFound, TimeoutError)) or getattr(error, "remote_type", "") in (
+    return isinstance(error, (SyncError, CallTimeout, NodeLostError, ActorNotFound, TimeoutError)) or str(getattr(error, "remote_type", "")).rsplit(".", 1)[-1] in (
         "SyncError", "DistBackendError", "DistNetworkError",
     )  # fmt: skip
 
