@@ -14,8 +14,13 @@ time). Measured, each as the best of ``--repeats``, on the sender and up to a ba
     long the engine stopped decoding to take each new version (``TorchEngine.swap_weights``),
     against the transfer (the receive, during which it decoded).
 
+(d) on CPU, ``shm_sync_s``: the same-host path. The trainer's parameters live in a shared-memory
+    file; a sync publishes the version in its header and the engine (decoding throughout)
+    copies it into its staging buffer (``EngineWeights``, as an ``EngineActor`` does), then
+    swaps (``shm_pause_s``). ``shm_vs_raw_broadcast`` = raw / this.
+
 Last line JSON: ``{"bytes", "sync_s", "raw_broadcast_s", "vs_raw_broadcast",
-"sync_while_decoding_s", "pause_s", "pause_vs_transfer"}`` with ``vs_raw_broadcast`` = raw /
+"sync_while_decoding_s", "pause_s", "pause_vs_transfer", "shm_sync_s", "shm_vs_raw_broadcast", "shm_pause_s"}`` with ``vs_raw_broadcast`` = raw /
 ours (goal >= 0.8) and ``pause_vs_transfer`` = pause / transfer (goal <= 0.1).
 """
 
@@ -29,10 +34,11 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import torch
 
 from rlasync.models import TinyLMConfig, build_tiny_lm
-from rlasync.weights import WeightGroup, WeightReceiver, WeightSender, flat_layout, plan_for
+from rlasync.weights import EngineWeights, SharedWeights, WeightGroup, WeightReceiver, WeightSender, flat_layout, plan_for
 
 
 def model_config(gb: float, seed: int) -> TinyLMConfig:
@@ -98,6 +104,24 @@ def sender(args: argparse.Namespace) -> None:
         sender_.send(params, version)
         group.barrier()
         busy.append(time.perf_counter() - started)
+    shm_times: list[float] = []
+    if args.device == "cpu":  # phase 3, the same-host path: the parameters live in shared memory
+        shared = SharedWeights.create(args.shm_dir, plan)
+        flat_layout(plan, dict(model.named_parameters()), out=shared.data)  # as rank 0 does: the optimizer writes there
+        path = torch.zeros(512, dtype=torch.uint8)
+        encoded = msgspec.json.encode(shared.offer)
+        path[: len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+        group.broadcast(path, "the shared-memory offer")  # the runtime sends it in rlasync; a broadcast will do here
+        for _ in range(args.repeats):
+            version += 1
+            group.barrier()
+            started = time.perf_counter()
+            shared.invalidate()  # a training step would change the parameters here
+            shared.publish(version)
+            group.barrier()  # the engine has copied the version into its staging buffer
+            shm_times.append(time.perf_counter() - started)
+        group.barrier()
+        shared.close()
     engine_report = json.loads(child.communicate(timeout=600)[0].strip().splitlines()[-1])
     group.close()
     sync_s, raw_s = min(ours), min(raw)
@@ -107,10 +131,18 @@ def sender(args: argparse.Namespace) -> None:
     print(f"weight sync, end to end:        {sync_s:7.3f} s  ({plan.total_bytes / sync_s / 1e9:.2f} GB/s, {raw_s / sync_s:.2f}x raw)")
     print(f"weight sync, engine decoding:   {min(busy):7.3f} s  (decoding and the transfer share the cores)")
     print(f"engine: decoded {engine_report['tokens_during_transfer']} tokens during those transfers; paused {pause * 1e3:.2f} ms to swap ({pause / transfer:.4f} of the transfer)")
-    print(json.dumps({
+    result = {
         "bytes": plan.total_bytes, "sync_s": round(sync_s, 4), "raw_broadcast_s": round(raw_s, 4), "vs_raw_broadcast": round(raw_s / sync_s, 3),
         "sync_while_decoding_s": round(min(busy), 4), "pause_s": round(pause, 5), "pause_vs_transfer": round(pause / transfer, 5),
-    }))  # fmt: skip
+    }  # fmt: skip
+    if shm_times:
+        shm_s = min(shm_times)
+        print(
+            f"same-host shared memory, engine decoding: {shm_s:7.3f} s  ({raw_s / shm_s:.2f}x the raw broadcast; "
+            f"pause {engine_report['shm_pause_s'] * 1e3:.2f} ms)"
+        )
+        result.update(shm_sync_s=round(shm_s, 4), shm_vs_raw_broadcast=round(raw_s / shm_s, 3), shm_pause_s=round(engine_report["shm_pause_s"], 5))
+    print(json.dumps(result))
 
 
 def engine(args: argparse.Namespace) -> None:
@@ -154,10 +186,24 @@ def engine(args: argparse.Namespace) -> None:
             tokens += server.stats().finished - before
             pauses.append(await server.swap_weights(staged, version))
             await asyncio.to_thread(group.barrier)
+        shm_pauses = []
+        if args.device == "cpu":  # phase 3: copies from the trainer's shared memory, decoding throughout
+            path = torch.zeros(512, dtype=torch.uint8)
+            await asyncio.to_thread(group.broadcast, path, "the shared-memory offer")
+            offer = msgspec.json.decode(bytes(path.numpy()).rstrip(b"\0"))
+            weights = EngineWeights(server)
+            assert await weights.attach(msgspec.msgpack.encode(plan), offer) == "shm", "the engine could not map the trainer's shared memory"
+            for _ in range(args.repeats):
+                version += 1
+                await asyncio.to_thread(group.barrier)
+                await weights.stage(version, timeout_s=600)
+                await asyncio.to_thread(group.barrier)
+                shm_pauses.append(await weights.commit(version))
+            await asyncio.to_thread(group.barrier)
         stop.set()
         await decoding
         await server.close()
-        return {"pause_s": min(pauses), "transfer_s": min(transfers), "tokens_during_transfer": tokens}
+        return {"pause_s": min(pauses), "transfer_s": min(transfers), "tokens_during_transfer": tokens, "shm_pause_s": min(shm_pauses, default=0.0)}
 
     report = asyncio.run(main())
     group.close()
@@ -171,6 +217,7 @@ if __name__ == "__main__":
     parser.add_argument("--alone-mb", type=float, default=0.0, help="tensors this big travel alone (0: the planner's default, a bucket)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL between GPU 0 (trainer) and GPU 1 (engine)")
+    parser.add_argument("--shm-dir", default="/dev/shm", help="where the same-host path's shared-memory file lives")
     parser.add_argument("--no-flat", action="store_true", help="pack every bucket (parameters not laid out as the buckets)")
     parser.add_argument("--role", choices=["trainer", "engine"], default="trainer")
     parser.add_argument("--port", type=int, default=0)
