@@ -17,6 +17,7 @@ from rlasync.config import EngineConfig
 from rlasync.engines import EngineError, GenerateOutput, GenerateRequest, SamplingParams
 from rlasync.engines.sglang import SGLangAPI, SGLangEngine, build_sglang, checkpoint_shapes, engine_kwargs
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
+from rlasync.models.tiny import load_tokenizer
 
 uvloop = pytest.mark.asyncio(loop_factories=["uvloop"])  # the loop SGLang itself installs
 
@@ -247,6 +248,52 @@ async def test_update_weights_changes_outputs_and_records_the_version(model_dir:
     await engine.close()
 
 
+def _trainer_batch() -> Any:
+    from rlasync.trainer import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    prompts, responses = torch.randint(3, 300, (4, 5), generator=g), torch.randint(3, 300, (4, 6), generator=g)
+    return TrainBatch(
+        prompts=prompts, responses=responses, response_mask=torch.ones(4, 6, dtype=torch.long), attention_mask=torch.ones(4, 11, dtype=torch.long),
+        position_ids=torch.arange(11).expand(4, -1).clone(), logprobs=-torch.rand(4, 6, generator=g), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+    )  # fmt: skip
+
+
+async def _sync_from_trainer(model_dir: Path, sglang: Any) -> None:
+    """A trainer step on ``model_dir``'s weights, synchronised into ``sglang`` and into a torch
+    engine together: both then answer greedily alike, and not as before."""
+    from rlasync.config import TrainerConfig, WeightsConfig
+    from rlasync.engines import TorchEngine
+    from rlasync.trainer import TrainerActor
+    from rlasync.weights import ParameterSynchronizer
+
+    torch_engine = TorchEngine.from_pretrained(str(model_dir))
+    tokenizer = load_tokenizer(model_dir)
+    ids = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    before = [o.token_ids for o in await asyncio.gather(*[sglang.generate(_req(f"b{i}", x, _greedy(12))) for i, x in enumerate(ids)])]
+    async with TrainerActor(TrainerConfig(world_size=1, lr=5e-2)) as trainer:
+        await trainer.start(model_dir)
+        await trainer.step(_trainer_batch())
+        sync = ParameterSynchronizer(WeightsConfig(), trainer, [sglang, torch_engine])
+        await sync.start()
+        report = await sync.sync(1)
+        sync.close()
+    assert report.engines == {"local-0": 1, "local-1": 1} and sglang.weight_version == 1
+    after = [o.token_ids for o in await asyncio.gather(*[sglang.generate(_req(f"a{i}", x, _greedy(12))) for i, x in enumerate(ids)])]
+    reference = [o.token_ids for o in await asyncio.gather(*[torch_engine.generate(_req(f"t{i}", x, _greedy(12))) for i, x in enumerate(ids)])]
+    assert after != before and after == reference
+    await torch_engine.close()
+
+
+@uvloop
+async def test_a_weight_sync_reaches_the_sglang_adapter_as_it_does_the_torch_engine(model_dir: Path) -> None:
+    engine = await make_fake_sglang_engine(str(model_dir))
+    try:
+        await _sync_from_trainer(model_dir, engine)
+    finally:
+        await engine.close()
+
+
 @uvloop
 async def test_bad_requests_get_clear_errors(model_dir: Path) -> None:
     engine = await make_fake_sglang_engine(str(model_dir))
@@ -394,6 +441,16 @@ async def test_real_sglang_greedy_logprobs_abort_and_seeds(tmp_path: Path) -> No
             if len(chunks) == 3:
                 assert await engine.abort("long")
         assert chunks[-1].finish_reason == "abort" and sum(len(c.token_ids) for c in chunks) < 900
+    finally:
+        await engine.close()
+
+
+@pytest.mark.gpu
+@uvloop
+async def test_real_sglang_takes_a_weight_sync_from_the_trainer(tmp_path: Path) -> None:
+    engine, _, _ = await _real_engine(tmp_path, enable_deterministic_inference=True)
+    try:  # the trainer on the CPU: the version reaches SGLang's GPU through update_weights
+        await _sync_from_trainer(tmp_path / "micro", engine)
     finally:
         await engine.close()
 

@@ -186,8 +186,12 @@ class TrainerActor:
             self._shared_files.append(str(offer[0]))
         return offer
 
-    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None:
-        await self._call_ranks({0: [host, port, size, timeout_s, generation, plan]}, "join_weights")
+    async def weight_backend(self) -> str:
+        """``nccl`` when rank 0's parameters are on a GPU, else ``gloo`` (``weights.backend=auto``)."""
+        return str((await self._call_ranks({0: []}, "weight_backend"))[0])
+
+    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
+        await self._call_ranks({0: [host, port, size, timeout_s, generation, plan, backend]}, "join_weights")
 
     async def send_weights(self, version: int) -> float:
         return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])

@@ -102,7 +102,11 @@ class RankServer:
             self.flat = flat_layout(self.plan, dict(trainer.model.named_parameters()), out=self.shared.data)
         return list(msgspec.to_builtins(self.shared.offer))
 
-    def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None:
+    def weight_backend(self) -> str:
+        """The weight group's backend this rank's parameters call for: NCCL on a GPU, else gloo."""
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
         """Rank 0 hosts the weight group's store and becomes its rank 0 (a new generation after
         a failure). ``size`` 1: no engine takes the broadcast (all copy from shared memory)."""
         if self.rank != 0:
@@ -122,7 +126,7 @@ class RankServer:
             # straight from the parameters' memory (no packing copy).
             self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
         if size > 1:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            backend = backend or self.weight_backend()
             group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
             self.sender = WeightSender(group, bucket_plan, device=self.device)
 

@@ -66,6 +66,9 @@ class EngineWeights:
         """Become ``rank`` of the weight group's ``generation`` (rank 0, the trainer, hosts its store)."""
         if self.plan is None or self._ring is None:
             raise SyncError("join before attach: the synchroniser sends the plan first")
+        if backend == "nccl" and self.device.type != "cuda":  # NCCL moves GPU memory: stage on this process's GPU
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self._ring = StagingRing(self.plan, device=self.device, depth=self._ring.depth)
         previous = self._group
         store = previous.store if previous is not None and previous.address == (host, port) else None
         self.close_group()

@@ -5,7 +5,7 @@
     report = await sync.sync(version=7)   # every engine stages v7 while decoding, then all swap
 
 The sending side is anything with the trainer actor's endpoints (``weight_plan``,
-``share_weights``, ``join_weights``, ``send_weights``; rank 0 sends, other ranks help gather
+``share_weights``, ``weight_backend``, ``join_weights``, ``send_weights``; rank 0 sends, other ranks help gather
 shards). The engines are ``EngineActor`` refs on any node, or engines in this process. An
 engine on the trainer's machine copies each version from the trainer's shared memory
 (``weights.transport``); the others are ranks of one torch.distributed group with rank 0 of
@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 class WeightSource(Protocol):
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes: ...
     async def share_weights(self, directory: str, plan: bytes) -> Any: ...
-    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes) -> None: ...
+    async def weight_backend(self) -> str: ...
+    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None: ...
     async def send_weights(self, version: int) -> float: ...
 
 
@@ -133,6 +134,7 @@ class ParameterSynchronizer:
         if len(set(names)) != len(names):
             raise ValueError(f"engines need distinct names, got {names}")
         self.generation = -1
+        self.backend = "gloo"
         self.plan_bytes = b""
         self.total_bytes = 0
         self._port = 0
@@ -153,6 +155,7 @@ class ParameterSynchronizer:
         bucket = int(cfg.bucket_mb * (1 << 20))
         self.plan_bytes = await self.source.weight_plan(bucket, int(cfg.alone_mb * (1 << 20)) or bucket)
         self.total_bytes = msgspec.msgpack.decode(self.plan_bytes, type=BucketPlan).total_bytes
+        self.backend = cfg.backend if cfg.backend != "auto" else await self.source.weight_backend()
         offer = await self.source.share_weights(cfg.shm_dir, self.plan_bytes) if cfg.transport != "broadcast" else None
         await asyncio.gather(*[sink.attach(self.plan_bytes, offer, cfg.double_buffer) for sink in self._sinks])
         if cfg.transport == "shm":
@@ -176,8 +179,8 @@ class ParameterSynchronizer:
             size = len(far) + 1
             args = (cfg.host, self._port, size, cfg.timeout_s, self.generation)
             results = await asyncio.gather(
-                self.source.join_weights(*args, self.plan_bytes),
-                *[sink.join(cfg.host, self._port, rank, size, cfg.timeout_s, self.generation, self._backend()) for rank, sink in enumerate(far, 1)],
+                self.source.join_weights(*args, self.plan_bytes, self.backend),
+                *[sink.join(cfg.host, self._port, rank, size, cfg.timeout_s, self.generation, self.backend) for rank, sink in enumerate(far, 1)],
                 return_exceptions=True,
             )  # fmt: skip
             failed = {sink: r for sink, r in zip(far, results[1:]) if isinstance(r, BaseException)}
@@ -186,9 +189,6 @@ class ParameterSynchronizer:
             if not failed:
                 raise results[0]  # type: ignore[misc]  # the trainer could not form it
             await self._drop(failed, "joining the weight group", always=True)
-
-    def _backend(self) -> str:
-        return "nccl" if self.config.backend == "nccl" else "gloo"
 
     async def sync(self, version: int) -> SyncReport:
         """Move the trainer's current parameters to every engine in rotation as ``version``."""
