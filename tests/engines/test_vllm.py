@@ -108,11 +108,11 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
     async with TrainerActor(TrainerConfig(lr=5e-2)) as trainer:
         await trainer.start(calc_model)
         await trainer.step(batch)  # a step big enough to change greedy answers
-        for engine in (vllm_engine, torch_engine):
-            sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.25), trainer, engine)
-            await sync.start()
-            await sync.sync(1)
-            sync.close()
+        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.25), trainer, [vllm_engine, torch_engine])  # one sync, both engines
+        await sync.start()
+        report = await sync.sync(1)
+        sync.close()
+    assert report.engines == {"local-0": 1, "local-1": 1} and report.transports == {"local-0": "shm", "local-1": "shm"}
     after_vllm, after_torch = await greedy(vllm_engine, "a"), await greedy(torch_engine, "t")
     assert vllm_engine.weight_version == torch_engine.weight_version == 1
     assert after_vllm != before  # vLLM serves the new weights
