@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -66,3 +68,28 @@ def test_parameters_laid_out_as_the_buckets_are_sent_from_their_own_memory() -> 
     optimizer.step()
     assert not torch.equal(live["0.weight"], before["0.weight"])
     assert torch.equal(contiguous_bucket(plan, 0, live), pack(plan, 0, live))
+
+
+def test_shared_weights_are_found_only_by_their_nonce_and_a_changed_buffer_is_never_copied(tmp_path: Path) -> None:
+    from rlasync.weights import SharedWeights, ShmOffer, SyncError, flat_layout, plan_for
+
+    params = {"a": torch.randn(5, 3), "b": torch.arange(7, dtype=torch.int64)}
+    plan = plan_for(params, 64)
+    shared = SharedWeights.create(tmp_path, plan)
+    flat_layout(plan, params, out=shared.data)  # the tensors now live in the file
+    offer = shared.offer
+    assert SharedWeights.open(ShmOffer(offer.path, offer.nonce + 1, offer.nbytes), plan) is None  # another machine's file
+    assert SharedWeights.open(ShmOffer(str(tmp_path / "missing"), offer.nonce, offer.nbytes), plan) is None
+    view = SharedWeights.open(offer, plan)
+    assert view is not None
+    staging = torch.zeros(offer.nbytes, dtype=torch.uint8)
+    with pytest.raises(SyncError, match="not published within"):
+        view.copy_into(staging, 1, timeout_s=0.05)  # created as "changing": nothing to copy yet
+    shared.publish(1)
+    view.copy_into(staging, 1, timeout_s=1)
+    assert torch.equal(staging, shared.data)
+    shared.publish(2)
+    with pytest.raises(SyncError, match="published 2"):
+        view.copy_into(staging, 1, timeout_s=1)
+    shared.close()
+    assert not Path(offer.path).exists()

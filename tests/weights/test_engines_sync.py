@@ -112,3 +112,23 @@ async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadl
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(victim, signal.SIGKILL)
                 sync.close()
+
+
+async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_version(nano_model_dir: Path) -> None:
+    async with LocalCluster(nodes=3, config=FAST) as cluster, TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer:
+        first, late = await _engines(cluster, nano_model_dir)
+        await trainer.start(nano_model_dir)
+        async with Router([first], RouterConfig()) as router:
+            sync = ParameterSynchronizer(WeightsConfig(transport="broadcast"), trainer, [first], router=router)
+            await sync.start()
+            await trainer.step(_batch(1))
+            await sync.sync(1)
+            await sync.add_engine(late)  # e.g. a restarted node: out of rotation until it is current
+            assert [e.name for e in router.engines] == ["engine-1"]
+            await trainer.step(_batch(2))
+            report = await sync.sync(2)
+            assert report.engines == {"engine-1": 2, "engine-2": 2} and sync.generation == 1
+            assert [e.name for e in router.engines] == ["engine-1", "engine-2"]
+            expected, served = await trainer.weights(), await late.parameters()
+            assert all(torch.equal(served[name], tensor) for name, tensor in expected.items())
+            sync.close()

@@ -51,9 +51,11 @@ class WeightSource(Protocol):
 
 
 class Rotation(Protocol):
-    """Where engines serve requests (the ``Router``): a failed engine leaves it."""
+    """Where engines serve requests (the ``Router``): a failed engine leaves it, an added one
+    enters it once it serves the current version."""
 
     def remove_engine(self, name: str) -> None: ...
+    def add_engine(self, ref: Any) -> None: ...
 
 
 class SyncReport(msgspec.Struct, kw_only=True):
@@ -83,6 +85,7 @@ class _Sink:
         self.deadline = call_deadline_s
         self.transport = "broadcast"
         self.version = -1
+        self.joining = False  # added after start: enters rotation at its first commit
 
     def _call(self, endpoint: str, *args: Any, timeout: float | None = None) -> Any:
         if self.local is not None:
@@ -139,6 +142,8 @@ class ParameterSynchronizer:
         self.total_bytes = 0
         self._port = 0
         self._started = False
+        self._offer: Any = None
+        self._regroup = False  # an engine was added: the next sync forms a new generation first
         self.removed: list[str] = []
 
     @property
@@ -157,6 +162,7 @@ class ParameterSynchronizer:
         self.total_bytes = msgspec.msgpack.decode(self.plan_bytes, type=BucketPlan).total_bytes
         self.backend = cfg.backend if cfg.backend != "auto" else await self.source.weight_backend()
         offer = await self.source.share_weights(cfg.shm_dir, self.plan_bytes) if cfg.transport != "broadcast" else None
+        self._offer = offer
         await asyncio.gather(*[sink.attach(self.plan_bytes, offer, cfg.double_buffer) for sink in self._sinks])
         if cfg.transport == "shm":
             far = [sink.name for sink in self._sinks if sink.transport != "shm"]
@@ -190,10 +196,28 @@ class ParameterSynchronizer:
                 raise results[0]  # type: ignore[misc]  # the trainer could not form it
             await self._drop(failed, "joining the weight group", always=True)
 
+    async def add_engine(self, engine: Any) -> None:
+        """Bring a new (or restarted) engine in: it gets the plan now and the next sync's
+        version, and enters the ``router`` only once it serves that version."""
+        if not self._started:
+            raise RuntimeError("call start() first")
+        sink = _Sink(engine, len(self._sinks) + len(self.removed), self.config.timeout_s + 5.0)
+        if sink.name in {s.name for s in self._sinks}:
+            raise ValueError(f"engine {sink.name!r} is already synchronised")
+        await sink.attach(self.plan_bytes, self._offer, self.config.double_buffer)
+        if self.config.transport == "shm" and sink.transport != "shm":
+            raise SyncError(f"weights.transport=shm, but engine {sink.name!r} cannot map the trainer's shared memory; use weights.transport=auto")
+        sink.joining = True
+        self._sinks.append(sink)
+        self._regroup = sink.transport == "broadcast" or self._regroup
+
     async def sync(self, version: int) -> SyncReport:
         """Move the trainer's current parameters to every engine in rotation as ``version``."""
         if not self._started:
             raise RuntimeError("call start() first")
+        if self._regroup:
+            self._regroup = False
+            await self._join()
         removed_before = len(self.removed)
         attempts, sender_failures = 0, 0
         failures: dict[_Sink, int] = {}
@@ -227,6 +251,11 @@ class ParameterSynchronizer:
         failed = {sink: p for sink, p in zip(sinks, pauses) if isinstance(p, BaseException)}
         if failed:  # staged but could not switch: out of rotation (it serves its old version)
             await self._drop(failed, f"committing version {version}", always=True)
+        for sink in self._sinks:
+            if sink.joining:  # serves the current version now: into rotation
+                sink.joining = False
+                if self.router is not None and sink.remote:
+                    self.router.add_engine(sink.engine)
         return SyncReport(
             version=version, bytes=self.total_bytes, transfer_s=transfer, attempts=attempts,
             pause_s=max((p for p in pauses if isinstance(p, float)), default=0.0),
