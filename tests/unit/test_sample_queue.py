@@ -1,0 +1,81 @@
+"""The sample queue's staleness bound over long randomized runs: never exceeded, nothing dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from rlasync.modes.queue import SampleQueue, StalenessError
+
+
+async def _run(seed: int, *, batch: int, steps_per_version: int, max_staleness: int, capacity: int | None, steps: int) -> tuple[SampleQueue[int], list[tuple[int, int]]]:
+    """A rollouter admitting as fast as the queue allows, samples finishing after random delays
+    (a long tail), and a trainer taking ``steps`` steps; returns (admitted version, trained version) pairs."""
+    rng = random.Random(seed)
+    queue: SampleQueue[int] = SampleQueue(batch, steps_per_version=steps_per_version, max_staleness=max_staleness, capacity=capacity)
+    trained: list[tuple[int, int]] = []
+    running: set[asyncio.Task[None]] = set()
+
+    async def sample(ticket: object) -> None:
+        await asyncio.sleep(rng.choice([0, 0, 0.001, 0.002, 0.02]))  # some samples are 10-20x slower
+        await queue.put(ticket, ticket.index)  # type: ignore[attr-defined]
+
+    async def rollouter() -> None:
+        while True:
+            ticket = await queue.admit()
+            task = asyncio.create_task(sample(ticket))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+    producer = asyncio.create_task(rollouter())
+    for step in range(steps):
+        for ticket, index in await queue.take():
+            assert index == ticket.index
+            trained.append((ticket.version, queue.version))
+        if (step + 1) % steps_per_version == 0:
+            await asyncio.sleep(rng.choice([0, 0.001]))  # the weight sync
+            await queue.advance()
+    producer.cancel()
+    await asyncio.gather(producer, *running, return_exceptions=True)
+    return queue, trained
+
+
+@pytest.mark.parametrize(
+    "batch, steps_per_version, max_staleness, capacity",
+    [(4, 1, 0, None), (4, 1, 1, None), (3, 2, 2, None), (5, 4, 1, 7), (2, 3, 3, 9)],
+)
+async def test_no_sample_is_trained_past_its_bound_and_none_is_dropped(batch: int, steps_per_version: int, max_staleness: int, capacity: int | None) -> None:
+    for seed in range(2):
+        queue, trained = await _run(seed, batch=batch, steps_per_version=steps_per_version, max_staleness=max_staleness, capacity=capacity, steps=60)
+        assert len(trained) == 60 * batch
+        staleness = [at - admitted for admitted, at in trained]
+        assert min(staleness) >= 0 and max(staleness) <= max_staleness
+        if max_staleness:
+            assert max(staleness) == max_staleness  # the bound is used, not just respected
+        # Nothing dropped: everything admitted was trained on, or is still waiting (in flight or ready).
+        assert queue.admitted == queue.consumed + queue.ready + queue.running
+        assert queue.ready + queue.running <= queue.capacity
+
+
+async def test_on_policy_means_every_sample_trained_at_the_version_it_was_admitted_at() -> None:
+    _, trained = await _run(7, batch=4, steps_per_version=1, max_staleness=0, capacity=None, steps=40)
+    assert all(admitted == at for admitted, at in trained)
+
+
+async def test_misuse_is_an_error_not_a_silent_violation() -> None:
+    queue: SampleQueue[int] = SampleQueue(2, steps_per_version=1)
+    with pytest.raises(StalenessError, match="advance"):
+        await queue.advance()  # no step taken yet at this version
+    for _ in range(2):
+        await queue.put(await queue.admit(), 0)
+    await queue.take()
+    assert not queue.can_admit()  # on-policy: nothing new until the weights change
+    with pytest.raises(StalenessError, match="advance"):
+        await queue.take()
+    with pytest.raises(ValueError, match="less than one batch"):
+        SampleQueue(4, capacity=3)
+    await queue.close()
+    with pytest.raises(asyncio.CancelledError):
+        await queue.admit()
