@@ -1,6 +1,7 @@
 """Typed configuration (msgspec Structs) read from YAML; imports no torch."""
 
 from .agent import AgentConfig
+from .async_training import AsyncTrainingConfig
 from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
 from .loader import Config, ConfigError, convert, load_config
@@ -8,4 +9,4 @@ from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
 
-__all__ = ["AgentConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]
+__all__ = ["AgentConfig", "AsyncTrainingConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]

@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from .agent import AgentConfig
+from .async_training import AsyncTrainingConfig
 from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
@@ -38,6 +39,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
+    async_training: AsyncTrainingConfig = msgspec.field(default_factory=AsyncTrainingConfig)
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

@@ -70,6 +70,12 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The run (``train.*``): task, model, schedule."""
 
+    mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
+    """The schedule: ``sync`` (generate, then train, strictly alternating), ``one_step_off``
+    (generating the next batch while training on this one: every update one version old), or
+    ``fully_async`` (a rollouter streaming samples through a bounded queue to the trainer;
+    ``async_training.*``)."""
+
     task: str = "reverse"
     """A synthetic task (``reverse``, ``arith``, ``calc``)."""
     preset: str = "nano"
