@@ -50,7 +50,8 @@ def train(
     overrides: list[str] = typer.Argument(None, help="Dotted overrides: trainer.lr=3e-4 train.steps=100 ..."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in train.run_dir."),
 ) -> None:
-    """Train with the synchronous GRPO schedule; ends with one JSON line of the result."""
+    """Train with the schedule ``train.mode`` names (sync, one_step_off, fully_async); ends
+    with one JSON line of the result."""
     import json
     import logging
 
@@ -65,7 +66,7 @@ def train(
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from .modes.sync import train_sync
+    from .modes import train
 
     import time
 
@@ -88,7 +89,7 @@ def train(
     from .trainer.checkpoint import CheckpointError
 
     try:
-        result = uvloop.run(train_sync(cfg, resume=resume, on_step=progress))
+        result = uvloop.run(train(cfg, resume=resume, on_step=progress))
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None

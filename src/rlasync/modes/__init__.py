@@ -1,5 +1,32 @@
-"""Training schedules: ``sync`` (on-policy GRPO, the baseline)."""
+"""Training schedules: ``sync`` (on-policy GRPO, the baseline), ``one_step_off`` and
+``fully_async``; ``train`` runs the one ``train.mode`` names.
 
-from .sync import TrainResult, train_sync
+    result = await train(load_config("configs/quickstart_async.yaml"))
+"""
 
-__all__ = ["TrainResult", "train_sync"]
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..config import Config, ConfigError
+from .fully_async import train_fully_async
+from .one_step_off import train_one_step_off
+from .parts import TrainResult
+from .queue import SampleQueue, StalenessError
+from .sync import train_sync
+
+
+async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Run ``config``'s schedule (``train.mode``); ``resume`` continues the sync mode from its
+    newest checkpoint."""
+    mode = config.train.mode
+    if mode == "sync":
+        return await train_sync(config, resume=resume, on_step=on_step)
+    if resume:
+        raise ConfigError(f"--resume is written for train.mode=sync only; train.mode={mode} cannot resume yet")
+    if mode == "one_step_off":
+        return await train_one_step_off(config, on_step=on_step)
+    return await train_fully_async(config, on_step=on_step)
+
+
+__all__ = ["SampleQueue", "StalenessError", "TrainResult", "train", "train_fully_async", "train_one_step_off", "train_sync"]

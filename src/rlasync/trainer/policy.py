@@ -144,6 +144,7 @@ class PolicyTrainer:
             loss, metrics = policy_loss(
                 new, part.logprobs, part.advantages, part_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
+                proximal_logprobs=part.proximal_logprobs, is_weights=part.is_weights,
             )  # fmt: skip
             if self.reference is not None:  # KL(pi || pi_ref) penalty, estimated per token
                 with torch.no_grad():

@@ -9,6 +9,7 @@ import torch
 
 
 TENSOR_FIELDS = ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "logprobs", "advantages")
+OPTIONAL_FIELDS = ("proximal_logprobs", "is_weights")  # off-policy correction, when the schedule asks for it
 
 
 class TrainBatch(msgspec.Struct, kw_only=True):
@@ -21,6 +22,8 @@ class TrainBatch(msgspec.Struct, kw_only=True):
     position_ids: Any  # [B, P + R] long: the engine's positions (real tokens only)
     logprobs: Any  # [B, R] float: behaviour logprobs
     advantages: Any  # [B] or [B, R] float
+    proximal_logprobs: Any = None  # [B, R] float: decoupled PPO's proximal policy (the trainer's before the step)
+    is_weights: Any = None  # [B, R] float: importance weights (e.g. truncated IS) multiplying each token's loss
 
     @classmethod
     def from_rollout(cls, batch: Any, advantages: torch.Tensor | None = None) -> TrainBatch:
@@ -38,10 +41,13 @@ class TrainBatch(msgspec.Struct, kw_only=True):
         missing = [name for name in TENSOR_FIELDS if name not in tensors]
         if missing:
             raise ValueError(f"a training batch needs {', '.join(missing)}")
-        return cls(**{name: tensors[name] for name in TENSOR_FIELDS})
+        return cls(**{name: tensors[name] for name in TENSOR_FIELDS}, **{name: tensors[name] for name in OPTIONAL_FIELDS if name in tensors})
+
+    def _present(self) -> tuple[str, ...]:
+        return TENSOR_FIELDS + tuple(name for name in OPTIONAL_FIELDS if getattr(self, name) is not None)
 
     def tensors(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in TENSOR_FIELDS}
+        return {name: getattr(self, name) for name in self._present()}
 
     @property
     def size(self) -> int:
@@ -53,10 +59,10 @@ class TrainBatch(msgspec.Struct, kw_only=True):
 
     def rows(self, rows: slice) -> TrainBatch:
         """A slice of the sequences; the padded widths stay, so every slice lines up."""
-        return TrainBatch(**{name: getattr(self, name)[rows] for name in TENSOR_FIELDS})
+        return TrainBatch(**{name: getattr(self, name)[rows] for name in self._present()})
 
     def to(self, device: Any) -> TrainBatch:
-        return TrainBatch(**{name: getattr(self, name).to(device) for name in TENSOR_FIELDS})
+        return TrainBatch(**{name: getattr(self, name).to(device) for name in self._present()})
 
     def loss_denominator(self, agg: str) -> float:
         """What the batch's loss is normalised by: its model tokens (``token-mean``) or its

@@ -1,0 +1,82 @@
+"""One trainer step of an asynchronous schedule: its mini-batches, the off-policy correction
+``async_training.*`` asks for, and how stale the data was.
+
+A step takes whole samples (prompt groups). They are trained on in mini-batches of
+``train.prompts_per_step`` samples, one optimiser update each (``require_batches`` of them).
+With ``use_rollout_log_probs`` (the default) PPO's ratio is taken against the engine's
+behaviour logprobs; otherwise the trainer first recomputes the logprobs under its current
+parameters (the proximal policy) and the loss is decoupled PPO. ``rollout_is`` adds truncated
+importance weights from the behaviour to the proximal policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import torch
+
+from ..algorithms import offpolicy_metrics, tis_weights
+from ..trainer.types import reduce_metrics
+from .parts import Run
+
+
+async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[str, Any]:
+    """Train on ``samples`` (each a group of trajectories) at ``version``; the step's metrics."""
+    config, acfg = run.config, run.config.async_training
+    temperature = config.train.temperature
+    per_update = config.train.prompts_per_step
+    parts: list[tuple[float, dict[str, float]]] = []
+    rewards, tokens = [], 0
+    for start in range(0, len(samples), per_update):
+        trajectories = [t for sample in samples[start : start + per_update] for t in sample]
+        batch, train_batch = run.train_batch(trajectories)
+        extra: dict[str, float] = {}
+        if not acfg.use_rollout_log_probs or acfg.rollout_is != "none":
+            proximal = await run.trainer.compute_logprobs(train_batch, temperature=temperature)
+            mask = train_batch.response_mask
+            extra.update({f"offpolicy/{k}": v for k, v in offpolicy_metrics(proximal, train_batch.logprobs, mask).items()})
+            if not acfg.use_rollout_log_probs:
+                train_batch = msgspec.structs.replace(train_batch, proximal_logprobs=proximal)
+            if acfg.rollout_is != "none":
+                weights, is_metrics = tis_weights(proximal, train_batch.logprobs, mask, level=acfg.rollout_is, threshold=acfg.rollout_is_threshold)
+                train_batch = msgspec.structs.replace(train_batch, is_weights=weights)
+                extra.update({f"offpolicy/{k}": v for k, v in is_metrics.items()})
+        metrics = await run.trainer.step(train_batch, temperature=temperature)
+        parts.append((float(metrics.get("tokens", 0.0)), {**metrics, **extra}))
+        rewards.append(batch.rewards)
+        tokens += int(batch.response_mask.sum())
+    merged = reduce_metrics(parts)
+    record: dict[str, Any] = {f"train/{k}": v for k, v in merged.items() if k != "tokens"}
+    record.update(reward=float(torch.cat(rewards).mean()), response_tokens=tokens, updates=len(parts))
+    record.update(staleness(samples, version))
+    return record
+
+
+def staleness(samples: list[list[Any]], version: int) -> dict[str, Any]:
+    """How old the trained data was: per model token and per sample (``version`` minus the
+    oldest version of its tokens), as histograms (index = versions behind), plus the samples
+    whose tokens span several versions (partial rollouts) and the widest span."""
+    token_hist: dict[int, int] = {}
+    sample_hist: dict[int, int] = {}
+    partial, widest = 0, 0
+    for sample in samples:
+        versions = [v for trajectory in sample for v, m in zip(trajectory.versions, trajectory.response_mask) if m]
+        if not versions:
+            continue
+        for v in versions:
+            token_hist[version - v] = token_hist.get(version - v, 0) + 1
+        oldest = version - min(versions)
+        sample_hist[oldest] = sample_hist.get(oldest, 0) + 1
+        span = max(versions) - min(versions)
+        partial += span > 0
+        widest = max(widest, span)
+    def dense(hist: dict[int, int]) -> list[int]:
+        return [hist.get(i, 0) for i in range(max(hist, default=-1) + 1)]
+
+    total = sum(token_hist.values()) or 1
+    return {
+        "async/staleness_token_hist": dense(token_hist), "async/staleness_sample_hist": dense(sample_hist),
+        "async/staleness_token_mean": sum(k * n for k, n in token_hist.items()) / total,
+        "async/staleness_max": max(sample_hist, default=0), "async/partial_samples": partial, "async/partial_span_max": widest,
+    }  # fmt: skip

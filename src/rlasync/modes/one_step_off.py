@@ -1,0 +1,85 @@
+"""One-step off-policy GRPO: generating the next batch while training on this one.
+
+    rollout(1) at v0 ─┐
+                      ├─ train step 1 on batch 1 (v0: on-policy) ─ sync v1 ─┐
+    rollout(2) at v0 ─┘                                                     │
+                      rollout(3) at v1 ─────────── train step 2 on batch 2 ─┴─ sync v2 ...
+
+Each iteration waits for the batch in flight, pushes the weights of the last step to the
+engine (no generation is running then, so a batch never mixes versions), starts generating
+the next batch, and trains on the one it has meanwhile. Every update after the first trains
+on data exactly one version old (verl's ``one_step_off_policy``). Engine and trainer are
+busy at once: the engine in this process, the trainer's ranks in theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, Callable
+
+from ..config import Config, ConfigError
+from .offpolicy import train_step
+from .parts import Run, TrainResult
+
+
+async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    cfg = config.train
+    if config.async_training.trigger_parameter_sync_step != 1:
+        raise ConfigError("train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1")
+    run = await Run.open(config)
+    batch_rows = cfg.prompts_per_step * config.async_training.require_batches
+    pending: asyncio.Task[list[Any]] | None = None
+
+    def generate(step: int) -> asyncio.Task[list[Any]]:
+        rows = run.sampler.next_batch(batch_rows)
+        return asyncio.ensure_future(_groups(run, rows, f"step{step}"))
+
+    try:
+        initial = accuracy = await run.validate()
+        run.write({"step": 0, "val_accuracy": initial})
+        pending = generate(1)
+        served = 0  # the version the engine serves
+        for step in range(1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            assert pending is not None
+            samples = await pending
+            waited = time.perf_counter() - t0
+            synced = None
+            if served < step - 1:  # the engine is idle now: push the last step's weights
+                synced = await run.synchronizer.sync(step - 1)
+                served = step - 1
+            pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
+            record: dict[str, Any] = {"step": step, **await train_step(run, samples, version=step - 1)}
+            took = time.perf_counter() - t0
+            record.update({"rollout_s": waited, "train_s": took - waited, "trainer/idle_ratio": waited / took})
+            if synced is not None:
+                record.update({"weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s})
+            if step % cfg.validate_every == 0 or step == cfg.steps:
+                if pending is not None:  # validate this step's weights: once the batch in flight is done
+                    await asyncio.wait([pending])
+                await run.synchronizer.sync(step)
+                served = step
+                accuracy = await run.validate()
+                record["val_accuracy"] = accuracy
+            run.write(record)
+            if on_step is not None:
+                on_step(record)
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        await run.close()
+    return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
+
+
+async def _groups(run: Run, rows: list[Any], name: str) -> list[list[Any]]:
+    """Roll out ``rows`` as samples: one group of ``train.group_size`` trajectories per row."""
+    trajectories = await run.rollout(rows, name)
+    size = run.config.train.group_size
+    return [trajectories[i : i + size] for i in range(0, len(trajectories), size)]
+
+
+__all__ = ["train_one_step_off"]
