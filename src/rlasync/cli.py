@@ -93,6 +93,9 @@ def train(
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # the run's tasks were cancelled and its parts closed on the way out
+        typer.echo(f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
+        raise typer.Exit(130) from None
     typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")
     typer.echo(json.dumps(msgspec.to_builtins(result)))
 

@@ -1,0 +1,124 @@
+"""The asynchronous schedules end to end on the tiny model: the staleness bound and the
+on-policy setting hold for every trained token, one-step-off trains one version behind,
+partial rollouts happen, and a run stops cleanly on Ctrl-C and when a trainer rank dies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlasync.config import load_config
+from rlasync.modes import train
+from rlasync.trainer import RankLostError
+
+uvloop = pytest.mark.asyncio(loop_factories=["uvloop"])  # the loop `rlasync train` runs on
+CONFIG = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+
+
+def _config(tmp_path: Path, model_dir: Path, *overrides: str) -> Any:
+    base = [
+        f"train.run_dir={tmp_path}", f"train.model_dir={model_dir}", "train.prompts_per_step=4", "train.group_size=4",
+        "train.max_new_tokens=24", "train.val_size=8", "train.validate_every=100", "trainer.lr=1e-3",
+    ]  # fmt: skip
+    return load_config(CONFIG, [*base, *overrides])
+
+
+async def _records(config: Any) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    await train(config, on_step=records.append)
+    return records
+
+
+@uvloop
+async def test_the_on_policy_setting_trains_only_tokens_of_the_version_being_trained(tmp_path: Path, nano_model_dir: Path) -> None:
+    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=5",
+                     "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0")  # fmt: skip
+    records = await _records(config)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    for r in records:  # index 0 of the histogram: tokens 0 versions old; nothing anywhere else
+        assert r["async/staleness_token_hist"] == [r["response_tokens"]] and r["async/partial_samples"] == 0
+        assert r["async/version"] == r["step"]  # one sync per step
+
+
+@uvloop
+async def test_a_fully_async_run_keeps_the_staleness_bound_with_partial_rollouts(tmp_path: Path, nano_model_dir: Path) -> None:
+    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=8", "async_training.trigger_parameter_sync_step=2",
+                     "async_training.staleness_threshold=0.5", "async_training.require_batches=2", "train.prompts_per_step=2")  # fmt: skip
+    records = await _records(config)
+    assert max(r["async/staleness_max"] for r in records) <= 1  # ceil(0.5)
+    assert all(len(r["async/staleness_token_hist"]) <= 2 for r in records) and all(r["updates"] == 2 for r in records)
+    assert sum(r["async/partial_samples"] for r in records) > 0  # the syncs cut generations, which went on
+    assert max(r["async/partial_span_max"] for r in records) == 1
+    last = records[-1]
+    assert last["async/consumed"] == 8 * 4 and last["async/admitted"] >= last["async/consumed"]
+
+
+@uvloop
+async def test_one_step_off_trains_on_data_exactly_one_version_old(tmp_path: Path, nano_model_dir: Path) -> None:
+    records = await _records(_config(tmp_path, nano_model_dir, "train.mode=one_step_off", "train.steps=4", "train.validate_every=2"))
+    assert records[0]["async/staleness_token_hist"] == [records[0]["response_tokens"]]  # the first step is on-policy
+    for r in records[1:]:
+        assert r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["async/partial_samples"] == 0
+    assert [r["step"] for r in records if "val_accuracy" in r] == [2, 4]
+
+
+def _rank_pids(parent: int) -> list[int]:
+    """The trainer rank processes among ``parent``'s children."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[1]) == parent and b"rlasync.trainer.rank" in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+@uvloop
+async def test_a_dead_trainer_rank_stops_the_async_run_cleanly(tmp_path: Path, nano_model_dir: Path) -> None:
+    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=200", "async_training.staleness_threshold=1",
+                     "trainer.call_timeout_s=60")  # fmt: skip
+    killed: list[float] = []
+
+    def on_step(record: dict[str, Any]) -> None:
+        if record["step"] == 2:
+            for pid in _rank_pids(os.getpid()):
+                os.kill(pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    with pytest.raises(RankLostError):
+        await train(config, on_step=on_step)
+    assert time.monotonic() - killed[0] < 20  # an error at once, not a wait for the call deadline
+    assert not _rank_pids(os.getpid())
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not pending, pending  # the rollouter and its samples were stopped
+
+
+def test_ctrl_c_stops_an_async_run_cleanly(tmp_path: Path, nano_model_dir: Path) -> None:
+    overrides = [f"train.run_dir={tmp_path}", f"train.model_dir={nano_model_dir}", "train.mode=fully_async", "train.steps=500",
+                 "train.prompts_per_step=4", "train.group_size=4", "train.val_size=8", "async_training.staleness_threshold=1"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "rlasync", "train", str(CONFIG), *overrides], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):  # a few steps in
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    ranks = _rank_pids(proc.pid)
+    assert ranks
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and "Traceback" not in output, output
+    time.sleep(1.5)
+    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists() and "Z" not in (Path(f"/proc/{pid}") / "stat").read_text().split()[2]]
