@@ -1,0 +1,274 @@
+"""``SimEngine``: an engine whose decoding time follows a model instead of running a network,
+so the real schedulers (rollouter, queue, router, agent loops) can be measured at cluster scale
+on one machine.
+
+    clock = SimClock(scale=0.01)                  # one simulated second per 10 ms of wall time
+    gpu = SimEngine(clock, LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256),
+                    LogNormalLengths(median=2000, sigma=0.8, cap=16000))
+
+A simulated GPU decodes its running sequences together; one step of ``b`` sequences takes
+``base_s + per_seq_s * b`` simulated seconds. It is event-driven: it sleeps straight to the
+next completion (or until an arrival, abort or pause wakes it), then advances every sequence
+by the steps that fit in the time that passed, instead of waking for every decoding step.
+Each *simulated token* stands for ``token_block`` tokens (the step time is multiplied by it),
+which keeps the Python work per simulated second small; counts it reports are real tokens.
+
+A request's response length comes from its seed (the agent loops seed each turn), and a turn
+that was cut (``pause("abort")``) and is re-submitted continues where it stopped, so partial
+rollouts behave as on a real engine. Tokens carry the weight version they were made under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import random
+import time
+from typing import Any, AsyncIterator, Mapping
+
+import msgspec
+
+from .protocol import EngineError, until_finished
+from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+
+
+class SimClock:
+    """Simulated time running ``1 / scale`` times faster than the wall clock."""
+
+    def __init__(self, scale: float = 0.01) -> None:
+        if scale <= 0:
+            raise ValueError(f"scale is wall seconds per simulated second, > 0; got {scale}")
+        self.scale = scale
+        self._origin = time.perf_counter()
+
+    def now(self) -> float:
+        return (time.perf_counter() - self._origin) / self.scale
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) * self.scale)
+
+    def wall(self, seconds: float) -> float:
+        return seconds * self.scale
+
+
+class LatencyModel(msgspec.Struct, frozen=True, kw_only=True):
+    """One decoding step of ``b`` sequences takes ``base_s + per_seq_s * b`` seconds, ``b <= max_batch``."""
+
+    base_s: float = 0.015
+    per_seq_s: float = 0.00015
+    max_batch: int = 256
+
+    def step_s(self, batch: int) -> float:
+        return self.base_s + self.per_seq_s * batch
+
+
+class LogNormalLengths(msgspec.Struct, frozen=True, kw_only=True):
+    """Response lengths in tokens: log-normal with this median and sigma, capped."""
+
+    median: float = 2000.0
+    sigma: float = 0.8
+    cap: int = 16000
+
+    def draw(self, seed: int) -> int:
+        value = random.Random(seed).lognormvariate(math.log(self.median), self.sigma)
+        return max(1, min(self.cap, int(value)))
+
+
+class _Seq:
+    __slots__ = ("request", "queue", "remaining", "finish", "emitted", "made")
+
+    def __init__(self, request: GenerateRequest, remaining: int, finish: str) -> None:
+        self.request = request
+        self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+        self.remaining = remaining  # simulated tokens until this request ends
+        self.finish = finish  # how it ends when they are done: "stop" or "length"
+        self.made: list[int] = []  # the version of each simulated token not yet sent
+        self.emitted = 0
+
+
+class SimEngine:
+    """A simulated GPU behind the ``Engine`` protocol (see the module docstring)."""
+
+    def __init__(
+        self, clock: SimClock, latency: LatencyModel | None = None, lengths: LogNormalLengths | None = None, *,
+        token_block: int = 16, token_id: int = 5, name: str = "",
+    ) -> None:  # fmt: skip
+        self.clock, self.latency, self.lengths = clock, latency or LatencyModel(), lengths or LogNormalLengths()
+        self.token_block, self.token_id, self.name = token_block, token_id, name
+        self._running: dict[str, _Seq] = {}
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._progress: dict[int, int] = {}  # turn seed -> simulated tokens already made for it (cut turns resume)
+        self._version = 0
+        self._paused = self._frozen = self._closed = False
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._began: float | None = None  # simulated time the current steps started counting from
+        self._mark = 0.0
+        self._step = 1.0
+        self.busy_s = 0.0  # simulated seconds with at least one sequence decoding
+        self.tokens = 0  # real tokens made
+        self.finished = 0
+
+    # -- the GPU ----------------------------------------------------------------------------------
+    def _ensure_running(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._decode_forever(), name=f"sim-gpu-{self.name}")
+
+    async def _decode_forever(self) -> None:
+        while not self._closed:
+            self._admit()
+            if not self._running or self._frozen:
+                if not self._running:
+                    self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._idle.clear()
+            self._step = self.latency.step_s(len(self._running)) * self.token_block
+            self._began = self._mark = self.clock.now()
+            steps = min(seq.remaining for seq in self._running.values())
+            self._wake.clear()
+            try:  # sleep straight to the next completion, unless an arrival, abort or pause comes first
+                await asyncio.wait_for(self._wake.wait(), timeout=self.clock.wall(steps * self._step))
+                self._account()
+            except TimeoutError:
+                self._account(steps)
+            self._began = None
+
+    def _account(self, steps: int | None = None) -> None:
+        """Count the decoding steps run since the last count (``steps`` when the GPU slept to a
+        completion, else those that fit in the time that passed), before the batch changes."""
+        if self._began is None:
+            return
+        now = self.clock.now()
+        self.busy_s += now - self._mark
+        self._mark = now
+        fit = int((now - self._began) / self._step) if steps is None else steps
+        fit = min(fit, min((seq.remaining for seq in self._running.values()), default=0))
+        self._began += fit * self._step
+        self._advance(fit)
+
+    def _advance(self, steps: int) -> None:
+        if steps <= 0:
+            return
+        for rid, seq in list(self._running.items()):
+            seq.remaining -= steps
+            seq.made += [self._version] * steps
+            self.tokens += steps * self.token_block
+            if seq.remaining == 0:
+                self._end(rid, seq.finish)
+
+    def _admit(self) -> None:
+        while self._waiting and not self._paused and len(self._running) < self.latency.max_batch:
+            seq = self._waiting.popleft()
+            self._running[seq.request.request_id] = seq
+
+    def _end(self, rid: str, finish: str) -> None:
+        seq = self._running.pop(rid, None)
+        if seq is None:
+            return
+        if finish == "abort" and seq.request.params.seed is not None:
+            self._progress[seq.request.params.seed] = self._progress.get(seq.request.params.seed, 0) + len(seq.made)
+        elif seq.request.params.seed is not None:
+            self._progress.pop(seq.request.params.seed, None)
+        n = len(seq.made)
+        seq.queue.put_nowait(TokenChunk(request_id=rid, token_ids=[self.token_id] * n, logprobs=[-1.0] * n, versions=seq.made, finish_reason=finish))  # type: ignore[arg-type]
+        self.finished += 1
+
+    # -- the Engine protocol ------------------------------------------------------------------------
+    def _submit(self, request: GenerateRequest) -> _Seq:
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if request.request_id in self._running or any(s.request.request_id == request.request_id for s in self._waiting):
+            raise EngineError(f"request id {request.request_id!r} is already running; ids must be unique")
+        seed = request.params.seed if request.params.seed is not None else hash(request.request_id)
+        total = -(-self.lengths.draw(seed) // self.token_block)
+        left = max(1, total - self._progress.get(seed, 0))
+        budget = max(1, request.params.max_new_tokens)
+        seq = _Seq(request, min(left, budget), "stop" if left <= budget else "length")
+        self._waiting.append(seq)
+        self._ensure_running()
+        self._wake.set()
+        return seq
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        seq = self._submit(request)
+        try:
+            async for chunk in until_finished(seq.queue):
+                yield chunk
+        finally:
+            if request.request_id in self._running:
+                self._end(request.request_id, "abort")
+            elif seq in self._waiting:
+                self._waiting.remove(seq)
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        tokens: list[int] = []
+        versions: list[int] = []
+        finish = "abort"
+        async for chunk in self.generate_stream(request):
+            tokens += chunk.token_ids
+            versions += chunk.versions
+            finish = chunk.finish_reason or finish
+        return GenerateOutput(request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens,
+                              logprobs=[-1.0] * len(tokens), versions=versions, finish_reason=finish)  # type: ignore[arg-type]  # fmt: skip
+
+    async def abort(self, request_id: str) -> bool:
+        if request_id in self._running:
+            self._account()
+            self._end(request_id, "abort")
+            self._wake.set()  # the GPU re-plans for the smaller batch
+            return True
+        return False
+
+    async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
+        self._paused = True
+        if mode == "keep":
+            self._frozen = True
+            self._wake.set()
+            return []
+        if mode == "abort":
+            self._account()  # the steps made so far belong to the cut turns
+            self._wake.set()
+            outs = []
+            for rid, seq in list(self._running.items()):
+                outs.append(GenerateOutput(request_id=rid, prompt_ids=list(seq.request.prompt_ids), token_ids=[self.token_id] * len(seq.made),
+                                           logprobs=[-1.0] * len(seq.made), versions=list(seq.made), finish_reason="abort"))  # fmt: skip
+                self._end(rid, "abort")
+            return outs
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            raise TimeoutError(f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once") from None
+        return []
+
+    async def resume(self) -> None:
+        self._paused = self._frozen = False
+        self._wake.set()
+
+    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        self._version = version
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._running), waiting=len(self._waiting), tokens_per_s=0.0, kv_cache_bytes=0,
+                           weight_version=self._version, paused=self._paused, finished=self.finished)  # fmt: skip
+
+    async def close(self) -> None:
+        self._closed = True
+        for rid in list(self._running):
+            self._end(rid, "abort")
+        for seq in self._waiting:
+            seq.queue.put_nowait(EngineError("the engine was closed"))
+        self._waiting.clear()
+        if self._task is not None:
+            self._wake.set()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
