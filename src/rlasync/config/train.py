@@ -48,6 +48,9 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     threads: NonNegativeInt = 1
     """torch threads of each training rank (0: torch's default). One is as fast as two for the
     tiny models on 2 cores and immune to other processes' load."""
+    cpu_affinity: list[int] = []
+    """CPU cores the rank processes may run on (``os.sched_setaffinity``); empty: any. E.g.
+    keep the trainer off the engine's core on a small machine."""
     world_size: PositiveInt = 1
     """Data-parallel ranks: processes the trainer actor starts and owns, one torch.distributed
     rank each (gloo on CPU, NCCL on GPU); the batch is split between them and their gradients

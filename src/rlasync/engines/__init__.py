@@ -4,6 +4,7 @@
 """
 
 from .actor import EngineActor, build_engine, register_backend
+from .group import EngineGroup
 from ..config.engine import EngineConfig, RouterConfig
 from .protocol import Engine, EngineError
 from .router import EngineLoad, EngineLostError, NoEngineError, Router, RouterBusyError, RouterStats
@@ -11,7 +12,7 @@ from .torch_engine import TorchEngine
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, SamplingParams, TokenChunk
 
 __all__ = [
-    "Engine", "EngineActor", "EngineConfig", "EngineError", "EngineLoad", "EngineLostError", "EngineStats",
+    "Engine", "EngineActor", "EngineConfig", "EngineGroup", "EngineError", "EngineLoad", "EngineLostError", "EngineStats",
     "FinishReason", "GenerateOutput", "GenerateRequest", "NoEngineError", "PauseMode", "Router", "RouterBusyError",
     "RouterConfig", "RouterStats", "SamplingParams", "TokenChunk", "TorchEngine", "build_engine", "register_backend",
 ]  # fmt: skip

@@ -103,7 +103,7 @@ class Rollouter:
             self.failed.cancel()
 
 
-async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None) -> TrainResult:
     cfg, acfg = config.train, config.async_training
     batch = cfg.prompts_per_step * acfg.require_batches  # samples per trainer step
     per_version = acfg.trigger_parameter_sync_step
@@ -111,7 +111,7 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
     queue: SampleQueue[list[Any]] = SampleQueue(
         batch, steps_per_version=per_version, max_staleness=math.ceil(acfg.staleness_threshold), capacity=capacity
     )  # fmt: skip
-    run = await Run.open(config)
+    run = run or await Run.open(config)
     rollouter: Rollouter | None = None
     try:
         initial = accuracy = await run.validate()
@@ -129,6 +129,8 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
             if step % per_version == 0 or step == cfg.steps:
                 report, pause = await _sync(run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0)
                 version += 1
+                if hasattr(run.engine, "note_version"):  # an EngineGroup: the synchroniser moved every engine
+                    run.engine.note_version(version)
                 record.update({"weights/sync_s": report.transfer_s, "weights/swap_s": report.pause_s, "weights/pause_s": pause})
             now = time.perf_counter()
             record.update({
@@ -140,7 +142,7 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()  # the engine serves this step's weights only after a sync
                 record["val_accuracy"] = accuracy
-                record["val_version"] = run.engine.weight_version
+                record["val_version"] = version
             run.write(record)
             if on_step is not None:
                 on_step(record)

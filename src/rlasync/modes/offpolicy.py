@@ -27,7 +27,7 @@ async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[s
     temperature = config.train.temperature
     per_update = config.train.prompts_per_step
     parts: list[tuple[float, dict[str, float]]] = []
-    rewards, tokens = [], 0
+    rewards, tokens, longest = [], 0, 0
     for start in range(0, len(samples), per_update):
         trajectories = [t for sample in samples[start : start + per_update] for t in sample]
         batch, train_batch = run.train_batch(trajectories)
@@ -46,9 +46,10 @@ async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[s
         parts.append((float(metrics.get("tokens", 0.0)), {**metrics, **extra}))
         rewards.append(batch.rewards)
         tokens += int(batch.response_mask.sum())
+        longest = max(longest, int(batch.response_mask.sum(-1).max()))
     merged = reduce_metrics(parts)
     record: dict[str, Any] = {f"train/{k}": v for k, v in merged.items() if k != "tokens"}
-    record.update(reward=float(torch.cat(rewards).mean()), response_tokens=tokens, updates=len(parts))
+    record.update(reward=float(torch.cat(rewards).mean()), response_tokens=tokens, response_len_max=longest, updates=len(parts))
     record.update(staleness(samples, version))
     return record
 

@@ -24,11 +24,11 @@ from .offpolicy import train_step
 from .parts import Run, TrainResult
 
 
-async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None) -> TrainResult:
     cfg = config.train
     if config.async_training.trigger_parameter_sync_step != 1:
         raise ConfigError("train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1")
-    run = await Run.open(config)
+    run = run or await Run.open(config)
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
     pending: asyncio.Task[list[Any]] | None = None
 

@@ -155,6 +155,8 @@ class Run:
         self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         self.started = time.perf_counter()
         self._closers: list[Any] = []
+        self.checkpointing = True  # the sync mode saves checkpoints (not with simulated parts)
+        self.validating = True  # held-out validation (not with simulated parts)
 
     @classmethod
     async def open(cls, config: Config, *, metrics_upto: int | None = None) -> Run:
@@ -188,6 +190,21 @@ class Run:
             raise
         return run
 
+    @classmethod
+    def from_parts(cls, config: Config, *, engine: Any, trainer: Any, synchronizer: Any, tokenizer: Any) -> Run:
+        """A run over parts made elsewhere, e.g. the simulation's (``rlasync.modes.sim``): it
+        validates and checkpoints nothing, and closes only its metrics file."""
+        run = cls(config)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        run.model_dir = run.run_dir
+        run.engine, run.trainer, run.synchronizer, run.tokenizer = engine, trainer, synchronizer, tokenizer
+        run.pad = int(tokenizer.pad_token_id or 0)
+        run.rollouts = Rollouts(config, engine, tokenizer, run.tools)
+        run.metrics = open_metrics(run.run_dir / "metrics.jsonl", upto=None)
+        run._closers.append(run.metrics.close)
+        run.checkpointing = run.validating = False
+        return run
+
     def sampling(self) -> SamplingParams:
         """Sampling parameters with the next seed."""
         return msgspec.structs.replace(self.params, seed=self.rng.getrandbits(62))
@@ -205,6 +222,8 @@ class Run:
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
 
     async def validate(self) -> float:
+        if not self.validating:
+            return 0.0
         return await self.rollouts.accuracy(self.val_rows, self.config.train.max_new_tokens)
 
     def write(self, record: dict[str, Any]) -> None:

@@ -31,9 +31,12 @@ from .parts import Run, TrainResult, as_random_state
 log = logging.getLogger(__name__)
 
 
-async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+async def train_sync(
+    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None
+) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
-    ``train.run_dir`` exactly as if the run had not stopped.
+    ``train.run_dir`` exactly as if the run had not stopped. ``run``: parts made elsewhere
+    (``Run.from_parts``, e.g. the simulation's), else they are built from ``config``.
 
     Shutdown order, after the last step or on an error: close the metrics file, drop the
     weight group, stop the trainer's ranks, then the engine."""
@@ -41,7 +44,7 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
     checkpoints = Checkpoints(Path(cfg.run_dir), keep=cfg.keep_checkpoints)
     resume_from = checkpoints.latest() if resume else None
     state = read_state(resume_from) if resume_from is not None else {}
-    run = await Run.open(config, metrics_upto=state.get("step"))
+    run = run or await Run.open(config, metrics_upto=state.get("step"))
     trainer, synchronizer = run.trainer, run.synchronizer
     try:
         if resume_from is not None:
@@ -64,13 +67,14 @@ async def train_sync(config: Config, *, resume: bool = False, on_step: Callable[
             t2 = time.perf_counter()
             record: dict[str, Any] = {
                 "step": step, "reward": float(batch.rewards.mean()), "rollout_s": t1 - t0, "train_s": t2 - t1,
-                "response_tokens": int(batch.response_mask.sum()), **{f"train/{k}": v for k, v in train_metrics.items()},
+                "response_tokens": int(batch.response_mask.sum()), "response_len_max": int(batch.response_mask.sum(-1).max()),
+                **{f"train/{k}": v for k, v in train_metrics.items()},
                 "weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s,
             }  # fmt: skip
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+            if run.checkpointing and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps):
                 run_state = {"weight_version": step, "sampler": run.sampler.state_dict(), "rng": run.rng.getstate(), "initial_accuracy": initial, "accuracy": accuracy}
                 record["checkpoint"] = str(await checkpoints.save(step, trainer, run_state, model_source=run.model_dir))
             run.write(record)

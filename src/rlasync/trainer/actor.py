@@ -104,7 +104,7 @@ class TrainerActor:
             command = [
                 sys.executable, "-m", "rlasync.trainer.rank", f"--rank={rank}", f"--world-size={self.world_size}",
                 f"--controller={address}", f"--init-method=file://{self._folder}/rendezvous", f"--device={cfg.device}",
-                f"--threads={cfg.threads}", f"--collective-timeout-s={cfg.call_timeout_s}",
+                f"--threads={cfg.threads}", f"--collective-timeout-s={cfg.call_timeout_s}", f"--cpus={','.join(map(str, cfg.cpu_affinity))}",
             ]  # fmt: skip
             self._procs.append(subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL))
             log_file.close()  # the child holds its own descriptor

@@ -197,6 +197,8 @@ def pick_device(setting: str, rank: int) -> torch.device:
 
 def serve(args: argparse.Namespace) -> int:
     parent = os.getppid()
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device, args.rank)
@@ -262,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init-method", required=True, help="torch.distributed init method (file:// or tcp://)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cpus", default="", help="comma-separated CPU cores to run on (empty: any)")
     parser.add_argument("--collective-timeout-s", type=float, default=900.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("RLASYNC_LOG_LEVEL", "WARNING").upper(), format=f"%(asctime)s trainer-rank{args.rank} %(name)s %(levelname)s %(message)s")

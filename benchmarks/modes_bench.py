@@ -1,0 +1,210 @@
+"""The three schedules compared, in one run: on a simulated 32-GPU cluster and on the real tiny
+model on this machine's 2 cores.
+
+    .venv/bin/python benchmarks/modes_bench.py [--scale 0.01] [--check-scale] [--real-steps 60]
+
+**Simulated cluster** (``rlasync.modes.sim``: simulated GPUs behind the real engine actors,
+router, agent loops, rollouter, queue and controllers; the trainer's step and the weight sync
+take modelled times). Sync uses all 32 GPUs for generation, then training (colocated); the
+async modes split them 16 : 16. For each mode: steps/hour (after the first sync period, in
+simulated time), the GPU busy fraction, and the mode's own ideal: an analytic bound with zero
+idle time on the workload the run actually drew (its formula is printed), and how close the
+mode came to it. ``--check-scale`` runs the simulation again at half the scale (twice as fast
+against the wall clock) and prints how much the results moved.
+
+**Real tiny model on 2 cores**: the quickstart task, the engine's process on core 0 and the
+trainer's rank on core 1 (``taskset``, ``trainer.cpu_affinity``): sync against fully async wall
+time for the same number of samples (the ideal is 2x: generation and training fully overlapped).
+
+Last line JSON: ``{"sim_speedup_async_vs_sync", "sim_speedup_one_step_vs_sync", "sim_partial_gain",
+"sim_async_fraction_of_ideal", "sim_sync_fraction_of_ideal", "real_speedup_async_vs_sync"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rlasync.config import Config, load_config
+from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock
+from rlasync.modes.sim import SimCluster, train_run
+
+ROOT = Path(__file__).resolve().parents[1]
+LATENCY = LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256)
+LENGTHS = LogNormalLengths(median=2000, sigma=0.8, cap=16000)
+GPUS, PROMPTS, GROUP, TRAIN_RATE, SYNC_S, BLOCK = 32, 32, 16, 10_000.0, 1.0, 16
+ASYNC = {"trigger_parameter_sync_step": 4, "staleness_threshold": 0.5, "require_batches": 1}  # verl's published fully-async recipe
+
+
+class Mode(msgspec.Struct, kw_only=True):
+    label: str
+    mode: str
+    steps: int
+    warmup: int  # steps left out of the rate (the pipeline filling)
+    partial: bool = True
+    trigger: int = 1
+
+
+MODES = [
+    Mode(label="sync (32 colocated)", mode="sync", steps=4, warmup=0),
+    Mode(label="one-step-off (16:16)", mode="one_step_off", steps=6, warmup=1),
+    Mode(label="fully async, no partial (16:16)", mode="fully_async", steps=16, warmup=4, partial=False, trigger=ASYNC["trigger_parameter_sync_step"]),
+    Mode(label="fully async + partial (16:16)", mode="fully_async", steps=16, warmup=4, partial=True, trigger=ASYNC["trigger_parameter_sync_step"]),
+]
+
+
+def sim_config(mode: Mode, run_dir: str) -> Config:
+    max_new = -(-LENGTHS.cap // BLOCK)  # simulated tokens: each stands for BLOCK tokens
+    overrides = [
+        f"train.mode={mode.mode}", f"train.steps={mode.steps}", f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}",
+        f"train.max_new_tokens={max_new}", f"agent.response_length={max_new + 64}", "train.validate_every=100000", f"train.run_dir={run_dir}",
+        "train.model_dir=simulated", f"async_training.partial_rollout={str(mode.partial).lower()}",
+        f"async_training.trigger_parameter_sync_step={mode.trigger}", f"async_training.staleness_threshold={ASYNC['staleness_threshold']}",
+        f"async_training.require_batches={ASYNC['require_batches']}",
+    ]  # fmt: skip
+    return load_config(ROOT / "configs" / "quickstart.yaml", overrides)
+
+
+def ideal_step_s(mode: Mode, record: dict[str, Any], config: Config) -> float:
+    """The mode's own bound for one step with zero idle time, on the step's real workload."""
+    tokens = record["response_tokens"] * BLOCK  # real tokens generated and trained on
+    longest = record["response_len_max"] * BLOCK
+    a, c = LATENCY.base_s, LATENCY.per_seq_s
+    sequences = PROMPTS * GROUP
+    if mode.mode in ("sync", "one_step_off"):
+        gen_gpus = GPUS if mode.mode == "sync" else GPUS // 2
+        batch = min(LATENCY.max_batch, sequences / gen_gpus)
+        generate = max(longest * (a + c), tokens * (a / batch + c) / gen_gpus)  # the longest alone / all work spread evenly
+        train = tokens / (TRAIN_RATE * (GPUS if mode.mode == "sync" else GPUS // 2))
+        return generate + train + SYNC_S if mode.mode == "sync" else max(generate, train) + SYNC_S
+    capacity = int((1 + config.async_training.staleness_threshold) * mode.trigger * PROMPTS)
+    batch = min(LATENCY.max_batch, capacity * GROUP / (GPUS // 2))
+    generate = tokens * (a / batch + c) / (GPUS // 2) + SYNC_S / mode.trigger
+    return max(generate, tokens / (TRAIN_RATE * (GPUS // 2)))
+
+
+FORMULAS = {
+    "sync": "sum over steps of  max(L_max*(a+c), T*(a/b+c)/32) + T/(r*32) + s,  b = min(256, 512/32)",
+    "one_step_off": "sum over steps of  max(max(L_max*(a+c), T*(a/b+c)/16), T/(r*16)) + s,  b = min(256, 512/16)",
+    "fully_async": "sum over steps of  max(T*(a/b+c)/16 + s/trigger, T/(r*16)),  b = min(256, capacity*16/16), capacity = (1+staleness)*trigger*32",
+}
+
+
+async def simulate(mode: Mode, scale: float) -> dict[str, float]:
+    clock = SimClock(scale)
+    trainer_gpus = GPUS if mode.mode == "sync" else GPUS // 2
+    engines = GPUS if mode.mode == "sync" else GPUS // 2
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = sim_config(mode, run_dir)
+        async with SimCluster(
+            clock, engines=engines, trainer_gpus=trainer_gpus, latency=LATENCY, lengths=LENGTHS, token_block=BLOCK, tokens_per_s_per_gpu=TRAIN_RATE, sync_s=SYNC_S
+        ) as cluster:  # fmt: skip
+            records: list[dict[str, Any]] = []
+            start = clock.now()
+
+            def on_step(record: dict[str, Any]) -> None:
+                records.append({**record, "sim_t": clock.now() - start})
+
+            await train_run(config, cluster, on_step=on_step)
+            elapsed = clock.now() - start
+            busy = cluster.generation_busy_s() + cluster.trainer.busy_s * trainer_gpus
+    first = records[mode.warmup - 1]["sim_t"] if mode.warmup else 0.0
+    counted = records[mode.warmup :]
+    measured = records[-1]["sim_t"] - first
+    ideal = sum(ideal_step_s(mode, r, config) for r in counted)
+    return {
+        "steps_per_hour": len(counted) / measured * 3600, "gpu_busy": busy / (GPUS * elapsed), "fraction_of_ideal": ideal / measured,
+        "ideal_steps_per_hour": len(counted) / ideal * 3600, "sim_s": elapsed,
+    }  # fmt: skip
+
+
+async def simulate_all(scale: float) -> dict[str, dict[str, float]]:
+    results = {}
+    for mode in MODES:
+        began = time.perf_counter()
+        results[mode.label] = await simulate(mode, scale)
+        results[mode.label]["wall_s"] = time.perf_counter() - began
+    return results
+
+
+def print_sim(results: dict[str, dict[str, float]], scale: float) -> None:
+    print(f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'sim s':>7s} {'wall s':>7s}   (scale {scale:g})")
+    for label, r in results.items():
+        print(f"{label:34s} {r['steps_per_hour']:8.2f} {r['ideal_steps_per_hour']:8.2f} {r['fraction_of_ideal']:9.3f} {r['gpu_busy']:9.3f} {r['sim_s']:7.0f} {r['wall_s']:7.1f}")
+
+
+def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> float:
+    """Wall seconds of ``steps`` RL steps of the quickstart in ``mode``: the controller (and the
+    engine in it) on core 0, the trainer's rank on core 1."""
+    overrides = [
+        f"train.mode={mode}", f"train.steps={steps}", f"train.model_dir={model_dir}", f"train.run_dir={out}", "train.validate_every=100000",
+        "train.val_size=8", "trainer.cpu_affinity=[1]", "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
+    ]  # fmt: skip
+    command = ["taskset", "-c", "0", sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / "quickstart.yaml"), *overrides]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps_only = [r for r in records if r["step"] > 0]
+    # From the first step's start to the last step's end (validation left out).
+    return sum(r["rollout_s"] + r["train_s"] for r in steps_only) if mode == "sync" else sum(r["step_s"] for r in steps_only)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=0.01, help="wall seconds per simulated second")
+    parser.add_argument("--check-scale", action="store_true", help="also run the simulation at half the scale and compare")
+    parser.add_argument("--real-steps", type=int, default=60)
+    parser.add_argument("--skip-real", action="store_true")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    print("simulated cluster:")
+    print(f"  {GPUS} GPUs; sync: all {GPUS} generate, then train (colocated); async modes: {GPUS // 2} generate : {GPUS // 2} train")
+    print(f"  {PROMPTS} prompts x {GROUP} samples per step; response lengths log-normal, median {LENGTHS.median:g}, sigma {LENGTHS.sigma}, capped at {LENGTHS.cap}")
+    print(f"  decode step of b sequences: a + c*b = {LATENCY.base_s * 1e3:g} ms + {LATENCY.per_seq_s * 1e3:g} ms * b, b <= {LATENCY.max_batch}")
+    print(f"  training r = {TRAIN_RATE:,.0f} tokens/s per GPU; s = {SYNC_S:g} s per weight sync; fully async: {ASYNC}")
+    print(f"  one simulated second per {args.scale * 1e3:g} ms of wall time; each simulated token stands for {BLOCK} (T: a step's tokens)")
+    for mode, formula in FORMULAS.items():
+        print(f"  ideal, {mode}: {formula}")
+    results = asyncio.run(simulate_all(args.scale))
+    print_sim(results, args.scale)
+    labels = [m.label for m in MODES]
+    rate = {label: results[label]["steps_per_hour"] for label in labels}
+    summary: dict[str, float] = {
+        "sim_speedup_async_vs_sync": rate[labels[3]] / rate[labels[0]],
+        "sim_speedup_one_step_vs_sync": rate[labels[1]] / rate[labels[0]],
+        "sim_partial_gain": rate[labels[3]] / rate[labels[2]],
+        "sim_async_fraction_of_ideal": results[labels[3]]["fraction_of_ideal"],
+        "sim_sync_fraction_of_ideal": results[labels[0]]["fraction_of_ideal"],
+    }
+    if args.check_scale:
+        half = asyncio.run(simulate_all(args.scale / 2))
+        print_sim(half, args.scale / 2)
+        moved = max(abs(half[label]["steps_per_hour"] / results[label]["steps_per_hour"] - 1) for label in labels)
+        print(f"at half the scale the steps/hour moved by at most {moved * 100:.1f} %")
+        summary["sim_scale_check_max_change"] = moved
+    if not args.skip_real:
+        from rlasync.models.warmstart import warm_start
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = warm_start("reverse", run_dir=tmp, seed=1)
+            sync_s = real_run("sync", model_dir, args.real_steps, Path(tmp) / "sync")
+            async_s = real_run("fully_async", model_dir, args.real_steps, Path(tmp) / "async")
+        samples = args.real_steps * 16 * 8
+        print(f"\nreal tiny model, 2 cores (engine on core 0, trainer on core 1), {args.real_steps} steps = {samples} samples:")
+        print(f"  sync {sync_s:6.1f} s   fully async {async_s:6.1f} s   speedup {sync_s / async_s:.2f}x (ideal 2x)")
+        summary["real_speedup_async_vs_sync"] = sync_s / async_s
+    print(json.dumps({k: round(v, 3) for k, v in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""A simulated cluster for the real schedules: simulated GPUs (``SimEngine``) behind the real
+router and engine actors, a trainer whose step takes a modelled time, and a weight sync of a
+modelled duration. The rollouter, queue, agent loops and controllers are the real ones.
+
+    async with SimCluster(clock, engines=16, trainer_gpus=16) as cluster:
+        result = await train_run(config, cluster)   # any train.mode, in simulated time
+
+Used by ``benchmarks/modes_bench.py`` to compare the schedules at cluster scale on one machine,
+and for planning (how many GPUs to give generation, which staleness bound).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..config import Config, RuntimeConfig
+from ..engines import EngineActor, EngineGroup, Router, RouterConfig
+from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
+from ..weights import SyncReport
+from .parts import Run, TrainResult
+
+
+class SimTrainer:
+    """A trainer whose step takes ``tokens / (tokens_per_s_per_gpu * gpus)`` simulated seconds."""
+
+    def __init__(self, clock: SimClock, gpus: int, *, tokens_per_s_per_gpu: float = 10_000.0, token_block: int = 16) -> None:
+        self.clock, self.gpus, self.rate, self.token_block = clock, gpus, tokens_per_s_per_gpu, token_block
+        self.busy_s = 0.0
+        self.tokens = 0
+
+    def _tokens(self, batch: Any) -> int:
+        # Response tokens stand for `token_block` real ones each; prompt tokens are real.
+        return int(batch.response_mask.sum()) * self.token_block + int(batch.attention_mask.sum() - batch.response_mask.sum())
+
+    async def _work(self, tokens: int, fraction: float = 1.0) -> None:
+        seconds = fraction * tokens / (self.rate * self.gpus)
+        began = self.clock.now()
+        await self.clock.sleep(seconds)
+        self.busy_s += self.clock.now() - began
+
+    async def step(self, batch: Any, *, temperature: float = 1.0) -> dict[str, float]:
+        tokens = self._tokens(batch)
+        await self._work(tokens)
+        self.tokens += tokens
+        return {"tokens": float(tokens), "loss": 0.0, "grad_norm": 0.0, "lr": 0.0}
+
+    async def compute_logprobs(self, batch: Any, *, temperature: float = 1.0, reference: bool = False) -> torch.Tensor:
+        await self._work(self._tokens(batch), fraction=1 / 3)  # a forward pass: about a third of a step
+        return torch.as_tensor(batch.logprobs, dtype=torch.float32).clone()
+
+    async def close(self) -> None:
+        return None
+
+
+class SimSync:
+    """A weight sync of ``seconds`` simulated seconds, then every engine serves the new version."""
+
+    def __init__(self, clock: SimClock, engines: EngineGroup, seconds: float = 1.0) -> None:
+        self.clock, self.engines, self.seconds = clock, engines, seconds
+        self.syncs = 0
+
+    async def sync(self, version: int) -> SyncReport:
+        await self.clock.sleep(self.seconds)
+        await self.engines.update_weights({}, version)
+        self.syncs += 1
+        return SyncReport(version=version, bytes=0, transfer_s=self.clock.wall(self.seconds), pause_s=0.0)
+
+    def close(self) -> None:
+        return None
+
+
+class SimCluster:
+    """``engines`` simulated GPUs as engine actors on a node in this process, a router over
+    them, a simulated trainer of ``trainer_gpus`` GPUs and the modelled sync."""
+
+    def __init__(
+        self, clock: SimClock, *, engines: int, trainer_gpus: int, latency: LatencyModel | None = None, lengths: LogNormalLengths | None = None,
+        token_block: int = 16, tokens_per_s_per_gpu: float = 10_000.0, sync_s: float = 1.0,
+    ) -> None:  # fmt: skip
+        self.clock = clock
+        self.gpus = [SimEngine(clock, latency, lengths, token_block=token_block, name=f"gpu{i}") for i in range(engines)]
+        self.trainer = SimTrainer(clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block)
+        self.sync_s = sync_s
+        self._cluster: Any = None
+
+    async def __aenter__(self) -> SimCluster:
+        from ..runtime import LocalCluster
+
+        self._cluster = LocalCluster(nodes=1, config=RuntimeConfig(call_timeout_s=3600))
+        await self._cluster.__aenter__()
+        refs = [await self._cluster.head.spawn(EngineActor, engine=gpu, name=gpu.name) for gpu in self.gpus]
+        # No cap per engine: a simulated GPU queues what does not fit its batch itself.
+        self.group = EngineGroup(Router(refs, RouterConfig(max_inflight_per_engine=0, request_timeout_s=36_000, queue_timeout_s=36_000)))
+        self.synchronizer = SimSync(self.clock, self.group, self.sync_s)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.group.close()
+        await self._cluster.close()
+
+    def generation_busy_s(self) -> float:
+        return sum(gpu.busy_s for gpu in self.gpus)
+
+
+async def train_run(config: Config, cluster: SimCluster, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Run ``config``'s schedule (``train.mode``) on the simulated cluster."""
+    from ..models import build_tokenizer
+    from . import train_fully_async, train_one_step_off, train_sync
+
+    run = Run.from_parts(config, engine=cluster.group, trainer=cluster.trainer, synchronizer=cluster.synchronizer, tokenizer=build_tokenizer())
+    schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[config.train.mode]
+    return await schedule(config, on_step=on_step, run=run)
+
+
+__all__ = ["SimCluster", "SimSync", "SimTrainer", "train_run"]
