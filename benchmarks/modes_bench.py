@@ -37,14 +37,18 @@ from typing import Any
 import msgspec
 
 from rlasync.config import Config, load_config
-from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock
+from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock, VirtualTimeLoop
 from rlasync.modes.sim import SimCluster, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENCY = LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256)
 LENGTHS = LogNormalLengths(median=2000, sigma=0.8, cap=16000)
 GPUS, PROMPTS, GROUP, TRAIN_RATE, SYNC_S, BLOCK = 32, 32, 16, 10_000.0, 1.0, 16
-ASYNC = {"trigger_parameter_sync_step": 4, "staleness_threshold": 0.5, "require_batches": 1}  # verl's published fully-async recipe
+# Four steps per weight version (verl's recipe). The bound is exact per token, so it must leave a
+# long response time to finish: the longest (16,000 tokens) takes 16,000 decoding steps, about
+# 700 s at a full batch, which is many trainer steps; staleness 4 (tokens at most 4 versions
+# old) lets it finish with the others instead of holding the trainer up.
+ASYNC = {"trigger_parameter_sync_step": 4, "staleness_threshold": 4.0, "require_batches": 1}
 
 
 class Mode(msgspec.Struct, kw_only=True):
@@ -59,8 +63,8 @@ class Mode(msgspec.Struct, kw_only=True):
 MODES = [
     Mode(label="sync (32 colocated)", mode="sync", steps=4, warmup=0),
     Mode(label="one-step-off (16:16)", mode="one_step_off", steps=6, warmup=1),
-    Mode(label="fully async, no partial (16:16)", mode="fully_async", steps=16, warmup=4, partial=False, trigger=ASYNC["trigger_parameter_sync_step"]),
-    Mode(label="fully async + partial (16:16)", mode="fully_async", steps=16, warmup=4, partial=True, trigger=ASYNC["trigger_parameter_sync_step"]),
+    Mode(label="fully async, no partial (16:16)", mode="fully_async", steps=40, warmup=8, partial=False, trigger=ASYNC["trigger_parameter_sync_step"]),
+    Mode(label="fully async + partial (16:16)", mode="fully_async", steps=40, warmup=8, partial=True, trigger=ASYNC["trigger_parameter_sync_step"]),
 ]
 
 
@@ -71,33 +75,33 @@ def sim_config(mode: Mode, run_dir: str) -> Config:
         f"train.max_new_tokens={max_new}", f"agent.response_length={max_new + 64}", "train.validate_every=100000", f"train.run_dir={run_dir}",
         "train.model_dir=simulated", f"async_training.partial_rollout={str(mode.partial).lower()}",
         f"async_training.trigger_parameter_sync_step={mode.trigger}", f"async_training.staleness_threshold={ASYNC['staleness_threshold']}",
-        f"async_training.require_batches={ASYNC['require_batches']}",
+        f"async_training.require_batches={ASYNC['require_batches']}", f"async_training.max_concurrent_samples={ASYNC.get('max_concurrent_samples', 0)}",
     ]  # fmt: skip
     return load_config(ROOT / "configs" / "quickstart.yaml", overrides)
 
 
-def ideal_step_s(mode: Mode, record: dict[str, Any], config: Config) -> float:
-    """The mode's own bound for one step with zero idle time, on the step's real workload."""
+def ideal_step_s(mode: Mode, record: dict[str, Any], batch: float | None = None) -> float:
+    """The mode's own bound for one step with zero idle time, on the step's real workload.
+    ``batch``: sequences a generation GPU decodes together (the async modes: the mean batch the
+    staleness bound let the run keep; None: the most the hardware takes, 256)."""
     tokens = record["response_tokens"] * BLOCK  # real tokens generated and trained on
     longest = record["response_len_max"] * BLOCK
-    a, c = LATENCY.base_s, LATENCY.per_seq_s
-    sequences = PROMPTS * GROUP
-    if mode.mode in ("sync", "one_step_off"):
-        gen_gpus = GPUS if mode.mode == "sync" else GPUS // 2
-        batch = min(LATENCY.max_batch, sequences / gen_gpus)
-        generate = max(longest * (a + c), tokens * (a / batch + c) / gen_gpus)  # the longest alone / all work spread evenly
-        train = tokens / (TRAIN_RATE * (GPUS if mode.mode == "sync" else GPUS // 2))
-        return generate + train + SYNC_S if mode.mode == "sync" else max(generate, train) + SYNC_S
-    capacity = int((1 + config.async_training.staleness_threshold) * mode.trigger * PROMPTS)
-    batch = min(LATENCY.max_batch, capacity * GROUP / (GPUS // 2))
-    generate = tokens * (a / batch + c) / (GPUS // 2) + SYNC_S / mode.trigger
-    return max(generate, tokens / (TRAIN_RATE * (GPUS // 2)))
+    a, c, s = LATENCY.base_s, LATENCY.per_seq_s, SYNC_S
+    half = GPUS // 2
+    if mode.mode == "sync":  # all 32 generate (16 sequences each), the longest response alone last; then all train
+        b = min(LATENCY.max_batch, PROMPTS * GROUP / GPUS)
+        return max(longest * (a + c), tokens * (a / b + c) / GPUS) + tokens / (TRAIN_RATE * GPUS) + s
+    if mode.mode == "one_step_off":  # 16 generate the next batch while 16 train on this one
+        b = min(LATENCY.max_batch, PROMPTS * GROUP / half)
+        return max(longest * (a + c), tokens * (a / b + c) / half, tokens / (TRAIN_RATE * half)) + s
+    b = min(LATENCY.max_batch, batch or LATENCY.max_batch)
+    return max(tokens * (a / b + c) / half + s / mode.trigger, tokens / (TRAIN_RATE * half))
 
 
 FORMULAS = {
     "sync": "sum over steps of  max(L_max*(a+c), T*(a/b+c)/32) + T/(r*32) + s,  b = min(256, 512/32)",
     "one_step_off": "sum over steps of  max(max(L_max*(a+c), T*(a/b+c)/16), T/(r*16)) + s,  b = min(256, 512/16)",
-    "fully_async": "sum over steps of  max(T*(a/b+c)/16 + s/trigger, T/(r*16)),  b = min(256, capacity*16/16), capacity = (1+staleness)*trigger*32",
+    "fully_async": "sum over steps of  max(T*(a/b+c)/16 + s/trigger, T/(r*16)),  b = the mean batch the bound let the run keep (and b = 256: 'full batch')",
 }
 
 
@@ -119,13 +123,17 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
             await train_run(config, cluster, on_step=on_step)
             elapsed = clock.now() - start
             busy = cluster.generation_busy_s() + cluster.trainer.busy_s * trainer_gpus
+            mean_batch = sum(g.batch_s for g in cluster.gpus) / max(cluster.generation_busy_s(), 1e-9)
+            gen_busy = cluster.generation_busy_s() / (engines * elapsed)
     first = records[mode.warmup - 1]["sim_t"] if mode.warmup else 0.0
     counted = records[mode.warmup :]
     measured = records[-1]["sim_t"] - first
-    ideal = sum(ideal_step_s(mode, r, config) for r in counted)
+    ideal = sum(ideal_step_s(mode, r, mean_batch) for r in counted)
+    full = sum(ideal_step_s(mode, r) for r in counted)
     return {
         "steps_per_hour": len(counted) / measured * 3600, "gpu_busy": busy / (GPUS * elapsed), "fraction_of_ideal": ideal / measured,
-        "ideal_steps_per_hour": len(counted) / ideal * 3600, "sim_s": elapsed,
+        "ideal_steps_per_hour": len(counted) / ideal * 3600, "full_batch_steps_per_hour": len(counted) / full * 3600, "sim_s": elapsed,
+        "mean_batch": mean_batch, "generation_busy": gen_busy,
     }  # fmt: skip
 
 
@@ -138,10 +146,22 @@ async def simulate_all(scale: float) -> dict[str, dict[str, float]]:
     return results
 
 
-def print_sim(results: dict[str, dict[str, float]], scale: float) -> None:
-    print(f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'sim s':>7s} {'wall s':>7s}   (scale {scale:g})")
+def run_sim(clock: str, scale: float) -> dict[str, dict[str, float]]:
+    """Every mode on the simulated cluster: on a ``VirtualTimeLoop`` (the schedulers' own Python
+    time costs no simulated time: exact at any scale) or against the wall clock."""
+    if clock == "virtual":
+        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+            return runner.run(simulate_all(scale))
+    return asyncio.run(simulate_all(scale))
+
+
+def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: str) -> None:
+    print(f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'gen busy':>9s} {'batch':>6s} {'full-batch/h':>13s} {'sim s':>7s} {'wall s':>7s}   ({clock_name} clock, scale {scale:g})")
     for label, r in results.items():
-        print(f"{label:34s} {r['steps_per_hour']:8.2f} {r['ideal_steps_per_hour']:8.2f} {r['fraction_of_ideal']:9.3f} {r['gpu_busy']:9.3f} {r['sim_s']:7.0f} {r['wall_s']:7.1f}")
+        print(
+            f"{label:34s} {r['steps_per_hour']:8.2f} {r['ideal_steps_per_hour']:8.2f} {r['fraction_of_ideal']:9.3f} {r['gpu_busy']:9.3f} "
+            f"{r['generation_busy']:9.3f} {r['mean_batch']:6.1f} {r['full_batch_steps_per_hour']:13.2f} {r['sim_s']:7.0f} {r['wall_s']:7.1f}"
+        )
 
 
 def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> float:
@@ -161,7 +181,11 @@ def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=0.01, help="wall seconds per simulated second")
+    parser.add_argument("--scale", type=float, default=0.01, help="event-loop seconds per simulated second")
+    parser.add_argument(
+        "--clock", choices=["virtual", "wall"], default="virtual",
+        help="virtual: the loop jumps to the next event (exact); wall: scaled wall time (the schedulers' CPU time counts)",
+    )  # fmt: skip
     parser.add_argument("--check-scale", action="store_true", help="also run the simulation at half the scale and compare")
     parser.add_argument("--real-steps", type=int, default=60)
     parser.add_argument("--skip-real", action="store_true")
@@ -172,11 +196,11 @@ def main() -> None:
     print(f"  {PROMPTS} prompts x {GROUP} samples per step; response lengths log-normal, median {LENGTHS.median:g}, sigma {LENGTHS.sigma}, capped at {LENGTHS.cap}")
     print(f"  decode step of b sequences: a + c*b = {LATENCY.base_s * 1e3:g} ms + {LATENCY.per_seq_s * 1e3:g} ms * b, b <= {LATENCY.max_batch}")
     print(f"  training r = {TRAIN_RATE:,.0f} tokens/s per GPU; s = {SYNC_S:g} s per weight sync; fully async: {ASYNC}")
-    print(f"  one simulated second per {args.scale * 1e3:g} ms of wall time; each simulated token stands for {BLOCK} (T: a step's tokens)")
+    print(f"  one simulated second per {args.scale * 1e3:g} ms of the event loop's {args.clock} clock; each simulated token stands for {BLOCK} (T: a step's tokens)")
     for mode, formula in FORMULAS.items():
         print(f"  ideal, {mode}: {formula}")
-    results = asyncio.run(simulate_all(args.scale))
-    print_sim(results, args.scale)
+    results = run_sim(args.clock, args.scale)
+    print_sim(results, args.scale, args.clock)
     labels = [m.label for m in MODES]
     rate = {label: results[label]["steps_per_hour"] for label in labels}
     summary: dict[str, float] = {
@@ -187,8 +211,8 @@ def main() -> None:
         "sim_sync_fraction_of_ideal": results[labels[0]]["fraction_of_ideal"],
     }
     if args.check_scale:
-        half = asyncio.run(simulate_all(args.scale / 2))
-        print_sim(half, args.scale / 2)
+        half = run_sim(args.clock, args.scale / 2)
+        print_sim(half, args.scale / 2, args.clock)
         moved = max(abs(half[label]["steps_per_hour"] / results[label]["steps_per_hour"] - 1) for label in labels)
         print(f"at half the scale the steps/hour moved by at most {moved * 100:.1f} %")
         summary["sim_scale_check_max_change"] = moved
