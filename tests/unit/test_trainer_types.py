@@ -12,3 +12,41 @@ def test_shards_and_metric_reduction() -> None:
     parts = [(3.0, {"pg_clipfrac": 0.0, "ratio_min": 0.5, "ratio_max": 1.5}), (1.0, {"pg_clipfrac": 1.0, "ratio_min": 0.9, "ratio_max": 3.0})]
     assert reduce_metrics(parts) == {"pg_clipfrac": 0.25, "ratio_min": 0.5, "ratio_max": 3.0}
     assert reduce_metrics([(0.0, {"ratio_min": 1.0}), (2.0, {"ratio_min": 2.0})]) == {"ratio_min": 2.0}  # empty parts don't vote
+
+
+def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() -> None:
+    """Rows sorted by length, cut to their own width: the same logprobs and the same update as
+    the whole batch padded to its longest row, for much less compute when one row is long."""
+    import torch
+
+    from rlasync.config import TrainerConfig
+    from rlasync.models import TinyLMConfig, build_tiny_lm
+    from rlasync.trainer import PolicyTrainer, TrainBatch
+    from rlasync.trainer.types import micro_plan
+
+    g = torch.Generator().manual_seed(0)
+    rows, prompt_w, resp_w = 9, 6, 20
+    prompt_len = torch.randint(2, prompt_w + 1, (rows,), generator=g)
+    resp_len = torch.tensor([3, 4, 20, 2, 5, 3, 1, 4, 6])
+    attention = torch.zeros(rows, prompt_w + resp_w, dtype=torch.long)
+    mask = torch.zeros(rows, resp_w, dtype=torch.long)
+    for i in range(rows):
+        attention[i, prompt_w - prompt_len[i] : prompt_w + resp_len[i]] = 1
+        mask[i, : resp_len[i]] = 1
+    batch = TrainBatch(
+        prompts=torch.randint(3, 300, (rows, prompt_w), generator=g) * attention[:, :prompt_w], responses=torch.randint(3, 300, (rows, resp_w), generator=g) * mask,
+        response_mask=mask, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        logprobs=-torch.rand(rows, resp_w, generator=g) * mask, advantages=torch.randn(rows, generator=g),
+    )  # fmt: skip
+    plan = micro_plan(batch, 0, 40)
+    assert sorted(int(i) for part in plan for i in part) == list(range(rows)) and len(plan) > 1
+    assert max(int(attention[part].sum(-1).max()) * len(part) for part in plan) <= 40 or any(len(part) == 1 for part in plan)
+    trainers = [PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=4))[0], TrainerConfig(lr=1e-2, micro_batch_tokens=tokens)) for tokens in (0, 40)]
+    whole, dynamic = (t.compute_logprobs(batch) for t in trainers)
+    assert torch.allclose(whole * mask, dynamic * mask, atol=1e-5)
+    metrics = [t.step(batch) for t in trainers]
+    assert abs(metrics[0]["loss"] - metrics[1]["loss"]) < 1e-5 and abs(metrics[0]["grad_norm"] - metrics[1]["grad_norm"]) < 1e-4
+    after = [{n: p.detach() for n, p in t.model.named_parameters()} for t in trainers]
+    # AdamW's first step is lr * g / (|g| + eps): last-bit gradient differences (another
+    # summation order) move weights whose gradient is near zero by a little of lr = 1e-2.
+    assert max(float((after[0][n] - after[1][n]).abs().max()) for n in after[0]) < 1e-4

@@ -9,7 +9,17 @@ separators included (verl's dropped ``\\n`` after ``<|im_end|>`` cannot happen h
 
 from __future__ import annotations
 
+import collections
+import weakref
 from typing import Any
+
+import msgspec
+
+PROMPT_CACHE_SIZE = 4096
+# Rendered prompts per tokenizer: every trajectory of a GRPO group starts from the same prompt,
+# and rendering the chat template is the costliest step of starting one (measured: 65 ms of
+# the controller's 175 ms per quickstart step before this cache).
+_prompt_cache: weakref.WeakKeyDictionary[Any, collections.OrderedDict[bytes, tuple[int, ...]]] = weakref.WeakKeyDictionary()
 
 
 class TemplateError(ValueError):
@@ -34,8 +44,20 @@ class ChatTurns:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The prompt: the conversation so far and the assistant header the model continues."""
-        return self.encode(self.render(messages, tools=tools, generation_prompt=True))
+        """The prompt: the conversation so far and the assistant header the model continues
+        (remembered per tokenizer for the last ``PROMPT_CACHE_SIZE`` prompts)."""
+        try:
+            key = msgspec.json.encode([messages, tools])
+            cache = _prompt_cache.setdefault(self.tokenizer, collections.OrderedDict())
+        except (TypeError, msgspec.EncodeError):  # contents that are not plain data, or a tokenizer without weak references
+            return self.encode(self.render(messages, tools=tools, generation_prompt=True))
+        ids = cache.get(key)
+        if ids is None:
+            ids = tuple(self.encode(self.render(messages, tools=tools, generation_prompt=True)))
+            cache[key] = ids
+            if len(cache) > PROMPT_CACHE_SIZE:
+                cache.popitem(last=False)
+        return list(ids)
 
     def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """What the template puts after a model turn that ended with its end token, then

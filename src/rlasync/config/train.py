@@ -28,6 +28,11 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     min_lr_ratio: Fraction = 0.1
     micro_batch_size: NonNegativeInt = 0
     """Sequences per forward/backward (gradients accumulate over them); 0: the whole batch."""
+    micro_batch_tokens: NonNegativeInt = 0
+    """Dynamic micro-batches (verl's ``use_dynamic_bsz``/``ppo_max_token_len_per_gpu``): rows
+    sorted by length and grouped so a micro-batch, cut to its longest row, holds at most this
+    many tokens (``micro_batch_size`` still caps its rows). One long response then no longer
+    pads the whole batch to its width. 0: off (rows in order, padded to the batch's widest)."""
     clip_low: Fraction = 0.2
     clip_high: Fraction = 0.2
     """PPO clip range [1 - clip_low, 1 + clip_high] (clip-higher: raise ``clip_high``)."""

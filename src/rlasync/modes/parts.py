@@ -227,6 +227,8 @@ class Run:
         return await self.rollouts.accuracy(self.val_rows, self.config.train.max_new_tokens)
 
     def write(self, record: dict[str, Any]) -> None:
+        """One line of ``metrics.jsonl``, stamped with the seconds since the run began (``elapsed_s``)."""
+        record.setdefault("elapsed_s", round(time.perf_counter() - self.started, 3))
         write_record(self.metrics, record)
 
     async def close(self) -> None:

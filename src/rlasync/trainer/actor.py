@@ -39,7 +39,7 @@ from ..config.train import TrainerConfig
 from ..runtime.errors import ActorError, CallTimeout, NodeLostError
 from ..transport.codec import Codec, DecodeError
 from ..transport.messages import Call, Error, Reply
-from .types import TrainBatch, reduce_metrics, shard_rows
+from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class TrainerActor:
             raise ValueError(f"trainer.strategy=fsdp2 needs a row per rank: a batch of {batch.size} for {self.world_size} ranks")
         denominator = batch.loss_denominator(self.config.loss_agg)
         shards = shard_rows(batch.size, self.world_size)
-        args = [[batch.rows(rows).tensors(), temperature, denominator, self._micro_batches(shards)] for rows in shards]
+        args = [[batch.rows(rows).tensors(), temperature, denominator, self._micro_batches(batch, shards)] for rows in shards]
         replies = await self._call_all("step", args)
         merged = reduce_metrics([(r["tokens"], {k: v for k, v in r.items() if k not in ("tokens", "grad_norm", "lr")}) for r in replies])
         merged.update(tokens=sum(r["tokens"] for r in replies), grad_norm=replies[0]["grad_norm"], lr=replies[0]["lr"])
@@ -166,7 +166,7 @@ class TrainerActor:
         import torch
 
         shards = shard_rows(batch.size, self.world_size)
-        count = self._micro_batches(shards)
+        count = self._micro_batches(batch, shards)
         parts = await self._call_all("logprobs", [[batch.rows(rows).tensors(), temperature, count, reference] for rows in shards])
         return torch.cat(parts)
 
@@ -196,10 +196,10 @@ class TrainerActor:
     async def send_weights(self, version: int) -> float:
         return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])
 
-    def _micro_batches(self, shards: list[slice]) -> int:
+    def _micro_batches(self, batch: TrainBatch, shards: list[slice]) -> int:
         """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
-        micro = self.config.micro_batch_size
-        return max(-(-(s.stop - s.start) // micro) if micro else int(s.stop > s.start) for s in shards)
+        cfg = self.config
+        return max(len(micro_plan(batch.rows(s), cfg.micro_batch_size, cfg.micro_batch_tokens)) for s in shards)
 
     async def save(self, folder: str | os.PathLike[str]) -> None:
         """Write the model (Hugging Face folder, safetensors), optimiser, scheduler and every

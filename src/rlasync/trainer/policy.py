@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
-from .types import TrainBatch, reduce_metrics
+from .types import TrainBatch, micro_plan, reduce_metrics
 
 BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
 
@@ -97,32 +97,33 @@ class PolicyTrainer:
             parts.append(self._pick(self._logits(self.reference, part, temperature), part.responses).cpu())
         return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
 
-    def micro_batches(self, size: int) -> int:
-        """How many micro-batches ``size`` rows take."""
-        micro = self.config.micro_batch_size or max(size, 1)
-        return -(-size // micro)
-
-    def _plan(self, size: int, count: int | None) -> list[tuple[slice, bool]]:
-        """Row ranges of the micro-batches, each with whether it is real. Sharded (FSDP2), every
-        rank must run as many forwards as the others (each gathers parameters collectively): a
-        rank with fewer rows repeats its last micro-batch as a zero-weight filler up to ``count``."""
-        micro = self.config.micro_batch_size or max(size, 1)
-        plan = [(slice(start, min(size, start + micro)), True) for start in range(0, size, micro)]
+    def _plan(self, batch: TrainBatch, count: int | None) -> list[tuple[Any, bool]]:
+        """The micro-batches (row slices or index tensors, see ``micro_plan``), each with whether
+        it is real. Sharded (FSDP2), every rank must run as many forwards as the others (each
+        gathers parameters collectively): a rank with fewer repeats its last micro-batch as a
+        zero-weight filler up to ``count``."""
+        cfg = self.config
+        plan: list[tuple[Any, bool]] = [(rows, True) for rows in micro_plan(batch, cfg.micro_batch_size, cfg.micro_batch_tokens)]
         if self.sharded and count is not None and len(plan) < count:
             if not plan:
                 raise ValueError("with trainer.strategy=fsdp2 every rank needs at least one row: give a batch of at least trainer.world_size sequences")
             plan += [(plan[-1][0], False)] * (count - len(plan))
         return plan
 
+    def _part(self, batch: TrainBatch, rows: Any) -> TrainBatch:
+        part = batch.rows(rows)
+        return (part.trim() if self.config.micro_batch_tokens else part).to(self.device)
+
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0, *, micro_batches: int | None = None) -> torch.Tensor:
         """``[B, R]`` logprobs without grad, in micro-batches (old/proximal logprobs)."""
-        parts = []
-        for rows, real in self._plan(batch.size, micro_batches):
-            logprobs = self.logprobs(batch, temperature, rows=rows)  # fillers too: the forward is collective
+        out = torch.zeros(batch.logprobs.shape, dtype=torch.float32)
+        for rows, real in self._plan(batch, micro_batches):
+            part = self._part(batch, rows)
+            logprobs = self._pick(self._logits(self.model, part, temperature), part.responses)  # fillers too: the forward is collective
             if real:
-                parts.append(logprobs.cpu())
-        return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
+                out[rows, : logprobs.shape[1]] = logprobs.cpu()
+        return out
 
     def step(self, batch: TrainBatch, *, temperature: float = 1.0, denominator: float | None = None, micro_batches: int | None = None) -> dict[str, float]:
         """One optimiser step on ``batch`` (gradients accumulated over micro-batches, summed
@@ -136,8 +137,8 @@ class PolicyTrainer:
         denominator = denominator or batch.loss_denominator(cfg.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[float, dict[str, float]]] = []
-        for rows, real in self._plan(batch.size, micro_batches):
-            part = batch.rows(rows).to(self.device)
+        for rows, real in self._plan(batch, micro_batches):
+            part = self._part(batch, rows)
             logits = self._logits(self.model, part, temperature)
             new = self._pick(logits, part.responses)
             part_mask = part.response_mask.float()

@@ -198,7 +198,12 @@ def pick_device(setting: str, rank: int) -> torch.device:
 def serve(args: argparse.Namespace) -> int:
     parent = os.getppid()
     if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        wanted = {int(c) for c in args.cpus.split(",")}
+        usable = wanted & set(range(os.cpu_count() or 1))  # the machine's cores, not the ones inherited from the parent
+        if usable:
+            os.sched_setaffinity(0, usable)
+        else:
+            log.warning("trainer.cpu_affinity=%s: none of these cores is available here; running on any", sorted(wanted))
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device, args.rank)

@@ -57,9 +57,26 @@ class TrainBatch(msgspec.Struct, kw_only=True):
     def input_ids(self) -> Any:
         return torch.cat([self.prompts, self.responses], dim=1)
 
-    def rows(self, rows: slice) -> TrainBatch:
-        """A slice of the sequences; the padded widths stay, so every slice lines up."""
+    def rows(self, rows: slice | Any) -> TrainBatch:
+        """Some of the sequences (a slice, or a tensor of row indices); the padded widths stay,
+        so every part lines up."""
         return TrainBatch(**{name: getattr(self, name)[rows] for name in self._present()})
+
+    def trim(self) -> TrainBatch:
+        """The same rows without the columns that are padding in all of them: prompt columns on
+        the left, response columns on the right (positions are explicit, so nothing moves)."""
+        prompt_len = self.prompts.shape[1]
+        real = self.attention_mask.bool().any(0)
+        first = int(real[:prompt_len].float().argmax()) if bool(real[:prompt_len].any()) else prompt_len - 1
+        width = max(1, int(real[prompt_len:].nonzero().max()) + 1) if bool(real[prompt_len:].any()) else 1
+        keep = torch.cat([torch.arange(first, prompt_len), torch.arange(prompt_len, prompt_len + width)])
+        fields: dict[str, Any] = {"prompts": self.prompts[:, first:], "attention_mask": self.attention_mask[:, keep], "position_ids": self.position_ids[:, keep]}
+        for name in ("responses", "response_mask", "logprobs", *OPTIONAL_FIELDS):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value[:, :width]
+        fields["advantages"] = self.advantages[:, :width] if self.advantages.dim() == 2 else self.advantages
+        return TrainBatch(**fields)
 
     def to(self, device: Any) -> TrainBatch:
         return TrainBatch(**{name: getattr(self, name).to(device) for name in self._present()})
@@ -71,6 +88,27 @@ class TrainBatch(msgspec.Struct, kw_only=True):
         mask = self.response_mask
         count = mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()
         return float(max(int(count), 1))
+
+
+def micro_plan(batch: TrainBatch, micro_batch_size: int, micro_batch_tokens: int) -> list[Any]:
+    """The micro-batches of ``batch``: row slices of ``micro_batch_size`` (0: the whole batch),
+    or with ``micro_batch_tokens`` row-index tensors of similar lengths, sorted, each holding at
+    most that many tokens once cut to its longest row (verl's dynamic batch size)."""
+    size = batch.size
+    if not micro_batch_tokens:
+        micro = micro_batch_size or max(size, 1)
+        return [slice(start, min(size, start + micro)) for start in range(0, size, micro)]
+    lengths = batch.attention_mask.sum(-1).tolist()
+    groups: list[list[int]] = []
+    longest = 0
+    for row in sorted(range(size), key=lambda i: lengths[i]):
+        longest = max(longest, lengths[row])
+        if groups and groups[-1] and (longest * (len(groups[-1]) + 1) <= micro_batch_tokens) and (not micro_batch_size or len(groups[-1]) < micro_batch_size):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+            longest = lengths[row]
+    return [torch.tensor(group, dtype=torch.long) for group in groups]
 
 
 def shard_rows(size: int, world_size: int) -> list[slice]:
