@@ -58,6 +58,9 @@ bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/train_bench.py
 	$(PY) benchmarks/sync_bench.py
+	$(PY) benchmarks/modes_bench.py --check-scale
+	$(PY) -m pip install --quiet 'matplotlib>=3.8,<4'
+	$(PY) benchmarks/plot_modes.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache
