@@ -54,6 +54,7 @@ def _a_step(ids: list[int]) -> TrainBatch:
     )  # fmt: skip
 
 
+@pytest.mark.timeout(600)  # the calculator warm-start (about a minute, more on a busy machine) runs first
 @uvloop
 async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_resume_intact(calc_model: Path) -> None:
     _, tok = load_pretrained_dir(calc_model)

@@ -19,26 +19,17 @@ from rlasync import LocalCluster, RuntimeConfig
 from rlasync.config import TrainerConfig, WeightsConfig
 from rlasync.engines import EngineConfig, Router, RouterConfig, TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm
-from rlasync.trainer import TrainBatch, TrainerActor
+from rlasync.trainer import TrainerActor
 from rlasync.weights import ParameterSynchronizer, SyncError
 
 from inspect_engine import InspectableEngine
+from tiny_batch import tiny_batch
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 FAST = RuntimeConfig(
     heartbeat_interval_s=0.2, node_dead_after_s=2.0, call_timeout_s=60, join_timeout_s=60, preload_modules=("rlasync.engines", "inspect_engine")
 )
-
-
-def _batch(seed: int) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    prompts, responses = torch.randint(3, 300, (4, 5), generator=g), torch.randint(3, 300, (4, 6), generator=g)
-    ones = torch.ones(4, 11, dtype=torch.long)
-    return TrainBatch(
-        prompts=prompts, responses=responses, response_mask=torch.ones(4, 6, dtype=torch.long), attention_mask=ones,
-        position_ids=torch.arange(11).expand(4, -1).clone(), logprobs=-torch.rand(4, 6, generator=g), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
-    )  # fmt: skip
 
 
 async def _engines(cluster: LocalCluster, model_dir: Path) -> list[Any]:
@@ -56,7 +47,7 @@ async def test_every_engine_on_every_node_serves_the_trainers_parameters_bit_for
             sync = ParameterSynchronizer(WeightsConfig(bucket_mb=bucket_mb, transport=transport), trainer, [*remote, local], router=router)  # type: ignore[arg-type]
             await sync.start()
             for version in (1, 2):
-                await trainer.step(_batch(version))
+                await trainer.step(tiny_batch(version))
                 report = await sync.sync(version)
                 assert report.engines == {"engine-1": version, "engine-2": version, "local-2": version} and not report.removed
                 assert set(report.transports.values()) == {"shm" if transport == "auto" else "broadcast"}
@@ -82,7 +73,7 @@ async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadl
             sync = ParameterSynchronizer(config, trainer, remote, router=router)
             await sync.start()
             await sync.sync(1)
-            await trainer.step(_batch(1))
+            await trainer.step(tiny_batch(1))
             victim = cluster.pid(2)
             os.kill(victim, signal.SIGSTOP)  # engine-2 stops answering: the sync starts without it
 
@@ -101,7 +92,7 @@ async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadl
                     report, _ = await asyncio.gather(sync.sync(2), fault_mid_sync())
                     assert report.removed == ["engine-2"] and report.engines == {"engine-1": 2}
                     assert [e.name for e in router.engines] == ["engine-1"]  # out of rotation
-                    await trainer.step(_batch(2))
+                    await trainer.step(tiny_batch(2))
                     assert (await sync.sync(3)).engines == {"engine-1": 3}  # the run goes on with the rest
                     expected, served = await trainer.weights(), await remote[0].parameters()
                     assert all(torch.equal(served[name], tensor) for name, tensor in expected.items())
@@ -121,11 +112,11 @@ async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_
         async with Router([first], RouterConfig()) as router:
             sync = ParameterSynchronizer(WeightsConfig(transport="broadcast"), trainer, [first], router=router)
             await sync.start()
-            await trainer.step(_batch(1))
+            await trainer.step(tiny_batch(1))
             await sync.sync(1)
             await sync.add_engine(late)  # e.g. a restarted node: out of rotation until it is current
             assert [e.name for e in router.engines] == ["engine-1"]
-            await trainer.step(_batch(2))
+            await trainer.step(tiny_batch(2))
             report = await sync.sync(2)
             assert report.engines == {"engine-1": 2, "engine-2": 2} and sync.generation == 1
             assert [e.name for e in router.engines] == ["engine-1", "engine-2"]

@@ -10,8 +10,9 @@ import torch
 from rlasync.config import TrainerConfig, WeightsConfig
 from rlasync.engines import TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm
-from rlasync.trainer import TrainBatch, TrainerActor
+from rlasync.trainer import TrainerActor
 from rlasync.weights import ParameterSynchronizer, SyncError
+from tiny_batch import tiny_batch
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
@@ -19,16 +20,6 @@ pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 @pytest.fixture
 def model_dir(nano_model_dir: Path) -> Path:
     return nano_model_dir
-
-
-def _batch() -> TrainBatch:
-    g = torch.Generator().manual_seed(0)
-    prompts, responses = torch.randint(3, 300, (4, 5), generator=g), torch.randint(3, 300, (4, 6), generator=g)
-    ones = torch.ones(4, 11, dtype=torch.long)
-    return TrainBatch(
-        prompts=prompts, responses=responses, response_mask=torch.ones(4, 6, dtype=torch.long), attention_mask=ones,
-        position_ids=torch.arange(11).expand(4, -1).clone(), logprobs=-torch.rand(4, 6, generator=g), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -41,7 +32,7 @@ async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(mo
         sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.05, alone_mb=0.02, transport=transport), trainer, engine)  # type: ignore[arg-type]
         await sync.start()
         for version in (1, 2):
-            await trainer.step(_batch())
+            await trainer.step(tiny_batch())
             report = await sync.sync(version)
             expected = await trainer.weights()
             served = dict(engine.model.named_parameters())
@@ -81,7 +72,7 @@ async def test_the_trainer_changing_its_parameters_mid_copy_is_an_error_not_a_mi
         sync = ParameterSynchronizer(WeightsConfig(timeout_s=1, retries=0, transport="shm"), trainer, engine)
         await sync.start()
         await sync.sync(1)
-        await trainer.step(_batch())  # marks the shared parameters as changing; nobody publishes version 2
+        await trainer.step(tiny_batch())  # marks the shared parameters as changing; nobody publishes version 2
         local = sync._sinks[0].local
         assert local is not None
         with pytest.raises(SyncError, match="was not published within weights.timeout_s=1"):
@@ -95,7 +86,7 @@ async def test_one_trainer_syncs_engines_one_after_another_each_with_its_own_gro
     engines = [TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0]) for _ in range(2)]
     async with TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer:
         await trainer.start(model_dir)
-        await trainer.step(_batch())
+        await trainer.step(tiny_batch())
         expected = await trainer.weights()
         for engine in engines:  # the trainer's rank 0 leaves one group and forms the next
             sync = ParameterSynchronizer(WeightsConfig(timeout_s=30), trainer, engine)

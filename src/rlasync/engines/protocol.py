@@ -28,6 +28,15 @@ async def until_finished(queue: asyncio.Queue[TokenChunk | BaseException]) -> As
             return
 
 
+async def wait_until_idle(idle: asyncio.Event, timeout: float | None) -> None:
+    """``pause("wait")``: until no request is in flight (``idle`` set), at most ``timeout`` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            await idle.wait()
+    except TimeoutError:
+        raise TimeoutError(f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once") from None
+
+
 def check_request(request: GenerateRequest, *, vocab_size: int, max_seq_len: int, running: Container[str]) -> None:
     """Refuse a request every engine would refuse, with the same message whichever engine it is."""
     rid = request.request_id

@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import msgspec
 
-from .protocol import EngineError, until_finished
+from .protocol import EngineError, until_finished, wait_until_idle
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 
@@ -286,11 +286,7 @@ class SimEngine:
                                            logprobs=[-1.0] * len(seq.made), versions=list(seq.made), finish_reason="abort"))  # fmt: skip
                 self._end(rid, "abort")
             return outs
-        try:
-            async with asyncio.timeout(timeout):
-                await self._idle.wait()
-        except TimeoutError:
-            raise TimeoutError(f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once") from None
+        await wait_until_idle(self._idle, timeout)
         return []
 
     async def resume(self) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from .batch import KVBatch
 from .meter import TokenRate
-from .protocol import EngineError, check_request, until_finished
+from .protocol import EngineError, check_request, until_finished, wait_until_idle
 from .sampling import sample
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
@@ -169,11 +169,7 @@ class TorchEngine:
             running: list[_Sequence] = await self._command(self._abort_running)
             return [seq.output() for seq in running]
         await self._command(lambda: None)  # a step boundary: what it reported is current
-        try:
-            async with asyncio.timeout(timeout):
-                await self._idle.wait()
-        except TimeoutError:
-            raise TimeoutError(f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once") from None
+        await wait_until_idle(self._idle, timeout)
         return []
 
     async def resume(self) -> None:

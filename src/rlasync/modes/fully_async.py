@@ -143,9 +143,7 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
                 accuracy = await run.validate()  # the engine serves this step's weights only after a sync
                 record["val_accuracy"] = accuracy
                 record["val_version"] = version
-            run.write(record)
-            if on_step is not None:
-                on_step(record)
+            run.write(record, on_step)
     finally:
         if rollouter is not None:
             await rollouter.stop()

@@ -63,9 +63,7 @@ async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any
                 served = step
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
-            run.write(record)
-            if on_step is not None:
-                on_step(record)
+            run.write(record, on_step)
     finally:
         if pending is not None:
             pending.cancel()

@@ -9,7 +9,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import torch
@@ -226,10 +226,13 @@ class Run:
             return 0.0
         return await self.rollouts.accuracy(self.val_rows, self.config.train.max_new_tokens)
 
-    def write(self, record: dict[str, Any]) -> None:
-        """One line of ``metrics.jsonl``, stamped with the seconds since the run began (``elapsed_s``)."""
+    def write(self, record: dict[str, Any], on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """One line of ``metrics.jsonl``, stamped with the seconds since the run began
+        (``elapsed_s``), then handed to ``on_step`` (progress lines, tests)."""
         record.setdefault("elapsed_s", round(time.perf_counter() - self.started, 3))
         write_record(self.metrics, record)
+        if on_step is not None:
+            on_step(record)
 
     async def close(self) -> None:
         """Metrics file, weight group, trainer ranks, engine: in that order, each once."""

@@ -77,9 +77,7 @@ async def train_sync(
             if run.checkpointing and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps):
                 run_state = {"weight_version": step, "sampler": run.sampler.state_dict(), "rng": run.rng.getstate(), "initial_accuracy": initial, "accuracy": accuracy}
                 record["checkpoint"] = str(await checkpoints.save(step, trainer, run_state, model_source=run.model_dir))
-            run.write(record)
-            if on_step is not None:
-                on_step(record)
+            run.write(record, on_step)
     finally:
         await run.close()
     return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
