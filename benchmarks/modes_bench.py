@@ -63,8 +63,9 @@ class Mode(msgspec.Struct, kw_only=True):
 MODES = [
     Mode(label="sync (32 colocated)", mode="sync", steps=4, warmup=0),
     Mode(label="one-step-off (16:16)", mode="one_step_off", steps=6, warmup=1),
-    Mode(label="fully async, no partial (16:16)", mode="fully_async", steps=40, warmup=8, partial=False, trigger=ASYNC["trigger_parameter_sync_step"]),
-    Mode(label="fully async + partial (16:16)", mode="fully_async", steps=40, warmup=8, partial=True, trigger=ASYNC["trigger_parameter_sync_step"]),
+    # 100 steps, the first 40 left out: the bound lets the pipeline hold about 20 steps of samples.
+    Mode(label="fully async, no partial (16:16)", mode="fully_async", steps=100, warmup=40, partial=False, trigger=ASYNC["trigger_parameter_sync_step"]),
+    Mode(label="fully async + partial (16:16)", mode="fully_async", steps=100, warmup=40, partial=True, trigger=ASYNC["trigger_parameter_sync_step"]),
 ]
 
 
@@ -118,7 +119,7 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
             start = clock.now()
 
             def on_step(record: dict[str, Any]) -> None:
-                records.append({**record, "sim_t": clock.now() - start})
+                records.append({**record, "sim_t": clock.now() - start, "generated": sum(gpu.tokens for gpu in cluster.gpus)})
 
             await train_run(config, cluster, on_step=on_step)
             elapsed = clock.now() - start
@@ -129,11 +130,13 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
     counted = records[mode.warmup :]
     measured = records[-1]["sim_t"] - first
     ideal = sum(ideal_step_s(mode, r, mean_batch) for r in counted)
+    generated = records[-1]["generated"] - (records[mode.warmup - 1]["generated"] if mode.warmup else 0)
+    trained = sum(r["response_tokens"] for r in counted) * BLOCK
     full = sum(ideal_step_s(mode, r) for r in counted)
     return {
         "steps_per_hour": len(counted) / measured * 3600, "gpu_busy": busy / (GPUS * elapsed), "fraction_of_ideal": ideal / measured,
         "ideal_steps_per_hour": len(counted) / ideal * 3600, "full_batch_steps_per_hour": len(counted) / full * 3600, "sim_s": elapsed,
-        "mean_batch": mean_batch, "generation_busy": gen_busy,
+        "mean_batch": mean_batch, "generation_busy": gen_busy, "generated_per_trained": generated / max(trained, 1),
     }  # fmt: skip
 
 
@@ -156,6 +159,7 @@ def run_sim(clock: str, scale: float) -> dict[str, dict[str, float]]:
 
 
 def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: str) -> None:
+    print("(of ideal: steps/h over the ideal's; gen busy: generation GPUs' time with work; batch: their mean batch; full-batch/h: the ideal at 256)")
     print(f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'gen busy':>9s} {'batch':>6s} {'full-batch/h':>13s} {'sim s':>7s} {'wall s':>7s}   ({clock_name} clock, scale {scale:g})")
     for label, r in results.items():
         print(
