@@ -45,12 +45,8 @@ class EngineGroup:
 
     @property
     def weight_version(self) -> int:
-        """The version this group last moved every engine to (``update_weights``, or ``note_version``)."""
+        """The version this group last moved every engine to with ``update_weights``."""
         return self._version
-
-    def note_version(self, version: int) -> None:
-        """A synchroniser moved every engine to ``version`` (it calls the engines itself)."""
-        self._version = version
 
     async def close(self) -> None:
         await self.router.close()

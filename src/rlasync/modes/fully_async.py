@@ -129,8 +129,6 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
             if step % per_version == 0 or step == cfg.steps:
                 report, pause = await _sync(run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0)
                 version += 1
-                if hasattr(run.engine, "note_version"):  # an EngineGroup: the synchroniser moved every engine
-                    run.engine.note_version(version)
                 record.update({"weights/sync_s": report.transfer_s, "weights/swap_s": report.pause_s, "weights/pause_s": pause})
             now = time.perf_counter()
             record.update({

@@ -46,7 +46,6 @@ class RankServer:
         self.trainer: PolicyTrainer | None = None
         self.sender: Any = None  # the WeightSender, on rank 0 once joined
         self.flat: Any = None  # the buffer rank 0's parameters live in once laid out as buckets
-        self.plan: Any = None  # the BucketPlan engines were given
         self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
 
     def _trainer(self) -> PolicyTrainer:
@@ -94,12 +93,11 @@ class RankServer:
         trainer = self._trainer()
         if self.device.type != "cpu":
             return None  # GPU parameters: NCCL is the fast path (CUDA IPC is not written)
-        self.plan = msgspec.msgpack.decode(plan, type=BucketPlan)
         if self.shared is not None:
             self.shared.close()
-        self.shared = SharedWeights.create(directory, self.plan)
+        self.shared = SharedWeights.create(directory, msgspec.msgpack.decode(plan, type=BucketPlan))
         if not trainer.sharded:  # the optimizer then updates the parameters in the shared file itself
-            self.flat = flat_layout(self.plan, dict(trainer.model.named_parameters()), out=self.shared.data)
+            self.flat = flat_layout(self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data)
         return list(msgspec.to_builtins(self.shared.offer))
 
     def weight_backend(self) -> str:
