@@ -16,7 +16,7 @@ import inspect
 from typing import Any, Awaitable, Callable, Protocol
 
 from ..config.agent import AgentConfig
-from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
+from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams
 from .template import ChatTurns
 from .trajectory import Trajectory
 
@@ -28,8 +28,6 @@ class Generator(Protocol):
     """What a loop generates with: an ``Engine`` or a ``Router`` (which takes a session id)."""
 
     async def generate(self, request: GenerateRequest, **kwargs: Any) -> GenerateOutput: ...
-
-    def generate_stream(self, request: GenerateRequest, **kwargs: Any) -> Any: ...
 
 
 class Interaction(abc.ABC):
@@ -61,18 +59,17 @@ class AgentLoop(abc.ABC):
         self.interaction = interaction
         self.trajectory_id = trajectory_id or f"traj-{id(self):x}"
         # A router takes a session id (every turn of this trajectory on one engine); an engine does not.
-        self._stream_kwargs = {"session_id": self.trajectory_id} if _takes_session(type(engine)) else {}
+        self._session = {"session_id": self.trajectory_id} if _takes_session(type(engine)) else {}
 
     @abc.abstractmethod
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
         """Roll out one trajectory for a dataset row (``messages``, and anything the reward reads)."""
 
-    async def _generate(self, request: GenerateRequest) -> Any:
-        """Stream one model turn; sticky to one engine when the engine is a router."""
-        stream: Any = self.engine.generate_stream(request, **self._stream_kwargs)
-        chunk: TokenChunk
-        async for chunk in stream:
-            yield chunk
+    async def _generate(self, request: GenerateRequest) -> GenerateOutput:
+        """One model turn, whole (or cut: finish reason "abort", with the tokens so far); sticky
+        to one engine when the engine is a router. Not streamed: a loop needs the turn only when
+        it ends, and a wake-up per token cost the controller a quarter of the engine's time."""
+        return await self.engine.generate(request, **self._session)
 
     async def _reward(self, row: dict[str, Any], trajectory: Trajectory) -> float:
         if self.reward_fn is None:
@@ -142,6 +139,6 @@ def get_loop(name: str) -> type[AgentLoop]:
 @functools.cache
 def _takes_session(engine_type: type) -> bool:
     try:
-        return "session_id" in inspect.signature(engine_type.generate_stream).parameters  # type: ignore[attr-defined]
+        return "session_id" in inspect.signature(engine_type.generate).parameters  # type: ignore[attr-defined]
     except (AttributeError, TypeError, ValueError):
         return False

@@ -28,7 +28,7 @@ import torch
 from .batch import KVBatch
 from .meter import TokenRate
 from .protocol import EngineError, check_request, until_finished, wait_until_idle
-from .sampling import sample
+from .sampling import sample, uniforms
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,12 @@ class _Sequence(RequestProgress):
     worker thread only, and never again once it has ended; ``finish`` is set by the event
     loop when the caller is told it ended."""
 
-    __slots__ = ("stream", "queue", "generator", "stop_ids")
+    __slots__ = ("stream", "queue", "stop_ids")
 
     def __init__(self, request: GenerateRequest, eos: int | None, stream: bool) -> None:
         super().__init__(request)
         self.stream = stream  # a streaming caller gets a chunk per token; others one at the end
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
-        seed = request.params.seed
-        self.generator = torch.Generator() if seed is not None else None
         stop = set(request.params.stop_token_ids)
         if eos is not None and not request.params.ignore_eos:
             stop.add(eos)
@@ -373,18 +371,24 @@ class TorchEngine:
             waiting, self._waiting = list(self._waiting), collections.deque()
         self._events += [seq.end("abort", self._version) for seq in waiting]
 
+    def _uniforms(self, seqs: list[_Sequence]) -> torch.Tensor:
+        """(worker) The number each row samples its next token from: a seeded request's is
+        fixed by its seed and the position of that token (``sampling.seeded_uniform``)."""
+        seeds = [None if (seed := s.request.params.seed) is None else (seed, len(s.request.prompt_ids) + len(s.tokens)) for s in seqs]
+        return uniforms(seeds, self._generator)
+
     def _step(self, admit: list[_Sequence]) -> list[_Event]:
         """(worker) One engine step: decode the running rows, prefill the newcomers."""
         rows = list(self._rows)
         picked: list[tuple[_Sequence, int, float]] = []
         if rows:
             logits = self._batch.decode(self.model)
-            tokens, logprobs = sample(logits, [s.request.params for s in rows], _seeded(rows), self._generator)
+            tokens, logprobs = sample(logits, [s.request.params for s in rows], self._uniforms(rows))
             self._batch.last = tokens.cpu()
             picked += zip(rows, tokens.tolist(), logprobs.tolist())
         if admit:
             logits = self._batch.prefill(self.model, [list(s.request.prompt_ids) for s in admit])
-            tokens, logprobs = sample(logits, [s.request.params for s in admit], _seeded(admit), self._generator)
+            tokens, logprobs = sample(logits, [s.request.params for s in admit], self._uniforms(admit))
             self._batch.last[len(rows) :] = tokens.cpu()
             picked += zip(admit, tokens.tolist(), logprobs.tolist())
             rows += admit
@@ -411,20 +415,3 @@ class TorchEngine:
             self._batch.keep(keep)
             self._rows = [rows[i] for i in keep]
         return events
-
-
-def _seeded(seqs: list[_Sequence]) -> list[torch.Generator | None]:
-    """Each seeded request's generator, seeded for the position of the token it samples now.
-
-    Keyed by (seed, position) rather than drawn in sequence, so a request resumed from its
-    partial output (prompt + tokens so far, same seed) samples exactly what the uninterrupted
-    one would have: an agent loop interrupted mid-generation resumes to the same trajectory.
-    """
-    out: list[torch.Generator | None] = []
-    for seq in seqs:
-        generator, seed = seq.generator, seq.request.params.seed
-        if generator is not None and seed is not None:
-            position = len(seq.request.prompt_ids) + len(seq.tokens)
-            generator.manual_seed((seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) & 0x7FFF_FFFF_FFFF_FFFF)
-        out.append(generator)
-    return out

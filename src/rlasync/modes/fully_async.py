@@ -121,7 +121,8 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
         version, waited_total, last = 0, 0.0, time.perf_counter()
         for step in range(1, cfg.steps + 1):
             t0 = time.perf_counter()
-            taken = await _first(queue.take(), rollouter.failed)
+            # A batch that is ready goes to the ranks before the rollouter's admissions run.
+            taken = queue.take_nowait() or await _first(queue.take(), rollouter.failed)
             waited = time.perf_counter() - t0
             waited_total += waited
             record: dict[str, Any] = {"step": step, **await train_step(run, [sample for _, sample in taken], version)}

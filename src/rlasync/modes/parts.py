@@ -5,6 +5,7 @@ model folder RL starts from, and the metrics file. A mode (``sync``, ``one_step_
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import time
@@ -188,6 +189,10 @@ class Run:
         except BaseException:
             await run.close()
             raise
+        # What is alive now (modules, the dataset rows, the model: ~0.5 M objects) lives as long
+        # as the run; frozen, the collector never scans it again. Unfrozen, each full collection
+        # paused the controller 0.05-0.26 s, every ~30 steps of the quickstart.
+        gc.freeze()
         return run
 
     @classmethod

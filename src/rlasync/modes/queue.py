@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ class SampleQueue(Generic[T]):
         self._next = 0
         self._open: dict[int, Ticket] = {}  # admitted, not yet trained on (running or finished)
         self._finished: dict[int, tuple[Ticket, T]] = {}
-        self._changed = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []  # see _wait_until
         self._closed = False
         # Counters for metrics.
         self.admitted = 0
@@ -96,25 +96,23 @@ class SampleQueue(Generic[T]):
     async def admit(self) -> Ticket:
         """Wait until one more sample fits the bound, and admit it at the current version."""
         started = time.monotonic()
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._closed or self.can_admit())
-            if self._closed:
-                raise asyncio.CancelledError("the sample queue was closed")
-            ticket = Ticket(self._next, self.version, self.version + self.max_staleness)
-            self._next += 1
-            self._open[ticket.index] = ticket
-            self.admitted += 1
+        await self._wait_until(lambda: self._closed or self.can_admit())
+        if self._closed:
+            raise asyncio.CancelledError("the sample queue was closed")
+        ticket = Ticket(self._next, self.version, self.version + self.max_staleness)
+        self._next += 1
+        self._open[ticket.index] = ticket
+        self.admitted += 1
         self.admission_wait_s += time.monotonic() - started
         return ticket
 
     async def put(self, ticket: Ticket, sample: T) -> None:
         """A finished sample (it is never dropped: the trainer takes it before its deadline)."""
-        async with self._changed:
-            if ticket.index not in self._open:
-                raise KeyError(f"{ticket} was not admitted or was already put")
-            ticket.finished_at = time.monotonic()
-            self._finished[ticket.index] = (ticket, sample)
-            self._changed.notify_all()
+        if ticket.index not in self._open:
+            raise KeyError(f"{ticket} was not admitted or was already put")
+        ticket.finished_at = time.monotonic()
+        self._finished[ticket.index] = (ticket, sample)
+        self._notify()
 
     # -- the trainer's side --------------------------------------------------------------------
     def _pick(self) -> list[int] | None:
@@ -130,41 +128,69 @@ class SampleQueue(Generic[T]):
 
     async def take(self) -> list[tuple[Ticket, T]]:
         """The next step's batch (waits for samples to finish)."""
-        async with self._changed:
-            chosen: list[int] | None = None
+        chosen: list[int] | None = None
 
-            def ready() -> bool:
-                nonlocal chosen
-                chosen = None if self._closed else self._pick()
-                return self._closed or chosen is not None
+        def ready() -> bool:
+            nonlocal chosen
+            chosen = None if self._closed else self._pick()
+            return self._closed or chosen is not None
 
-            await self._changed.wait_for(ready)
-            if chosen is None:
-                raise asyncio.CancelledError("the sample queue was closed")
-            batch = [self._finished.pop(i) for i in chosen]
-            for ticket, _ in batch:
-                if ticket.deadline < self.version:
-                    raise StalenessError(f"{ticket} trained at version {self.version}")
-                del self._open[ticket.index]
-            self.steps_done += 1
-            self.consumed += len(batch)
-            self._changed.notify_all()
-            return batch
+        await self._wait_until(ready)
+        if chosen is None:
+            raise asyncio.CancelledError("the sample queue was closed")
+        return self._remove(chosen)
+
+    def take_nowait(self) -> list[tuple[Ticket, T]] | None:
+        """The next step's batch if it is ready now, else None. Never yields to the event loop,
+        so a trainer whose batch is ready sends it before anything else runs (the rollouter's
+        admissions, woken by the last ``advance``, would otherwise go first)."""
+        if self._closed:
+            return None
+        chosen = self._pick()
+        return None if chosen is None else self._remove(chosen)
+
+    def _remove(self, chosen: list[int]) -> list[tuple[Ticket, T]]:
+        batch = [self._finished.pop(i) for i in chosen]
+        for ticket, _ in batch:
+            if ticket.deadline < self.version:
+                raise StalenessError(f"{ticket} trained at version {self.version}")
+            del self._open[ticket.index]
+        self.steps_done += 1
+        self.consumed += len(batch)
+        self._notify()
+        return batch
 
     async def advance(self) -> None:
         """The engines serve the next version now (after a weight sync)."""
-        async with self._changed:
-            if self.steps_done != self.steps_per_version:
-                raise StalenessError(f"advance() after {self.steps_done} of {self.steps_per_version} steps at version {self.version}")
-            self.version += 1
-            self.steps_done = 0
-            self._changed.notify_all()
+        if self.steps_done != self.steps_per_version:
+            raise StalenessError(f"advance() after {self.steps_done} of {self.steps_per_version} steps at version {self.version}")
+        self.version += 1
+        self.steps_done = 0
+        self._notify()
 
     async def close(self) -> None:
         """Wake every waiter with ``CancelledError`` (shutdown)."""
-        async with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+        self._closed = True
+        self._notify()
+
+    # -- waiting --------------------------------------------------------------------------------
+    # Every method changes the queue without an await in between, so one event loop needs no
+    # lock: a waiter re-checks its condition whenever the queue changed.
+    async def _wait_until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(changed)
+            try:
+                await changed
+            finally:
+                if changed in self._waiters:
+                    self._waiters.remove(changed)
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for changed in waiters:
+            if not changed.done():
+                changed.set_result(None)
 
     # -- metrics --------------------------------------------------------------------------------
     @property

@@ -70,10 +70,15 @@ class PolicyTrainer:
 
     def _logits(self, model: Any, part: TrainBatch, temperature: float) -> torch.Tensor:
         """``[B, R, V]`` float32 logits that predict the response tokens (scaled by the temperature)."""
-        prompt_len = part.prompts.shape[1]
+        response_len = part.responses.shape[1]
         with self._forward_context():
-            out = model(input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids, use_cache=False)
-        logits = out.logits[:, prompt_len - 1 : -1].float()
+            # Only the positions that predict a response token go through the LM head (and its
+            # backward): the prompt's would be computed and thrown away.
+            out = model(
+                input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids,
+                use_cache=False, logits_to_keep=response_len + 1,
+            )  # fmt: skip
+        logits = out.logits[:, :-1].float()
         return logits / temperature if temperature > 0 else logits
 
     @staticmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
+import gc
 import os
 import random
 import sys
@@ -59,13 +60,16 @@ class RankServer:
         cfg = convert(config, TrainerConfig)
         model, _ = load_pretrained_dir(model_dir, device=str(self.device))
         self.trainer = PolicyTrainer(model, cfg, total_steps=total_steps)
+        gc.freeze()  # start-up's objects live as long as the rank: full collections never rescan them
         return {"parameters": sum(p.numel() for p in model.parameters()), "device": str(self.device)}
 
     def step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
         rows = TrainBatch.from_tensors(batch)
         if self.shared is not None:
             self.shared.invalidate()  # the parameters in shared memory change now: no engine may copy them
-        return self._trainer().step(rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches)
+        started = time.perf_counter()
+        metrics = self._trainer().step(rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches)
+        return {**metrics, "compute_s_max": time.perf_counter() - started}  # the slowest rank's, once reduced
 
     def logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False) -> Any:
         trainer, rows = self._trainer(), TrainBatch.from_tensors(batch)
