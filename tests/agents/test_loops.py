@@ -204,17 +204,22 @@ async def test_interrupted_mid_generation_resumes_to_the_same_trajectory(nano: A
     engine = TorchEngine(model)
     params = SamplingParams(temperature=1.0, max_new_tokens=120, ignore_eos=True, seed=11)
     whole = await SingleTurnAgentLoop(engine, tok, trajectory_id="a").run(params, **ROW)
-    loop = SingleTurnAgentLoop(engine, tok, trajectory_id="a")  # the same trajectory, run again
-    task = asyncio.ensure_future(loop.run(params, **ROW))
-    while not (hasattr(loop, "state") and len(loop.state.partial_ids) >= 10):
-        await asyncio.sleep(0.001)
-    task.cancel()  # mid-generation: the engine request is aborted, the partial tokens kept
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert 10 <= len(loop.state.partial_ids) < 120
-    resumed = await loop.run(params, **ROW)
-    assert resumed.response_ids == whole.response_ids and len(resumed.response_ids) == 120
-    assert resumed.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+    for stream in (True, False):
+        loop = SingleTurnAgentLoop(engine, tok, AgentConfig(stream=stream), trajectory_id="a")  # the same trajectory, run again
+        task = asyncio.ensure_future(loop.run(params, **ROW))
+        while not any(len(seq.tokens) >= 10 for seq in engine._by_id.values()):  # the turn is under way
+            await asyncio.sleep(0.001)
+        if stream:
+            while len(loop.state.partial_ids) < 10:
+                await asyncio.sleep(0.001)
+        task.cancel()  # mid-generation: the engine request is aborted
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Streamed, the loop kept the tokens it had; whole, the turn is generated again.
+        assert 10 <= len(loop.state.partial_ids) < 120 if stream else not loop.state.partial_ids
+        resumed = await loop.run(params, **ROW)
+        assert resumed.response_ids == whole.response_ids and len(resumed.response_ids) == 120
+        assert resumed.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
     # One seed for a whole batch: each trajectory still draws its own samples.
     other = await SingleTurnAgentLoop(engine, tok, trajectory_id="c").run(params, **ROW)
     assert other.response_ids != whole.response_ids

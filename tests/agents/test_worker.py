@@ -67,8 +67,9 @@ async def test_workers_on_two_nodes_roll_out_a_batch_and_a_lost_worker_loses_no_
         assert [w.name for w in manager.workers] == ["worker-1"]
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 @pytest.mark.asyncio(loop_factories=["uvloop"])
-async def test_a_trajectory_survives_its_engine_dying_mid_turn(model_dir: Path) -> None:
+async def test_a_trajectory_survives_its_engine_dying_mid_turn(model_dir: Path, stream: bool) -> None:
     from rlasync.agents import SingleTurnAgentLoop
     from rlasync.engines import Router
     from rlasync.models.tiny import load_tokenizer
@@ -77,13 +78,19 @@ async def test_a_trajectory_survives_its_engine_dying_mid_turn(model_dir: Path) 
     async with LocalCluster(nodes=3, config=FAST) as cluster:
         engines = [await cluster.spawn(EngineActor, EngineConfig(model=str(model_dir)), node=n, name=f"engine-{n}") for n in (1, 2)]
         async with Router(engines) as router:
-            loop = SingleTurnAgentLoop(router, tok, AgentConfig(response_length=1000), trajectory_id="survivor")
+            loop = SingleTurnAgentLoop(router, tok, AgentConfig(response_length=1000, stream=stream), trajectory_id="survivor")
             params = SamplingParams(temperature=1.0, max_new_tokens=600, ignore_eos=True, seed=3)
             task = asyncio.ensure_future(loop.run(params, messages=[{"role": "user", "content": "Reverse abc"}]))
-            while not (hasattr(loop, "state") and len(loop.state.partial_ids) >= 20):
+            while not any(e.outstanding for e in router.stats().engines):
                 await asyncio.sleep(0.005)
+            await asyncio.sleep(0.3)  # a few dozen tokens into the turn
+            assert not stream or loop.state.partial_ids
             serving = next(e.node for e in router.stats().engines if e.outstanding)
             os.kill(cluster.pid(serving), signal.SIGKILL)
             t = await asyncio.wait_for(task, 60)
-    # The turn went on from its partial tokens on the other engine: nothing generated was lost.
-    assert len(t.response_ids) == 600 and t.termination == "max_new_tokens" and t.metrics.aborts >= 1
+            retries = router.stats().retries
+    assert len(t.response_ids) == 600 and t.termination == "max_new_tokens"
+    if stream:  # the turn went on from its streamed tokens on the other engine: nothing generated was lost
+        assert t.metrics.aborts >= 1
+    else:  # the router moved the request: the turn was generated again, whole, on the other engine
+        assert retries >= 1 and t.metrics.aborts == 0

@@ -13,10 +13,10 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from ..config.agent import AgentConfig
-from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams
+from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
 from .template import ChatTurns
 from .trajectory import Trajectory
 
@@ -28,6 +28,8 @@ class Generator(Protocol):
     """What a loop generates with: an ``Engine`` or a ``Router`` (which takes a session id)."""
 
     async def generate(self, request: GenerateRequest, **kwargs: Any) -> GenerateOutput: ...
+
+    def generate_stream(self, request: GenerateRequest, **kwargs: Any) -> Any: ...
 
 
 class Interaction(abc.ABC):
@@ -65,11 +67,16 @@ class AgentLoop(abc.ABC):
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
         """Roll out one trajectory for a dataset row (``messages``, and anything the reward reads)."""
 
-    async def _generate(self, request: GenerateRequest) -> GenerateOutput:
-        """One model turn, whole (or cut: finish reason "abort", with the tokens so far); sticky
-        to one engine when the engine is a router. Not streamed: a loop needs the turn only when
-        it ends, and a wake-up per token cost the controller a quarter of the engine's time."""
-        return await self.engine.generate(request, **self._session)
+    async def _generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateOutput]:
+        """One model turn, as chunks (``agent.stream``) or whole (a turn cut short: finish
+        reason "abort", with its tokens so far); sticky to one engine when the engine is a router.
+        Whole is the default: a wake-up per token for every trajectory measured a quarter of the
+        controller's time next to a tiny model's engine."""
+        if self.config.stream:
+            async for chunk in self.engine.generate_stream(request, **self._session):
+                yield chunk
+        else:
+            yield await self.engine.generate(request, **self._session)
 
     async def _reward(self, row: dict[str, Any], trajectory: Trajectory) -> float:
         if self.reward_fn is None:

@@ -99,11 +99,11 @@ class _Base(AgentLoop):
             started = time.perf_counter()
             finish = None
             try:
-                out = await self._generate(request)
-                s.partial_ids += out.token_ids
-                s.partial_logprobs += out.logprobs
-                s.partial_versions += out.versions
-                finish = out.finish_reason
+                async for chunk in self._generate(request):
+                    s.partial_ids += chunk.token_ids
+                    s.partial_logprobs += chunk.logprobs
+                    s.partial_versions += chunk.versions
+                    finish = chunk.finish_reason
             except EngineLostError:  # its engine died mid-turn: go on from the partial turn elsewhere
                 finish = "abort"
             except (EngineError, ActorError) as exc:  # this request failed: the trajectory ends, the batch goes on

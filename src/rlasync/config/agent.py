@@ -42,3 +42,10 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
 
     tools: list[str] = []
     """Built-in or registered tools offered to the model, by name (``calculator``, ``python``)."""
+
+    stream: bool = False
+    """Stream each model turn into its loop token by token. On: a turn cut by a lost engine or a
+    cancelled loop keeps the tokens it had and resumes where it stopped, at one controller
+    wake-up per token per trajectory. Off (verl's way): a turn arrives whole; one lost with its
+    engine is generated again from its start on another (the same tokens when seeded). A turn
+    cut by a weight sync (``pause("abort")``) keeps its tokens either way."""

@@ -6,16 +6,20 @@
 
 Requests go through the router (least loaded, sticky sessions); ``pause``, ``resume`` and
 ``update_weights`` fan out to every engine in rotation, so a schedule written against one
-engine drives a fleet unchanged.
+engine drives a fleet unchanged. An engine whose node is lost during one of those leaves
+rotation (its requests move, as the router moves them) and the others go on; with none left,
+``NoEngineError``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
-from .router import Router
+from .router import NoEngineError, Router
 from .types import GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+
+T = TypeVar("T")
 
 
 class EngineGroup:
@@ -33,15 +37,30 @@ class EngineGroup:
         return await self.router.abort(request_id)
 
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
-        outs = await asyncio.gather(*[ref.pause(mode, timeout) for ref in self.router.engines])
+        outs = await self._each(lambda ref: ref.pause(mode, timeout))
         return [out for part in outs for out in part]
 
     async def resume(self) -> None:
-        await asyncio.gather(*[ref.resume() for ref in self.router.engines])
+        await self._each(lambda ref: ref.resume())
 
     async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        await asyncio.gather(*[ref.update_weights(dict(named_tensors), version) for ref in self.router.engines])
+        await self._each(lambda ref: ref.update_weights(dict(named_tensors), version))
         self._version = version
+
+    async def _each(self, call: Callable[[Any], Awaitable[T]]) -> list[T]:
+        """``call`` on every engine in rotation, concurrently: the results of those that answered.
+        An engine found gone leaves rotation; any other error is raised."""
+        refs = self.router.engines
+        results = await asyncio.gather(*[call(ref) for ref in refs], return_exceptions=True)
+        answered: list[T] = []
+        for ref, result in zip(refs, results):
+            if not isinstance(result, BaseException):
+                answered.append(result)
+            elif not self.router.engine_lost(ref.name, result):
+                raise result
+        if not self.router.engines:
+            raise NoEngineError("every engine of the group was lost (their nodes died or they were removed); nothing is left to generate with")
+        return answered
 
     @property
     def weight_version(self) -> int:

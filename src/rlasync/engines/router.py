@@ -107,6 +107,16 @@ class Router:
         self._slots[ref.name] = _Slot(ref)
         self._dispatch()
 
+    def engine_lost(self, name: str, error: BaseException) -> bool:
+        """Take ``name`` out of rotation if ``error`` (from a call to it made elsewhere, e.g. a
+        pause) says it is gone; its sessions move on. True if it was gone."""
+        slot = self._slots.get(name)
+        if not isinstance(error, _GONE):
+            return False
+        if slot is not None:
+            self._engine_lost(slot, error)
+        return True
+
     def remove_engine(self, name: str) -> None:
         """Send no new requests to ``name``; requests outstanding there finish normally."""
         slot = self._slots.pop(name, None)

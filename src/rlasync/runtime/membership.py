@@ -44,6 +44,7 @@ class Membership(Actor):
     async def on_stop(self) -> None:
         if self._checker is not None:
             self._checker.cancel()
+            await asyncio.wait([self._checker])  # its end, not its CancelledError (ours still propagates)
 
     def _bump(self) -> None:
         self.epoch += 1

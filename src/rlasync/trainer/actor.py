@@ -137,6 +137,7 @@ class TrainerActor:
                 proc.kill()
         if self._receiver is not None:
             self._receiver.cancel()
+            await asyncio.wait([self._receiver])  # its end, not its CancelledError (ours still propagates)
         self._pending.clear()  # a caller still waiting sees its ranks gone (RankLostError)
         if self._sock is not None:
             self._sock.close(0)
