@@ -74,7 +74,7 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
             assert not any(t.done() for t in tasks), [t.result().termination for t in tasks if t.done()]
             await asyncio.sleep(0.01)
         long_task = asyncio.ensure_future(long_loop.run(SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=1), **rows[0]))
-        while not (hasattr(long_loop, "state") and len(long_loop.state.partial_ids) >= 8):
+        while not any(seq.request.request_id.startswith("long") and len(seq.tokens) >= 8 for seq in engine._by_id.values()):
             await asyncio.sleep(0.001)
         await trainer.step(_a_step(tool_loops[0].state.prompt_ids + tool_loops[0].state.response_ids[:8]))
         started = time.monotonic()
@@ -83,6 +83,8 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
         took = time.monotonic() - started
         assert engine.weight_version == 1 and not tool.release.is_set() and not any(t.done() for t in tasks)
         assert took < 10, took  # the tools are still running: the sync did not wait for them
+        while len(long_loop.state.partial_ids) < 8:  # the cut turn's output reaches its loop
+            await asyncio.sleep(0.001)
         cut = list(long_loop.state.partial_ids)  # the long turn's tokens so far, all version 0
         before = [(list(loop.state.response_ids), list(loop.state.versions)) for loop in tool_loops]
         tool.release.set()
