@@ -40,11 +40,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "modes")
     parser.add_argument("--no-run", action="store_true", help="plot the runs already in --out")
     args = parser.parse_args()
+    try:  # before six minutes of training, not after
+        import matplotlib
+    except ImportError:
+        sys.exit("plot_modes.py needs matplotlib: `.venv/bin/pip install 'matplotlib>=3.8,<4'` (`make bench` installs it)")
     if not args.no_run:
         for mode, config in RUNS.items():
             train(config, args.out / mode)
-    import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

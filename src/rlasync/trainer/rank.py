@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import gc
+import logging
 import os
 import random
 import sys
