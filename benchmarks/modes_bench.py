@@ -117,20 +117,20 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
     engines = GPUS if mode.mode == "sync" else GPUS // 2
     with tempfile.TemporaryDirectory() as run_dir:
         config = sim_config(mode, run_dir)
-        async with SimCluster(
+        cluster = SimCluster(
             clock, engines=engines, trainer_gpus=trainer_gpus, latency=LATENCY, lengths=LENGTHS, token_block=BLOCK, tokens_per_s_per_gpu=TRAIN_RATE, sync_s=SYNC_S
-        ) as cluster:  # fmt: skip
-            records: list[dict[str, Any]] = []
-            start = clock.now()
+        )  # fmt: skip
+        records: list[dict[str, Any]] = []
+        start = clock.now()
 
-            def on_step(record: dict[str, Any]) -> None:
-                records.append({**record, "sim_t": clock.now() - start, "generated": sum(gpu.tokens for gpu in cluster.gpus)})
+        def on_step(record: dict[str, Any]) -> None:
+            records.append({**record, "sim_t": clock.now() - start, "generated": sum(gpu.tokens for gpu in cluster.engines)})
 
-            await train_run(config, cluster, on_step=on_step)
-            elapsed = clock.now() - start
-            busy = cluster.generation_busy_s() + cluster.trainer.busy_s * trainer_gpus
-            mean_batch = sum(g.batch_s for g in cluster.gpus) / max(cluster.generation_busy_s(), 1e-9)
-            gen_busy = cluster.generation_busy_s() / (engines * elapsed)
+        await train_run(config, cluster, on_step=on_step)
+        elapsed = clock.now() - start
+        busy = cluster.generation_busy_s() + cluster.trainer.busy_s * trainer_gpus
+        mean_batch = sum(g.batch_s for g in cluster.engines) / max(cluster.generation_busy_s(), 1e-9)
+        gen_busy = cluster.generation_busy_s() / (engines * elapsed)
     first = records[mode.warmup - 1]["sim_t"] if mode.warmup else 0.0
     counted = records[mode.warmup :]
     measured = records[-1]["sim_t"] - first

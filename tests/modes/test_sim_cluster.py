@@ -26,10 +26,10 @@ def _simulate(mode: str, scale: float, run_dir: Path, **extra: str) -> tuple[flo
     async def main() -> tuple[float, list[dict[str, Any]]]:
         clock = SimClock(scale)
         records: list[dict[str, Any]] = []
-        async with SimCluster(clock, engines=2, trainer_gpus=2, latency=LatencyModel(), lengths=LogNormalLengths(median=300, sigma=0.8, cap=3000)) as cluster:
-            start = clock.now()
-            await train_run(config, cluster, on_step=records.append)
-            return clock.now() - start, records
+        cluster = SimCluster(clock, engines=2, trainer_gpus=2, latency=LatencyModel(), lengths=LogNormalLengths(median=300, sigma=0.8, cap=3000))
+        start = clock.now()
+        await train_run(config, cluster, on_step=records.append)
+        return clock.now() - start, records
 
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
         return runner.run(main())

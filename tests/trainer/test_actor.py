@@ -1,4 +1,4 @@
-"""The trainer actor: real rank processes, real gloo, real ZeroMQ.
+"""The trainer: rank actors in real processes their nodes supervise, real gloo, real ZeroMQ.
 
 Data parallelism must not change the step: ranks sum gradients whose losses are normalised by
 the whole batch, so N ranks take the step one rank takes on the whole batch.
@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import zmq
 
-from rlasync.config import TrainerConfig
+from rlasync import LocalCluster
+from rlasync.config import RuntimeConfig, TrainerConfig
 from rlasync.models import TinyLMConfig, build_tiny_lm
 from rlasync.runtime.errors import ActorError, CallTimeout
 from rlasync.trainer import PolicyTrainer, RankLostError, TrainBatch, TrainerActor
@@ -134,27 +135,67 @@ async def test_a_failing_call_raises_with_the_remote_traceback_and_the_trainer_l
         assert (await trainer.step(_batch(4)))["grad_norm"] > 0
 
 
-async def test_garbage_on_the_control_socket_is_dropped(model_dir: Path) -> None:
-    async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
-        await trainer.start(model_dir)
-        ctx = zmq.Context()
-        for identity in (b"rank0", b"intruder"):
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, identity)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"ipc://{trainer._folder}/control.sock")
-            sock.send_multipart([b"\xffnot a message", b"x"])
-            sock.close()
-        ctx.term()
-        assert (await trainer.step(_batch(4)))["grad_norm"] > 0
+async def test_the_trainer_has_no_rpc_of_its_own() -> None:
+    """Ranks are actors: every call to them goes through the runtime (one RPC stack, its
+    deadlines and errors); nothing in ``rlasync.trainer`` opens a socket of its own."""
+    import ast
+
+    import rlasync.trainer
+
+    for path in Path(rlasync.trainer.__file__).parent.glob("*.py"):
+        imported = {
+            alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+        }  # fmt: skip
+        assert not imported & {"zmq", "socket"}, f"{path.name} imports {sorted(imported & {'zmq', 'socket'})}"
 
 
 async def test_a_killed_rank_fails_the_call_at_once_not_at_the_deadline(model_dir: Path) -> None:
     async with TrainerActor(TrainerConfig(world_size=2, call_timeout_s=600)) as trainer:
         await trainer.start(model_dir)
         os.kill(trainer.info["pids"][1], signal.SIGKILL)
-        with pytest.raises(RankLostError, match="trainer rank 1 exited"):
+        started = time.monotonic()
+        with pytest.raises(RankLostError, match="trainer rank 1 .* was lost"):
             await trainer.step(_batch(4))
+        assert time.monotonic() - started < 10  # its parent sees the exit: no heartbeat deadline either
+        with pytest.raises(RankLostError, match="unusable"):
+            await trainer.step(_batch(4))
+
+
+async def test_ranks_on_two_nodes_take_the_step_and_a_lost_node_fails_the_call_with_rank_lost(model_dir: Path) -> None:
+    """Rank 0 beside the head, rank 1 in a process node-1 supervises; node-1 killed: its rank's
+    process dies with it, and the trainer's call fails with RankLostError, leaving no process."""
+    runtime = RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=2.0, join_timeout_s=60)
+    async with LocalCluster(nodes=2, config=runtime) as cluster:
+        trainer = TrainerActor(TrainerConfig(world_size=2, call_timeout_s=60), node=cluster.head, hosts=[0, 1])
+        try:
+            await trainer.start(model_dir)
+            assert trainer.processes == ["node-0.0", "node-1.0"]
+            assert (await trainer.step(_batch(4)))["grad_norm"] > 0
+            pids = trainer.info["pids"]
+            os.kill(cluster.pid(1), signal.SIGKILL)
+            started = time.monotonic()
+            with pytest.raises(RankLostError):
+                await trainer.step(_batch(4))
+            assert time.monotonic() - started < 60
+        finally:
+            await trainer.close()
+        for pid in pids:
+            _wait_gone(pid, 15)
+
+
+def _wait_gone(pid: int, seconds: float) -> None:
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its parent to reap it is gone too
+            if f.read().split(") ", 1)[1].startswith("Z"):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} is still running")
 
 
 async def test_ranks_that_cannot_start_fail_within_the_start_deadline(tmp_path: Path) -> None:
@@ -163,7 +204,7 @@ async def test_ranks_that_cannot_start_fail_within_the_start_deadline(tmp_path: 
             await trainer.start(tmp_path / "no-model-here")
     slow = TrainerActor(TrainerConfig(world_size=2, start_timeout_s=0.5))
     with pytest.raises(CallTimeout, match="trainer.start_timeout_s"):
-        await slow.start(tmp_path)  # half a second is too short to even import torch
+        await slow.start(tmp_path)  # half a second is too short to start a process that imports torch
     await slow.close()
     await slow.close()  # idempotent
 

@@ -9,10 +9,10 @@ from .batch import RolloutBatch, collate
 from .loops import LoopState, SingleTurnAgentLoop, ToolAgentLoop
 from .template import ChatTurns, TemplateError
 from .trajectory import Trajectory, TrajectoryMetrics
-from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec
+from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, NoWorkerError
 
 __all__ = [
-    "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopState",
+    "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopState", "NoWorkerError",
     "RewardFn", "RolloutBatch", "SingleTurnAgentLoop", "TemplateError", "ToolAgentLoop", "Trajectory",
     "TrajectoryMetrics", "collate", "get_loop", "register", "registered_reward",
 ]  # fmt: skip

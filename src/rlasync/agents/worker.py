@@ -1,12 +1,17 @@
-"""Rolling out a batch: ``AgentLoopWorker`` actors run the loops, ``AgentLoopManager`` spreads rows.
+"""Rolling out: ``AgentLoopWorker`` actors run the loops, ``AgentLoopManager`` spreads the rows.
 
-    workers = [await cluster.spawn(AgentLoopWorker, AgentWorkerSpec(model="runs/nano", engines=[...]), node=n) for n in ...]
-    manager = AgentLoopManager(workers)
-    batch = await manager.generate(rows, SamplingParams(temperature=1.0, max_new_tokens=64, seed=step))
+    workers = [await cluster.spawn(AgentLoopWorker, AgentWorkerSpec(model="runs/nano", engines=refs, local=["engine-1"]), node=1)]
+    manager = AgentLoopManager(workers, local={"worker-1": ["engine-1"]})
+    trajectories = await manager.trajectories(rows, SamplingParams(temperature=1.0, seed=step), group=8)
 
-A worker hosts thousands of loops as coroutines on its node's event loop, all generating
-through one ``Router`` over every engine. The manager splits a batch into one chunk per
-worker; a worker whose node dies has its chunk run again on the others, so no row is lost.
+This is the one rollout path of a run, whatever the placement. A worker hosts thousands of
+loops as coroutines on its node's event loop and generates through a ``Router`` that prefers
+the engines of its own node (``local``): a trajectory stays next to its engine, and the head
+only sends rows and receives finished trajectories. The manager gives each unit of rows (one
+prompt's GRPO group, kept together so the engine reuses its prefix) to the worker with the
+fewest rows outstanding, in one call per worker; a worker whose node dies has its units run
+again on the others, so no row is lost. Trajectory ids (hence sampling seeds) are the rows'
+``uid``: a row samples the same tokens wherever it runs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from ..config.agent import AgentConfig
 from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
-from ..runtime import Actor, ActorNotFound, ActorRef, NodeLostError, endpoint
+from ..runtime import ActorError, ActorNotFound, ActorRef, NodeLostError, endpoint
+from ..runtime import Actor
 from .base import RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
 from .trajectory import Trajectory
@@ -37,31 +43,46 @@ class AgentWorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The model folder whose tokenizer and chat template the loops use."""
     engines: list[Any] = []
     """``EngineActor`` refs to generate with (through a router)."""
+    local: list[str] = []
+    """Names of the engines on the worker's own node: its router uses them while any is in
+    rotation, the others only after that (empty: all alike)."""
     agent: AgentConfig = AgentConfig()
     router: RouterConfig = RouterConfig()
     reward: str = ""
     """A reward from ``rlasync.rewards`` by name ("" for none: reward 0)."""
+    task: str = ""
+    """A synthetic task (``rlasync.data``) whose own reward scores the rows (they carry its
+    ``problem``); overrides ``reward``."""
     ground_truth_key: str = "ground_truth"
 
 
 class AgentLoopWorker(Actor):
-    def __init__(self, spec: AgentWorkerSpec | dict[str, Any], *, engine: Any = None, reward_fn: RewardFn | None = None) -> None:
+    """Runs agent loops on its node. In this process it also takes a ready ``engine`` (an engine
+    or a router), ``tokenizer`` and ``reward_fn`` instead of building them from the spec."""
+
+    def __init__(self, spec: AgentWorkerSpec | dict[str, Any], *, engine: Any = None, tokenizer: Any = None, reward_fn: RewardFn | None = None) -> None:
         self.spec = msgspec.convert(spec, AgentWorkerSpec) if isinstance(spec, dict) else spec
-        self._engine = engine  # in this process, a ready engine or router instead of engine refs
+        self._engine = engine
+        self.tokenizer = tokenizer
         self._reward_fn = reward_fn
         self.rolled_out = 0
 
     async def on_start(self) -> None:
-        from ..models.tiny import load_tokenizer
+        from ..data.synthetic import loop_reward
         from ..tools import build_tools
 
-        self.tokenizer = await asyncio.to_thread(load_tokenizer, self.spec.model)
+        if self.tokenizer is None:
+            from ..models.tiny import load_tokenizer
+
+            self.tokenizer = await asyncio.to_thread(load_tokenizer, self.spec.model)
         self.tools = build_tools(self.spec.agent.tools)
         if self._engine is None:
             if not self.spec.engines:
                 raise ValueError("AgentLoopWorker needs engines: AgentWorkerSpec(engines=[engine refs])")
-            self._engine = Router(self.spec.engines, self.spec.router)
-        if self._reward_fn is None and self.spec.reward:
+            self._engine = Router(self.spec.engines, self.spec.router, prefer=self.spec.local)
+        if self._reward_fn is None and self.spec.task:
+            self._reward_fn = loop_reward(self.spec.task)
+        elif self._reward_fn is None and self.spec.reward:
             self._reward_fn = registered_reward(self.spec.reward, ground_truth_key=self.spec.ground_truth_key)
 
     async def on_stop(self) -> None:
@@ -70,7 +91,8 @@ class AgentLoopWorker(Actor):
 
     @endpoint
     async def generate(self, rows: list[dict[str, Any]], params: SamplingParams) -> list[Trajectory]:
-        """One trajectory per row, in order; rows pick their loop with ``agent_name``."""
+        """One trajectory per row, in order; rows pick their loop with ``agent_name``, and their
+        ``uid`` is the trajectory's id."""
         return list(await asyncio.gather(*[self._run(row, params) for row in rows]))
 
     async def _run(self, row: dict[str, Any], params: SamplingParams) -> Trajectory:
@@ -81,47 +103,125 @@ class AgentLoopWorker(Actor):
         self.rolled_out += 1
         return trajectory
 
+    @endpoint
+    async def remove_engine(self, name: str) -> None:
+        """Send no more requests to engine ``name`` (it left rotation)."""
+        if isinstance(self._engine, Router):
+            self._engine.remove_engine(name)
+
+    @endpoint
+    async def add_engine(self, engine: ActorRef) -> None:
+        """Send requests to ``engine`` too (it entered rotation)."""
+        if isinstance(self._engine, Router) and engine.name not in {ref.name for ref in self._engine.engines}:
+            self._engine.add_engine(engine)
+
 
 class AgentLoopManager:
-    """Spreads a batch of rows over agent-loop workers on any nodes and collates the result."""
+    """Spreads rows over agent-loop workers on any nodes and collects their trajectories in order.
 
-    def __init__(self, workers: Sequence[ActorRef], *, pad_token_id: int = 0, timeout_s: float = 3600.0) -> None:
+    ``local``: worker name -> the engines on its node. A worker none of whose engines is in
+    rotation any more (``engine_removed``) gets new rows only when no other worker is left.
+    ``timeout_s``: the deadline of one worker call (``agent.rollout_timeout_s``)."""
+
+    def __init__(self, workers: Sequence[ActorRef], *, local: dict[str, list[str]] | None = None, pad_token_id: int = 0, timeout_s: float = 3600.0) -> None:
         if not workers:
             raise ValueError("AgentLoopManager needs at least one AgentLoopWorker")
         self.workers = list(workers)
+        self.local = {name: set(engines) for name, engines in (local or {}).items()}
         self.pad_token_id = pad_token_id
         self.timeout_s = timeout_s
+        self.outstanding: dict[str, int] = {w.name: 0 for w in self.workers}
+        self.removed: set[str] = set()  # engines out of rotation
+        self.retried = 0  # rows run again after their worker was lost
+        self._tells: set[asyncio.Task[Any]] = set()
 
-    async def generate(self, rows: Sequence[dict[str, Any]], params: SamplingParams) -> RolloutBatch:
-        return collate(await self.trajectories(rows, params), self.pad_token_id)
+    async def generate(self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1) -> RolloutBatch:
+        return collate(await self.trajectories(rows, params, group=group), self.pad_token_id)
 
-    async def trajectories(self, rows: Sequence[dict[str, Any]], params: SamplingParams) -> list[Trajectory]:
-        rows = [dict(row, uid=row.get("uid") or uuid.uuid4().hex) for row in rows]  # stable ids across retries
+    async def trajectories(self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1) -> list[Trajectory]:
+        """One trajectory per row, in order. Every ``group`` consecutive rows go to one worker."""
+        rows = [row if row.get("uid") else dict(row, uid=uuid.uuid4().hex) for row in rows]  # stable ids across retries
+        units = [list(range(i, min(i + group, len(rows)))) for i in range(0, len(rows), group)]
         results: list[Trajectory | None] = [None] * len(rows)
-        pending = list(range(len(rows)))
-        while pending:
-            if not self.workers:
-                raise RuntimeError(f"every agent-loop worker was lost; {len(pending)} rows were not rolled out")
-            chunks = [pending[i :: len(self.workers)] for i in range(len(self.workers))]
-            calls = [
-                w.generate.options(timeout=self.timeout_s)([rows[i] for i in chunk], params) if chunk else _nothing()
-                for w, chunk in zip(self.workers, chunks)
-            ]
-            replies = await asyncio.gather(*calls, return_exceptions=True)
-            pending = []
-            for worker, chunk, reply in zip(list(self.workers), chunks, replies):
+        while units:
+            plan = self._assign(units)
+            calls = [asyncio.ensure_future(self._call(worker, [rows[i] for unit in assigned for i in unit], params)) for worker, assigned in plan]
+            try:
+                replies = await asyncio.gather(*calls, return_exceptions=True)
+            except BaseException:
+                for call in calls:
+                    call.cancel()
+                raise
+            units = []
+            for (worker, assigned), reply in zip(plan, replies):
                 if isinstance(reply, (NodeLostError, ActorNotFound)):
-                    log.warning("agent-loop worker %s was lost (%s); its %d rows run again elsewhere", worker.name, reply, len(chunk))
-                    self.workers.remove(worker)
-                    pending += chunk
+                    lost = sum(len(unit) for unit in assigned)
+                    log.warning("agent-loop worker %s was lost (%s); its %d rows run again on another", worker.name, reply, lost)
+                    self.retried += lost
+                    if worker in self.workers:
+                        self.workers.remove(worker)
+                    units += assigned
                 elif isinstance(reply, BaseException):
                     raise reply
                 else:
-                    for i, trajectory in zip(chunk, reply):
+                    for i, trajectory in zip((i for unit in assigned for i in unit), reply):
                         results[i] = trajectory
-            pending.sort()
+            if units and not self.workers:
+                raise NoWorkerError(f"every agent-loop worker was lost; {sum(map(len, units))} rows were not rolled out")
+            units.sort()
         return [t for t in results if t is not None]
 
+    def _assign(self, units: list[list[int]]) -> list[tuple[ActorRef, list[list[int]]]]:
+        """Each unit to the worker with the fewest rows outstanding (counting this call's), among
+        those that still have an engine of their own in rotation."""
+        serving = [w for w in self.workers if not self.local.get(w.name) or self.local[w.name] - self.removed] or self.workers
+        if not serving:
+            raise NoWorkerError("every agent-loop worker was lost; nothing is left to roll out with")
+        load = {w.name: self.outstanding.get(w.name, 0) for w in serving}
+        plan: dict[str, list[list[int]]] = {}
+        for unit in units:
+            name = min(load, key=lambda n: load[n])
+            load[name] += len(unit)
+            plan.setdefault(name, []).append(unit)
+        by_name = {w.name: w for w in serving}
+        return [(by_name[name], assigned) for name, assigned in plan.items()]
 
-async def _nothing() -> list[Trajectory]:
-    return []
+    async def _call(self, worker: ActorRef, rows: list[dict[str, Any]], params: SamplingParams) -> list[Trajectory]:
+        self.outstanding[worker.name] = self.outstanding.get(worker.name, 0) + len(rows)
+        try:
+            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params)  # type: ignore[attr-defined]
+        finally:
+            self.outstanding[worker.name] -= len(rows)
+        return [t if isinstance(t, Trajectory) else msgspec.convert(t, Trajectory) for t in reply]
+
+    # -- rotation: the synchroniser takes engines out (and brings them back) --------------------
+    def engine_removed(self, name: str) -> None:
+        self.removed.add(name)
+        self._tell(lambda w: w.remove_engine.options(timeout=10.0)(name))
+
+    def engine_added(self, engine: ActorRef) -> None:
+        self.removed.discard(engine.name)
+        self._tell(lambda w: w.add_engine.options(timeout=10.0)(engine))
+
+    def _tell(self, call: Any) -> None:
+        for worker in self.workers:
+            task = asyncio.ensure_future(_quietly(call(worker), worker.name))
+            self._tells.add(task)
+            task.add_done_callback(self._tells.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tells):
+            task.cancel()
+        if self._tells:
+            await asyncio.wait(self._tells)
+
+
+class NoWorkerError(RuntimeError):
+    """Every agent-loop worker was lost (their nodes died): nothing is left to roll out with."""
+
+
+async def _quietly(call: Any, worker: str) -> None:
+    try:
+        await call
+    except (ActorError, NodeLostError, ActorNotFound, TimeoutError) as exc:  # a lost worker needs no news
+        log.info("agent-loop worker %s: rotation update not delivered: %s", worker, exc)

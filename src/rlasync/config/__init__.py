@@ -2,6 +2,7 @@
 
 from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
+from .cluster import ClusterConfig
 from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
 from .loader import Config, ConfigError, convert, load_config
@@ -9,4 +10,4 @@ from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
 
-__all__ = ["AgentConfig", "AsyncTrainingConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]
+__all__ = ["AgentConfig", "AsyncTrainingConfig", "ClusterConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]

@@ -43,6 +43,11 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     tools: list[str] = []
     """Built-in or registered tools offered to the model, by name (``calculator``, ``python``)."""
 
+    rollout_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    """Deadline of one call from the head to an agent-loop worker: every trajectory of the rows
+    it was given, all their turns and tool calls. A worker that has not answered by then fails
+    the step with ``CallTimeout`` (a lost worker's rows run again on another at once)."""
+
     stream: bool = False
     """Stream each model turn into its loop token by token. On: a turn cut by a lost engine or a
     cancelled loop keeps the tokens it had and resumes where it stopped, at one controller

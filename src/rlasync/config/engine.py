@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
+Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -23,13 +24,27 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     Training configs fill it in (the warm-started tiny model, or your checkpoint)."""
 
     device: str = "cpu"
-    """Where the torch engine runs: ``cpu``, ``cuda`` or ``cuda:N``."""
+    """Where the engine runs: ``cpu``, ``cuda`` or ``cuda:N`` (its first GPU). With ``cuda`` and
+    several replicas on one node, replica ``j`` of that node takes GPUs from
+    ``j * tensor_parallel_size`` on (the trainer ranks of the node take the GPUs after them)."""
+
+    tensor_parallel_size: PositiveInt = 1
+    """GPUs one replica shards its model over (vLLM's ``tensor_parallel_size``, SGLang's
+    ``tp_size``); the torch engine uses one device."""
+
+    gpu_memory_utilization: Fraction = 0.9
+    """vLLM: the fraction of each of its GPUs' memory the engine may take (weights, activations
+    and the KV cache). Lower it when a trainer rank shares the GPU."""
+
+    mem_fraction_static: Fraction | None = None
+    """SGLang: the fraction of GPU memory for the weights and the KV pool; None: SGLang's default."""
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights' dtype; ``auto`` keeps the checkpoint's (float32 for the tiny models)."""
 
     max_batch: PositiveInt = 64
-    """Sequences decoded together in one step (continuous batching fills it as requests finish)."""
+    """Sequences decoded together in one step (continuous batching fills it as requests finish):
+    vLLM's ``max_num_seqs``, SGLang's ``max_running_requests``."""
 
     max_seq_len: NonNegativeInt = 0
     """Prompt plus response limit per sequence; 0 takes the model's ``max_position_embeddings``."""
@@ -43,6 +58,11 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     run on another thread starts one) makes both pools throttle each other: measured 3x
     slower decode steps at 2 threads on 2 cores, while one thread costs 10-25% against an
     uncontended two. Raise it for larger models on machines with cores to spare."""
+
+    engine_kwargs: dict[str, Any] = {}
+    """Further arguments for the backend's engine, passed as they are: fields of vLLM's
+    ``AsyncEngineArgs`` or SGLang's ``ServerArgs`` (verl's ``engine_kwargs``), or the ``sim``
+    backend's ``base_s``, ``per_seq_s``, ``median``, ``sigma``, ``cap``, ``scale``."""
 
 
 class RouterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ import yaml
 
 from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
+from .cluster import ClusterConfig
 from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
 from .runtime import RuntimeConfig
@@ -32,6 +33,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     """A whole experiment. Each component nests its own section."""
 
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)

@@ -18,8 +18,11 @@ class WeightsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     with NCCL, where a collective costs little, 1-4 MB may be faster."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """The weight group's backend: ``auto`` is NCCL when trainer and engines are on GPUs, else gloo."""
-    host: str = "127.0.0.1"
-    """Address of the trainer's rank 0, where the weight group meets (its rendezvous store)."""
+    host: str = ""
+    """Where the weight group meets: the trainer's rank 0 hosts its rendezvous store, and the
+    engines that take the broadcast connect there. Empty: the address of rank 0's node, as the
+    other nodes reach it (``127.0.0.1`` on a local cluster); set it when that is not the address
+    other machines should use (several network interfaces)."""
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 120.0
     """Deadline of every collective of a sync: a peer that died fails it at once, one that
     stalls fails it when this passes. Raise it if a sync of your model is just slow."""

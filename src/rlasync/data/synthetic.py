@@ -197,7 +197,10 @@ def loop_reward(task: str) -> Callable[[dict[str, Any], Any], float]:
 
     def score(row: dict[str, Any], trajectory: Any) -> float:
         answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
-        return reward(row["problem"], str(answers[-1]["content"]) if answers else "")
+        problem = row["problem"]
+        if not isinstance(problem, Problem):  # a row that crossed the wire: plain data again
+            problem = msgspec.convert(problem, Problem)
+        return reward(problem, str(answers[-1]["content"]) if answers else "")
 
     return score
 

@@ -86,8 +86,12 @@ class _Slot:
 
 
 class Router:
-    def __init__(self, engines: Iterable[ActorRef], config: RouterConfig | None = None) -> None:
+    """``prefer``: names of engines to use while any of them is in rotation (an agent-loop
+    worker's own node's engines); the others take over only when none of these is left."""
+
+    def __init__(self, engines: Iterable[ActorRef], config: RouterConfig | None = None, *, prefer: Iterable[str] = ()) -> None:
         self.config = config or RouterConfig()
+        self.prefer = frozenset(prefer)
         self._slots: dict[str, _Slot] = {}
         self._sessions: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         self._queue: collections.deque[tuple[asyncio.Future[_Slot], str | None]] = collections.deque()
@@ -225,8 +229,12 @@ class Router:
             sticky = self._sessions.get(session_id)
             if sticky is not None and sticky.alive:
                 return sticky if cap is None or sticky.outstanding < cap else None
+        candidates: Iterable[_Slot] = self._slots.values()
+        if self.prefer:
+            preferred = [slot for slot in candidates if slot.ref.name in self.prefer]
+            candidates = preferred or candidates
         best: _Slot | None = None
-        for slot in self._slots.values():
+        for slot in candidates:
             if cap is not None and slot.outstanding >= cap:
                 continue
             if best is None or (slot.outstanding + slot.others, slot.assigned) < (best.outstanding + best.others, best.assigned):

@@ -1,28 +1,33 @@
-"""What every schedule is made of: the rows, the agent loops on the engine, advantages, the
-model folder RL starts from, and the metrics file. A mode (``sync``, ``one_step_off``,
-``fully_async``) is only the order in which it uses them."""
+"""What every schedule is made of: the rows, the nodes and what runs on them (engines, agent
+loops, trainer ranks: ``cluster.*``), advantages, the model folder RL starts from, and the
+metrics file. A mode (``sync``, ``one_step_off``, ``fully_async``) is only the order in which it
+uses them."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
+import logging
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import msgspec
 import torch
 
-from ..agents import get_loop, registered_reward
+from ..agents import get_loop
 from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, EngineConfig
 from ..data import Row, RowSampler, load_rows, synthetic_rows
-from ..data.synthetic import loop_reward, synthetic_capacity
-from ..engines import SamplingParams
+from ..data.synthetic import synthetic_capacity
+from ..engines import EngineGroup, SamplingParams
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
 from ..tools import build_tools
+from .placement import Placement
+
+log = logging.getLogger(__name__)
 
 
 class TrainResult(msgspec.Struct, kw_only=True):
@@ -30,33 +35,6 @@ class TrainResult(msgspec.Struct, kw_only=True):
     final_accuracy: float
     steps: int
     wall_s: float
-
-
-class Rollouts:
-    """The agent loops on one engine: each row's loop (its ``agent_name``, else
-    ``agent.default_loop``), the configured tools, and the run's reward."""
-
-    def __init__(self, config: Config, engine: Any, tokenizer: Any, tools: dict[str, Any]) -> None:
-        # ``engine``: an Engine (``build_engine``), which the loops call as their generator.
-        synthetic = not config.data.train_files
-        self.reward = loop_reward(config.train.task) if synthetic else registered_reward(config.data.reward)
-        self.engine, self.tokenizer, self.agent, self.tools = engine, tokenizer, config.agent, tools
-
-    async def run(self, rows: list[Row], params: SamplingParams, *, name: str) -> list[Any]:
-        """Roll out ``rows``; trajectory ids (hence sampling seeds) are ``name`` and the
-        index, so a resumed run samples what the uninterrupted one did."""
-        loops = [
-            get_loop(str(row.get("agent_name") or self.agent.default_loop))(
-                self.engine, self.tokenizer, self.agent, tools=self.tools, reward_fn=self.reward, trajectory_id=f"{name}/{i}"
-            )
-            for i, row in enumerate(rows)
-        ]  # fmt: skip
-        return list(await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)]))
-
-    async def accuracy(self, rows: list[Row], max_new_tokens: int) -> float:
-        greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
-        trajectories = await self.run(rows, greedy, name="val")
-        return sum(t.reward for t in trajectories) / len(trajectories)
 
 
 def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
@@ -131,16 +109,42 @@ def write_record(file: Any, record: dict[str, Any]) -> None:
     file.flush()
 
 
+class Simulated(Protocol):
+    """Parts that stand in for real ones (``rlasync.modes.sim``): engines in this process, a
+    trainer and a weight sync of modelled durations, a tokenizer. The composition is the same."""
+
+    engines: list[Any]
+    trainer: Any
+    tokenizer: Any
+
+    def synchronizer(self, engines: EngineGroup) -> Any: ...
+
+
 class Run:
-    """The parts of one training run, made and started together, closed in order: the rows and
-    their sampler, the engine with the agent loops on it, the trainer actor, the synchroniser
-    between them, and ``metrics.jsonl``. Every schedule drives these."""
+    """The parts of one training run, made and started together from the config, closed in
+    order: the rows and their sampler, the nodes (``cluster.*``), the engine replicas on them,
+    the agent-loop workers beside the engines, the trainer's ranks, the synchroniser between
+    them, and ``metrics.jsonl``. Every schedule drives these.
+
+    One composition for every placement: the local default is the same parts on one node (the
+    head's engine and loops in this process, the trainer's ranks in processes it supervises).
+
+    - ``rollout(rows, name)`` is the one rollout path: ``AgentLoopManager`` spreads prompt groups
+      over the workers (``agent_loops``: next to their engines, or on the head);
+    - ``engine`` drives every engine in rotation as one (pause, resume) for the schedules;
+    - ``synchronizer`` moves each version to every engine (shared memory for engines on rank 0's
+      machine, a broadcast group for the others); an engine that fails leaves rotation for the
+      head's router and for every worker.
+    """
 
     model_dir: Path
     tokenizer: Any
     pad: int
-    engine: Any  # an Engine
-    rollouts: Rollouts
+    cluster: Any  # a LocalCluster or an ExternalCluster: ``cluster.head`` is this process's node
+    engines: list[Any]  # EngineActor refs, one per replica
+    router: Any  # the head's Router over every engine in rotation
+    engine: Any  # an EngineGroup over that router: pause and resume every engine at once
+    rollouts: Any  # the AgentLoopManager
     trainer: Any  # a TrainerActor
     synchronizer: Any  # a ParameterSynchronizer
     metrics: Any  # the open metrics.jsonl
@@ -148,6 +152,7 @@ class Run:
     def __init__(self, config: Config) -> None:
         cfg = config.train
         self.config = config
+        self.placement = Placement.of(config)  # every placement mistake before anything starts
         self.run_dir = Path(cfg.run_dir)
         self.train_rows, self.val_rows = read_rows(config)
         self.tools = build_run_tools(config, self.train_rows + self.val_rows)
@@ -160,32 +165,29 @@ class Run:
         self.validating = True  # held-out validation (not with simulated parts)
 
     @classmethod
-    async def open(cls, config: Config, *, metrics_upto: int | None = None) -> Run:
-        """Build and start everything (the warm-start first, if ``train.model_dir`` is empty)."""
-        from ..engines import build_engine
+    async def open(cls, config: Config, *, metrics_upto: int | None = None, simulated: Simulated | None = None) -> Run:
+        """Build and start everything (the warm-start first, if ``train.model_dir`` is empty).
+        ``simulated``: stand-ins for the engines, trainer and weight sync (the simulator's); the
+        run then validates and checkpoints nothing."""
         from ..models.tiny import load_tokenizer
-        from ..trainer import TrainerActor
-        from ..weights import ParameterSynchronizer
 
         run = cls(config)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
-        run.model_dir = await model_dir_for(config)
-        run.tokenizer = load_tokenizer(run.model_dir)
+        if simulated is None:
+            run.model_dir = await model_dir_for(config)
+            run.tokenizer = load_tokenizer(run.model_dir)
+        else:
+            run.model_dir, run.tokenizer = run.run_dir, simulated.tokenizer
+            run.checkpointing = run.validating = False
         run.pad = int(run.tokenizer.pad_token_id or 0)
         try:
-            # The engine (engine.backend: torch, vllm, sglang) serves its own copy, updated by the synchroniser.
-            run.engine = await build_engine(msgspec.structs.replace(config.engine, model=str(run.model_dir)))
-            run._closers.append(run.engine.close)
-            run.rollouts = Rollouts(config, run.engine, run.tokenizer, run.tools)
-            run.trainer = TrainerActor(config.trainer, log_dir=run.run_dir)
-            run._closers.append(run.trainer.close)
-            run.synchronizer = ParameterSynchronizer(config.weights, run.trainer, run.engine)
-            run._closers.append(run.synchronizer.close)
+            await run._compose(simulated)
             run.metrics = open_metrics(run.run_dir / "metrics.jsonl", upto=metrics_upto)
             run._closers.append(run.metrics.close)
-            await run.trainer.start(run.model_dir, total_steps=config.train.steps * _updates_per_step(config))
-            await run.synchronizer.start()
+            if simulated is None:
+                await run.trainer.start(run.model_dir, total_steps=config.train.steps * _updates_per_step(config))
+                await run.synchronizer.start()
         except BaseException:
             await run.close()
             raise
@@ -195,28 +197,68 @@ class Run:
         gc.freeze()
         return run
 
-    @classmethod
-    def from_parts(cls, config: Config, *, engine: Any, trainer: Any, synchronizer: Any, tokenizer: Any) -> Run:
-        """A run over parts made elsewhere, e.g. the simulation's (``rlasync.modes.sim``): it
-        validates and checkpoints nothing, and closes only its metrics file."""
-        run = cls(config)
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        run.model_dir = run.run_dir
-        run.engine, run.trainer, run.synchronizer, run.tokenizer = engine, trainer, synchronizer, tokenizer
-        run.pad = int(tokenizer.pad_token_id or 0)
-        run.rollouts = Rollouts(config, engine, tokenizer, run.tools)
-        run.metrics = open_metrics(run.run_dir / "metrics.jsonl", upto=None)
-        run._closers.append(run.metrics.close)
-        run.checkpointing = run.validating = False
-        return run
+    async def _compose(self, simulated: Simulated | None) -> None:
+        """Nodes, engines, agent-loop workers, router, trainer, synchroniser: made in that order,
+        each registered to be closed in the reverse one."""
+        from ..agents import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec
+        from ..engines import EngineActor, Router
+        from ..trainer import TrainerActor
+        from ..weights import ParameterSynchronizer
+
+        config, placement = self.config, self.placement
+        self.cluster = await open_cluster(config, placement)
+        self._closers.append(self.cluster.close)
+        head = self.cluster.head
+        if simulated is None:
+            self.engines = list(await asyncio.gather(*[
+                head.spawn(EngineActor, self._engine_config(replica), node=node, name=f"engine-{replica}")
+                for replica, node in enumerate(placement.engines)
+            ]))  # fmt: skip
+        else:  # stand-ins live in this process: on the head
+            self.engines = [await head.spawn(EngineActor, engine=engine, name=engine.name) for engine in simulated.engines]
+        synthetic = not config.data.train_files
+        local: dict[str, list[str]] = {}
+        workers = []
+        for node, replicas in placement.workers().items():
+            engines = [self.engines[r] for r in replicas]
+            name = f"agent-loops-{node}"
+            local[name] = [ref.name for ref in engines] if placement.loops == "engines" else []
+            spec = AgentWorkerSpec(
+                model=str(self.model_dir), engines=self.engines, local=local[name], agent=config.agent, router=config.router,
+                task=config.train.task if synthetic else "", reward="" if synthetic else config.data.reward,
+            )  # fmt: skip
+            kwargs = {} if simulated is None else {"tokenizer": self.tokenizer}
+            workers.append(await head.spawn(AgentLoopWorker, spec, node=node if simulated is None else 0, name=name, **kwargs))
+        self.router = Router(self.engines, config.router)
+        self._closers.append(self.router.close)
+        self.engine = EngineGroup(self.router)
+        self.rollouts = AgentLoopManager(workers, local=local, pad_token_id=self.pad, timeout_s=config.agent.rollout_timeout_s)
+        self._closers.append(self.rollouts.close)
+        if simulated is None:
+            devices = placement.trainer_devices(config)
+            self.trainer = TrainerActor(config.trainer, node=head, hosts=placement.trainer, devices=devices)
+            self._closers.append(self.trainer.close)
+            self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, self.engines, router=Rotation(self.router, self.rollouts))
+            self._closers.append(self.synchronizer.close)
+        else:
+            self.trainer = simulated.trainer
+            self.synchronizer = simulated.synchronizer(self.engine)
+
+    def _engine_config(self, replica: int) -> EngineConfig:
+        config = self.config
+        return msgspec.structs.replace(config.engine, model=str(self.model_dir), device=self.placement.engine_device(config, replica))
 
     def sampling(self) -> SamplingParams:
         """Sampling parameters with the next seed."""
         return msgspec.structs.replace(self.params, seed=self.rng.getrandbits(62))
 
     async def rollout(self, rows: list[Row], name: str) -> list[Any]:
-        """Every row ``train.group_size`` times, contiguous groups."""
-        return await self.rollouts.run([row for row in rows for _ in range(self.config.train.group_size)], self.sampling(), name=name)
+        """Every row ``train.group_size`` times, contiguous groups (each group on one worker).
+        Trajectory ids (hence sampling seeds) are ``name`` and the index: a resumed run samples
+        what the uninterrupted one did, on any placement."""
+        group = self.config.train.group_size
+        copies = [row for row in rows for _ in range(group)]
+        return await self.rollouts.trajectories([dict(row, uid=f"{name}/{i}") for i, row in enumerate(copies)], self.sampling(), group=group)
 
     def train_batch(self, trajectories: list[Any]) -> tuple[Any, Any]:
         """``(RolloutBatch, TrainBatch)`` of whole groups, with group-relative advantages."""
@@ -227,25 +269,63 @@ class Run:
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
 
     async def validate(self) -> float:
+        """Held-out accuracy: the validation rows, greedy, scored by the run's reward."""
         if not self.validating:
             return 0.0
-        return await self.rollouts.accuracy(self.val_rows, self.config.train.max_new_tokens)
+        greedy = SamplingParams(temperature=0, max_new_tokens=self.config.train.max_new_tokens)
+        rows = [dict(row, uid=f"val/{i}") for i, row in enumerate(self.val_rows)]
+        trajectories = await self.rollouts.trajectories(rows, greedy)
+        return sum(t.reward for t in trajectories) / len(trajectories)
 
     def write(self, record: dict[str, Any], on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         """One line of ``metrics.jsonl``, stamped with the seconds since the run began
-        (``elapsed_s``), then handed to ``on_step`` (progress lines, tests)."""
+        (``elapsed_s``) and the fleet's state, then handed to ``on_step`` (progress lines, tests)."""
         record.setdefault("elapsed_s", round(time.perf_counter() - self.started, 3))
+        record.setdefault("cluster/engines", len(self.router.engines))
+        record.setdefault("cluster/rows_retried", self.rollouts.retried)
         write_record(self.metrics, record)
         if on_step is not None:
             on_step(record)
 
     async def close(self) -> None:
-        """Metrics file, weight group, trainer ranks, engine: in that order, each once."""
+        """In reverse order of making: metrics file, weight group, trainer ranks, workers,
+        router, then the nodes (engines stop with them); each once."""
         while self._closers:
             closer = self._closers.pop()
             result = closer()
             if asyncio.iscoroutine(result):
                 await result
+
+
+class Rotation:
+    """Which engines serve, kept in step on the head's router and on every worker's router:
+    the synchroniser takes a failed engine out (and brings a re-synced one back) here."""
+
+    def __init__(self, router: Any, rollouts: Any) -> None:
+        self.router, self.rollouts = router, rollouts
+
+    def remove_engine(self, name: str) -> None:
+        self.router.remove_engine(name)
+        self.rollouts.engine_removed(name)
+
+    def add_engine(self, ref: Any) -> None:
+        self.router.add_engine(ref)
+        self.rollouts.engine_added(ref)
+
+
+async def open_cluster(config: Config, placement: Placement) -> Any:
+    """The run's nodes: started here (``cluster.start=local``), or joined from elsewhere."""
+    from ..runtime import ExternalCluster, LocalCluster
+
+    # Engine nodes import torch and the engines before joining, when no heartbeat waits on them.
+    runtime = msgspec.structs.replace(config.runtime, preload_modules=tuple(dict.fromkeys((*config.runtime.preload_modules, "rlasync.engines", "rlasync.agents"))))
+    if config.cluster.start == "external":
+        cluster: Any = ExternalCluster(placement.nodes, config.cluster.listen, config=runtime)
+    else:
+        cluster = LocalCluster(nodes=placement.nodes, config=runtime)
+    await cluster.__aenter__()
+    log.info("cluster: %s", placement.describe())
+    return cluster
 
 
 def _updates_per_step(config: Config) -> int:

@@ -2,8 +2,8 @@
 router and engine actors, a trainer whose step takes a modelled time, and a weight sync of a
 modelled duration. The rollouter, queue, agent loops and controllers are the real ones.
 
-    async with SimCluster(clock, engines=16, trainer_gpus=16) as cluster:
-        result = await train_run(config, cluster)   # any train.mode, in simulated time
+    cluster = SimCluster(clock, engines=16, trainer_gpus=16)
+    result = await train_run(config, cluster)   # any train.mode, in simulated time
 
 Used by ``benchmarks/modes_bench.py`` to compare the schedules at cluster scale on one machine,
 and for planning (how many GPUs to give generation, which staleness bound).
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import msgspec
 import torch
 
-from ..config import Config, RuntimeConfig
-from ..engines import EngineActor, EngineGroup, Router, RouterConfig
+from ..config import ClusterConfig, Config
+from ..engines import EngineGroup
 from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
 from ..weights import SyncReport
 from .parts import Run, TrainResult
@@ -72,46 +73,51 @@ class SimSync:
 
 
 class SimCluster:
-    """``engines`` simulated GPUs as engine actors on a node in this process, a router over
-    them, a simulated trainer of ``trainer_gpus`` GPUs and the modelled sync."""
+    """``engines`` simulated GPUs, a simulated trainer of ``trainer_gpus`` GPUs and the modelled
+    sync: the stand-ins ``Run.open(config, simulated=...)`` composes like real parts (engine
+    actors on the head behind the real router, an agent-loop worker beside them)."""
 
     def __init__(
         self, clock: SimClock, *, engines: int, trainer_gpus: int, latency: LatencyModel | None = None, lengths: LogNormalLengths | None = None,
         token_block: int = 16, tokens_per_s_per_gpu: float = 10_000.0, sync_s: float = 1.0,
     ) -> None:  # fmt: skip
+        from ..models import build_tokenizer
+
         self.clock = clock
-        self.gpus = [SimEngine(clock, latency, lengths, token_block=token_block, name=f"gpu{i}") for i in range(engines)]
+        self.engines = [SimEngine(clock, latency, lengths, token_block=token_block, name=f"gpu{i}") for i in range(engines)]
         self.trainer = SimTrainer(clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block)
+        self.tokenizer = build_tokenizer()
         self.sync_s = sync_s
-        self._cluster: Any = None
 
-    async def __aenter__(self) -> SimCluster:
-        from ..runtime import LocalCluster
-
-        self._cluster = LocalCluster(nodes=1, config=RuntimeConfig(call_timeout_s=3600))
-        await self._cluster.__aenter__()
-        refs = [await self._cluster.head.spawn(EngineActor, engine=gpu, name=gpu.name) for gpu in self.gpus]
-        # No cap per engine: a simulated GPU queues what does not fit its batch itself.
-        self.group = EngineGroup(Router(refs, RouterConfig(max_inflight_per_engine=0, request_timeout_s=36_000, queue_timeout_s=36_000)))
-        self.synchronizer = SimSync(self.clock, self.group, self.sync_s)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.group.close()
-        await self._cluster.close()
+    def synchronizer(self, engines: EngineGroup) -> SimSync:
+        return SimSync(self.clock, engines, self.sync_s)
 
     def generation_busy_s(self) -> float:
-        return sum(gpu.busy_s for gpu in self.gpus)
+        return sum(gpu.busy_s for gpu in self.engines)
+
+
+def simulated_config(config: Config) -> Config:
+    """``config`` with the settings the simulation needs: every part on the head, no cap per
+    engine (a simulated GPU queues what does not fit its batch itself), and deadlines in
+    simulated hours."""
+    day = 36_000.0
+    return msgspec.structs.replace(
+        config,
+        cluster=ClusterConfig(engines=[0], agent_loops="head"),
+        runtime=msgspec.structs.replace(config.runtime, call_timeout_s=day),
+        router=msgspec.structs.replace(config.router, max_inflight_per_engine=0, request_timeout_s=day, queue_timeout_s=day),
+        agent=msgspec.structs.replace(config.agent, rollout_timeout_s=day),
+    )  # fmt: skip
 
 
 async def train_run(config: Config, cluster: SimCluster, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``) on the simulated cluster."""
-    from ..models import build_tokenizer
     from . import train_fully_async, train_one_step_off, train_sync
 
-    run = Run.from_parts(config, engine=cluster.group, trainer=cluster.trainer, synchronizer=cluster.synchronizer, tokenizer=build_tokenizer())
+    config = simulated_config(config)
+    run = await Run.open(config, simulated=cluster)
     schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[config.train.mode]
     return await schedule(config, on_step=on_step, run=run)
 
 
-__all__ = ["SimCluster", "SimSync", "SimTrainer", "train_run"]
+__all__ = ["SimCluster", "SimSync", "SimTrainer", "simulated_config", "train_run"]

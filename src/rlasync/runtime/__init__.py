@@ -1,7 +1,7 @@
 """The actor runtime: actors with typed async endpoints, nodes, membership, local clusters."""
 
 from .actor import Actor, BoundEndpoint, BoundStream, Endpoint, StreamEndpoint, endpoint
-from .cluster import LocalCluster
+from .cluster import ExternalCluster, LocalCluster
 from .errors import (
     ActorError,
     ActorNotFound,
@@ -18,6 +18,6 @@ from .types import ActorInfo, NodeInfo, NodeStats
 
 __all__ = [
     "Actor", "ActorError", "ActorInfo", "ActorNotFound", "ActorRef", "BoundEndpoint", "BoundStream",
-    "CallTimeout", "ClusterStartError", "Endpoint", "JoinError", "LocalCluster", "Node", "NodeInfo",
+    "CallTimeout", "ClusterStartError", "Endpoint", "ExternalCluster", "JoinError", "LocalCluster", "Node", "NodeInfo",
     "NodeLostError", "NodeStats", "NotAnEndpoint", "RuntimeErrorBase", "StreamEndpoint", "endpoint",
 ]  # fmt: skip

@@ -8,8 +8,8 @@ This process is the head (node-0); ``nodes - 1`` child processes are nodes 1..N-
 children talk over Unix sockets in a private directory (``runtime.transport: ipc``) or
 over loopback TCP authenticated with a fresh cluster secret (``tcp``). Leaving the block
 stops the children (politely, then SIGKILL after ``runtime.shutdown_timeout_s``) and the
-head. A child that loses the head (this process died) stops itself after
-``runtime.node_dead_after_s``.
+head. The children die with this process (``runtime.process``), and one that exits while the
+cluster runs is declared dead at once.
 """
 
 from __future__ import annotations
@@ -18,20 +18,17 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, TypeVar
-
-import msgspec
 
 from ..config import RuntimeConfig
 from ..transport.auth import new_secret
 from .actor import Actor
 from .errors import ClusterStartError
 from .node import Node
-from .types import CONFIG_ENV, SECRET_ENV, NodeInfo
+from .process import start_node_process
+from .types import SECRET_ENV, NodeInfo
 
 A = TypeVar("A", bound=Actor)
 
@@ -50,6 +47,8 @@ class LocalCluster:
         self.head: Node
         self.start_seconds = 0.0  # from __aenter__ until every node had joined
         self._dir = ""
+        self._watchers: list[asyncio.Future[None]] = []
+        self._closing = False
 
     def _address(self, rank: int) -> str:
         if self.config.transport == "tcp":
@@ -70,18 +69,12 @@ class LocalCluster:
         return self
 
     async def _start_children(self) -> None:
-        env = dict(os.environ)
-        env.update(self.env)
-        env[SECRET_ENV] = self.secret
-        env[CONFIG_ENV] = msgspec.json.encode(self.config).decode()
-        # Children import actor classes by module name: give them this process's path.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         for rank in range(1, self.size):
-            self.processes[f"node-{rank}"] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "rlasync.runtime.worker",
-                "--rank", str(rank), "--listen", self._address(rank), "--head", self.head.address,
-                env=env, stdin=subprocess.DEVNULL,
+            node_id = f"node-{rank}"
+            self.processes[node_id] = await start_node_process(
+                node_id, self._address(rank), self.head.address, config=self.config, secret=self.secret, parent=os.getpid(), env=self.env
             )  # fmt: skip
+            self._watchers.append(asyncio.ensure_future(self._watch(node_id, self.processes[node_id])))
         if self.size == 1:
             return
         timeout = self.config.join_timeout_s
@@ -104,6 +97,13 @@ class LocalCluster:
             "raise it on a loaded machine"
         )
 
+    async def _watch(self, node_id: str, proc: asyncio.subprocess.Process) -> None:
+        """A node process that exits while the cluster runs is declared dead at once: its callers
+        fail now instead of after ``runtime.node_dead_after_s``."""
+        code = await proc.wait()
+        if not self._closing:
+            self.head.local_actor("_membership").declare_dead(node_id, f"its process exited with code {code}")  # type: ignore[attr-defined]
+
     async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
         """Start an actor on ``node`` (a rank; default: the head). See ``Node.spawn``."""
         return await self.head.spawn(cls, *args, node=node, name=name, **kwargs)
@@ -121,6 +121,7 @@ class LocalCluster:
 
     async def close(self) -> None:
         """Stop every node: ask the children, wait, kill stragglers, then stop the head."""
+        self._closing = True
         timeout = self.config.shutdown_timeout_s
         head = getattr(self, "head", None)
         running = [p for p in self.processes.values() if p.returncode is None]
@@ -136,10 +137,85 @@ class LocalCluster:
                     p.send_signal(signal.SIGKILL)
             if pending:
                 await asyncio.wait(pending, timeout=timeout)
+        for watcher in self._watchers:
+            watcher.cancel()
+        if self._watchers:
+            await asyncio.wait(self._watchers)
         if head is not None:
             await head.stop()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ExternalCluster:
+    """A head in this process, and ``nodes - 1`` nodes started elsewhere that join it at
+    ``listen`` (``rlasync node --rank R --head ADDRESS`` on each machine, or a launcher).
+
+        async with ExternalCluster(3, "tcp://10.0.0.1:29600") as cluster:   # waits for node-1, node-2
+            counter = await cluster.spawn(Counter, 0, node=2)
+
+    The cluster secret comes from ``secret`` or ``RLASYNC_CLUSTER_SECRET``. Leaving the block
+    asks every node to shut down, then stops the head."""
+
+    def __init__(self, nodes: int, listen: str, *, config: RuntimeConfig | None = None, secret: str | None = None) -> None:
+        self.size = nodes
+        self.listen = listen
+        self.config = config or RuntimeConfig()
+        self.secret = secret or os.environ.get(SECRET_ENV, "")
+        self.head: Node
+        self.start_seconds = 0.0
+
+    async def __aenter__(self) -> ExternalCluster:
+        if self.listen.startswith("tcp://") and not self.secret:
+            raise ClusterStartError(f"the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)")
+        started = time.perf_counter()
+        self.head = Node(0, self.listen, config=self.config, secret=self.secret or None)
+        try:
+            await self.head.start()
+            await self._wait_for_nodes()
+        except BaseException:
+            await self.close()
+            raise
+        self.start_seconds = time.perf_counter() - started
+        return self
+
+    async def _wait_for_nodes(self) -> None:
+        timeout = self.config.join_timeout_s
+        membership = self.head.local_actor("_membership")
+        wanted = [f"node-{rank}" for rank in range(1, self.size)]
+        try:
+            async with asyncio.timeout(timeout):
+                for node_id in wanted:
+                    await membership.wait_node(node_id, timeout)  # type: ignore[attr-defined]
+        except TimeoutError:
+            joined = {m.node_id for m in await self.head.members()}
+            missing = [n for n in wanted if n not in joined]
+            raise ClusterStartError(
+                f"{', '.join(missing)} did not join the head at {self.head.address} within runtime.join_timeout_s={timeout:g}s: "
+                f"start each with `rlasync node --rank R --head {self.head.address}` (same {SECRET_ENV}), or raise the timeout"
+            ) from None
+
+    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
+        return await self.head.spawn(cls, *args, node=node, name=name, **kwargs)
+
+    async def lookup(self, name: str, cls: type[A] | None = None, *, timeout: float = 0.0) -> A:
+        return await self.head.lookup(name, cls, timeout=timeout)
+
+    async def members(self) -> list[NodeInfo]:
+        return await self.head.members()
+
+    async def close(self) -> None:
+        """Ask every node to shut down (their children stop with them), then stop the head."""
+        head = getattr(self, "head", None)
+        if head is None:
+            return
+        if head.is_running:
+            others = [m.node_id for m in await head.members() if m.node_id != head.node_id and "." not in m.node_id]
+            await head.stop_nodes(others)
+        await head.stop()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -112,7 +112,15 @@ class Membership(Actor):
 
     @endpoint
     async def members_list(self) -> list[NodeInfo]:
-        return sorted(self.members.values(), key=lambda m: int(m.node_id.rsplit("-", 1)[-1]))
+        return sorted(self.members.values(), key=lambda m: _order(m.node_id))
+
+    @endpoint
+    async def wait_node(self, node_id: str, timeout: float) -> NodeInfo:
+        """``node_id`` once it is a member; ``TimeoutError`` after ``timeout`` s."""
+        async with asyncio.timeout(timeout):
+            while node_id not in self.members:
+                await self._changed.wait()
+        return self.members[node_id]
 
     @endpoint
     async def wait_members(self, count: int, timeout: float) -> list[NodeInfo]:
@@ -136,6 +144,12 @@ class Membership(Actor):
                         log.exception("declaring %s dead failed", node_id)
                         self.members.pop(node_id, None)
 
+    def declare_dead(self, node_id: str, reason: str) -> None:
+        """Declare ``node_id`` dead now (its process is known to have exited), without waiting
+        for its heartbeats to stop."""
+        if node_id in self.members:
+            self._declare_dead(node_id, reason)
+
     def _declare_dead(self, node_id: str, reason: str, graceful: bool = False) -> None:
         info = self.members.pop(node_id, None)
         self.last_seen.pop(node_id, None)
@@ -153,6 +167,11 @@ class Membership(Actor):
                 self.node.tell_service(member, "node_dead", [node_id, info.incarnation, reason])
 
 
+def _order(node_id: str) -> tuple[int, ...]:
+    """Nodes in rank order, each node's children after it: node-1 < node-1.0 < node-2."""
+    return tuple(int(part) for part in node_id.removeprefix("node-").split("."))
+
+
 class NodeService(Actor):
     """The runtime's own actor on every node (``_node``)."""
 
@@ -163,6 +182,11 @@ class NodeService(Actor):
         cls = await asyncio.to_thread(import_actor_class, spec)
         ref = await self.node.spawn_here(cls, list(spec.args), dict(spec.kwargs), spec.name)
         return ref.info
+
+    @endpoint
+    async def start_child(self, preload: list[str]) -> NodeInfo:
+        """Start a process this node supervises, joined to the cluster (``Node.start_child``)."""
+        return await self.node.start_child(preload=tuple(preload))
 
     @endpoint
     async def node_dead(self, node_id: str, incarnation: str, reason: str) -> None:

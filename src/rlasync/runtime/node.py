@@ -13,6 +13,7 @@ calls; close every socket with linger 0. ``stop`` is idempotent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -21,6 +22,7 @@ import sys
 import uuid
 from typing import Any, AsyncIterator, TypeVar
 
+import msgspec
 import zmq
 
 from ..config import RuntimeConfig
@@ -28,6 +30,7 @@ from ..transport import Codec
 from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
 from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
+from .address import child_address
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .membership import Membership, NodeService
 from .peer import CallTask, Peer
@@ -58,16 +61,18 @@ class Node:
         head: str | None = None,
         config: RuntimeConfig | None = None,
         secret: str | bytes | None = None,
+        node_id: str | None = None,
     ) -> None:
-        if rank != 0 and head is None:
-            raise ValueError(f"node rank {rank} needs the head's address (head=...); only rank 0 is the head")
         self.rank = rank
-        self.node_id = f"node-{rank}"
+        self.node_id = node_id or f"node-{rank}"  # a supervised child: "node-<rank>.<index>"
+        if self.node_id != HEAD_ID and head is None:
+            raise ValueError(f"{self.node_id} needs the head's address (head=...); only node-0 is the head")
         # ZeroMQ spells "any free port" as "*"; accept the usual ":0" too.
         self.listen = listen[:-2] + ":*" if listen.startswith("tcp://") and listen.endswith(":0") else listen
         self.head_address = head
         self.config = config or RuntimeConfig()
         self._keys = CurveKeys.from_secret(secret) if secret else None
+        self._secret = secret.decode() if isinstance(secret, bytes) else secret  # handed to child processes
         self.codec = Codec(self.config.zero_copy_threshold)
         self.codec.register(ActorRef, EXT_ACTOR_REF, self._ref_to_wire, self._ref_from_wire)
         self.stats_ = NodeStats(self.node_id)
@@ -80,6 +85,8 @@ class Node:
         self._epoch = -1
         self._pumps: list[SocketPump] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        self._children: dict[str, asyncio.subprocess.Process] = {}  # node processes this one supervises
+        self._child_count = 0
         self._started = False
         self._stopping = False
         self._fenced = False  # the head declared this process dead: it must not speak for its rank
@@ -88,8 +95,13 @@ class Node:
         self.address = ""
 
     @property
+    def is_running(self) -> bool:
+        """Started (joined, for a node other than the head) and not stopping."""
+        return self._started and not self._stopping and hasattr(self, "_membership")
+
+    @property
     def is_head(self) -> bool:
-        return self.rank == 0
+        return self.node_id == HEAD_ID
 
     def require_keys(self) -> CurveKeys:
         if self._keys is None:
@@ -228,13 +240,7 @@ class Node:
         name = name or f"{cls.__name__.lstrip('_') or 'Actor'}-{uuid.uuid4().hex[:8]}"
         if target == self.node_id:
             return await self.spawn_here(cls, list(args), kwargs, name)  # type: ignore[return-value]
-        info = self._members.get(target)
-        if info is None:
-            self._apply_members(self._epoch, await self._membership.members_list(), [])
-            info = self._members.get(target)
-            if info is None:
-                known = ", ".join(sorted(self._members))
-                raise ValueError(f"no live node {target!r} in the cluster (members: {known})")
+        info = await self._member(target)
         module = cls.__module__
         script = getattr(sys.modules.get("__main__"), "__file__", "") if module == "__main__" else ""
         spec = SpawnSpec(module, cls.__qualname__, name, list(args), kwargs, file=script or "")
@@ -273,6 +279,102 @@ class Node:
         """The live nodes, as the head knows them now."""
         members: list[NodeInfo] = await self._membership.members_list()
         return members
+
+    # -- supervised child processes ------------------------------------------------------------
+    async def start_child(self, *, preload: tuple[str, ...] = (), on: int | str | None = None) -> NodeInfo:
+        """Start a node process that node ``on`` (default: this one) supervises; a trainer rank
+        lives in one. It joins the cluster as ``<that node>.<k>``, dies with its parent process,
+        and is stopped when its parent stops. ``preload``: modules it imports before joining
+        (torch, say: see ``runtime.preload_modules``). Returns the child once it has joined
+        (``runtime.join_timeout_s``)."""
+        from .process import start_node_process
+
+        target = self.node_id if on is None else (f"node-{on}" if isinstance(on, int) else on)
+        if target != self.node_id:
+            info = await self._member(target)
+            service = ActorRef(self, _service_info("_node", NodeService, info), NodeService)
+            child: NodeInfo = await service.start_child.options(timeout=self.config.join_timeout_s + 10)(list(preload))
+            return child
+        if self._stopping:
+            raise RuntimeError(f"{self.node_id} is stopping; it starts no more processes")
+        child_id = f"{self.node_id}.{self._child_count}"
+        self._child_count += 1
+        config = msgspec.structs.replace(self.config, preload_modules=tuple(dict.fromkeys((*self.config.preload_modules, *preload))))
+        head = self.address if self.is_head else (self.head_address or "")
+        proc = await start_node_process(child_id, child_address(self.address, child_id), head, config=config, secret=self._secret, parent=os.getpid())
+        self._children[child_id] = proc
+        self._tasks.append(self.loop.create_task(self._reap(child_id, proc), name=f"rlasync-reap-{child_id}"))
+        timeout = self.config.join_timeout_s
+        joined = asyncio.ensure_future(_awaited(self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout)))
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            await asyncio.wait([joined, exited], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if joined.done() and joined.exception() is None:
+            return joined.result()  # type: ignore[no-any-return]
+        joined.cancel()
+        if proc.returncode is None:
+            proc.kill()
+        error = joined.exception() if joined.done() and not joined.cancelled() else None
+        why = f"exited with code {proc.returncode}" if proc.returncode is not None else f"did not join ({error})"
+        raise JoinError(f"{child_id}, a process started by {self.node_id}, {why}; its stderr is above (raise runtime.join_timeout_s on a loaded machine)")
+
+    async def stop_nodes(self, node_ids: list[str]) -> None:
+        """Ask other nodes to shut down and wait (``runtime.shutdown_timeout_s``) until they have
+        left; their parents (for children) or launchers reap the processes."""
+        for node_id in node_ids:
+            info = self._members.get(node_id)
+            if info is not None:
+                with contextlib.suppress(NodeLostError, zmq.ZMQError):
+                    self.tell_service(info, "shutdown", [])
+        deadline = self.loop.time() + self.config.shutdown_timeout_s
+        while any(n in self._members for n in node_ids) and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            if not self.is_head:
+                with contextlib.suppress(RuntimeErrorBase):
+                    self._apply_members(self._epoch, await self._membership.members_list.options(timeout=1.0)(), [])
+
+    async def _member(self, node_id: str) -> NodeInfo:
+        info = self._members.get(node_id)
+        if info is None:
+            self._apply_members(self._epoch, await self._membership.members_list(), [])
+            info = self._members.get(node_id)
+            if info is None:
+                known = ", ".join(sorted(self._members))
+                raise ValueError(f"no live node {node_id!r} in the cluster (members: {known})")
+        return info
+
+    async def _reap(self, child_id: str, proc: asyncio.subprocess.Process) -> None:
+        """Wait for a child to exit; on the head, one that exits unasked is declared dead at once
+        (other nodes leave that to the head's heartbeat deadline)."""
+        code = await proc.wait()
+        if self._stopping:
+            return
+        log.log(logging.INFO if code == 0 else logging.WARNING, "%s (pid %d, started by %s) exited with code %s", child_id, proc.pid, self.node_id, code)
+        membership = self._actors.get("_membership") if self.is_head else None
+        if isinstance(membership, Membership):
+            membership.declare_dead(child_id, f"its process exited with code {code}")
+
+    async def _stop_children(self, timeout: float) -> None:
+        running = [(child_id, p) for child_id, p in self._children.items() if p.returncode is None]
+        for child_id, _ in running:
+            info = self._members.get(child_id)
+            if info is not None:
+                with contextlib.suppress(NodeLostError, zmq.ZMQError):
+                    self.tell_service(info, "shutdown", [])
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    self._children[child_id].terminate()
+        if running:
+            waits = [asyncio.ensure_future(p.wait()) for _, p in running]
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for _, p in running:
+                if p.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.kill()
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
 
     async def node_stats(self, node: int | str | None = None) -> NodeStats:
         """The counters of ``node`` (a rank or node id; default: this one)."""
@@ -441,6 +543,7 @@ class Node:
             self.stopped.set()
 
     async def _stop_politely(self, timeout: float) -> None:
+        await self._stop_children(timeout)
         if not self.is_head and self._epoch >= 0 and HEAD_ID not in self._dead and not self._fenced:
             # A call, not a one-way message: closing with linger 0 could drop the message,
             # and the head would then wait node_dead_after_s to notice the departure.
@@ -475,6 +578,16 @@ class Node:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def rank_of(node_id: str) -> int:
+    """The rank of the node a node id belongs to: ``node-2`` -> 2, its child ``node-2.0`` -> 2."""
+    return int(node_id.removeprefix("node-").split(".", 1)[0])
+
+
+async def _awaited(call: Any) -> Any:
+    # A call's future also passes for a coroutine, which asyncio.wait refuses: wrap it in a task.
+    return await call
 
 
 async def _raise(exc: BaseException) -> Any:

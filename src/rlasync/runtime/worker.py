@@ -1,9 +1,10 @@
 """Entry point of a node process: ``python -m rlasync.runtime.worker --rank R --head ADDR``.
 
-Used by ``LocalCluster`` and ``rlasync node``. Runs one node on uvloop until it is told to
-shut down, loses the head, or gets SIGTERM/SIGINT. The cluster secret comes from the
-environment (``RLASYNC_CLUSTER_SECRET``), never from the command line, where ``ps`` shows it;
-the runtime config comes as JSON in ``RLASYNC_RUNTIME_CONFIG``.
+Used by ``LocalCluster``, by nodes for the child processes they supervise (``--node-id
+node-1.0``), and by ``rlasync node``. Runs one node on uvloop until it is told to shut down,
+loses the head, gets SIGTERM/SIGINT, or (a child) loses its parent process. The cluster secret
+comes from the environment (``RLASYNC_CLUSTER_SECRET``), never from the command line, where
+``ps`` shows it; the runtime config comes as JSON in ``RLASYNC_RUNTIME_CONFIG``.
 """
 
 from __future__ import annotations
@@ -18,17 +19,29 @@ import sys
 import msgspec
 
 from ..config import RuntimeConfig, convert
-from .node import Node
+from .node import Node, rank_of
+from .process import die_with_parent, parent_from_env, watch_parent
 from .types import CONFIG_ENV, SECRET_ENV
 
 
-async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig, secret: str | None) -> int:
-    node = Node(rank, listen, head=head, config=config, secret=secret)
+async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig, secret: str | None, *, node_id: str | None = None) -> int:
+    node = Node(rank, listen, head=head, config=config, secret=secret, node_id=node_id)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.request_stop)
-    await node.start()
-    await node.stopped.wait()
+    parent = parent_from_env()
+    watch: asyncio.Task[None] | None = None
+    if parent is not None:
+        if not die_with_parent(parent):
+            print(f"{node.node_id}: the process that started it (pid {parent}) is gone", file=sys.stderr)
+            return 1
+        watch = asyncio.create_task(watch_parent(parent, node.request_stop), name="rlasync-parent-watch")
+    try:
+        await node.start()
+        await node.stopped.wait()
+    finally:
+        if watch is not None:
+            watch.cancel()
     return 0
 
 
@@ -39,21 +52,25 @@ def config_from_env() -> RuntimeConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlasync.runtime.worker", description=__doc__)
-    parser.add_argument("--rank", type=int, required=True)
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--rank", type=int, help="this node's rank (0: the head)")
+    who.add_argument("--node-id", help="a supervised child's id, e.g. node-1.0 (its parent's rank, then its index)")
     parser.add_argument("--listen", required=True, help="ipc:///path or tcp://host:port (port 0: any)")
     parser.add_argument("--head", default=None, help="the head's address (omit on rank 0)")
     parser.add_argument("--log-level", default=os.environ.get("RLASYNC_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s node-{args.rank} %(name)s %(levelname)s %(message)s")
+    name = args.node_id or f"node-{args.rank}"
+    rank = args.rank if args.node_id is None else rank_of(args.node_id)
+    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s")
     import uvloop
 
     try:
-        return uvloop.run(serve(args.rank, args.listen, args.head, config_from_env(), os.environ.get(SECRET_ENV)))
+        return uvloop.run(serve(rank, args.listen, args.head, config_from_env(), os.environ.get(SECRET_ENV), node_id=args.node_id))
     except Exception as exc:  # a clean, one-line reason instead of a traceback for known failures
         from .errors import RuntimeErrorBase
 
         if isinstance(exc, RuntimeErrorBase):
-            print(f"node-{args.rank}: {exc}", file=sys.stderr)
+            print(f"{name}: {exc}", file=sys.stderr)
             return 2
         raise
 

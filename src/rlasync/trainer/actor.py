@@ -1,44 +1,41 @@
-"""The trainer actor: N data-parallel torch.distributed ranks, each a process it starts and owns.
+"""The trainer: N data-parallel ``TrainerRank`` actors on any nodes, driven as one.
 
-    async with TrainerActor(TrainerConfig(world_size=2)) as trainer:
+    async with TrainerActor(TrainerConfig(world_size=2), node=cluster.head, hosts=["node-0", "node-1"]) as trainer:
         await trainer.start(model_dir, total_steps=100)
         metrics = await trainer.step(TrainBatch.from_rollout(batch, advantages), temperature=1.0)
         engine_weights = await trainer.weights()
 
-Each call goes to every rank (they are collective); the batch is split into contiguous row
-shards, one per rank, and every shard's loss is normalised by the whole batch's denominator,
-so the summed gradients, hence the step, do not depend on ``world_size``. Ranks talk to the
-actor over ZeroMQ (ipc) with the runtime's codec, and to each other over torch.distributed
-(gloo on CPU, NCCL on GPU; a file store in the actor's folder is the rendezvous).
+Each rank runs in a process that its host node starts and supervises (``Node.start_child``);
+without a ``node`` the trainer starts a one-node cluster of its own in this process and every
+rank runs beside it, the local default. Each call goes to every rank (they are collective): the
+batch is split into contiguous row shards, one per rank, and every shard's loss is normalised
+by the whole batch's denominator, so the summed gradients, hence the step, do not depend on
+``world_size``. Calls reach the ranks through the actor runtime; the ranks talk to each other
+over torch.distributed (gloo on CPU, NCCL on GPU), meeting at a TCP store this driver hosts at
+the head's address (or at ``MASTER_ADDR:MASTER_PORT`` when those are set, as under torchrun).
 
 Nothing waits without a deadline: starting has ``trainer.start_timeout_s``, each call
-``trainer.call_timeout_s``, and a rank process that exits fails the call at once with
-``RankLostError`` (its log's last lines included). Shutdown order: ask every rank to stop,
-wait briefly, then terminate what is left; ``close()`` is idempotent, and a rank whose actor
-process dies exits by itself within a second.
+``trainer.call_timeout_s`` (the runtime's call deadline). A rank whose node is lost, or whose
+group broke in a collective, fails the call with ``RankLostError`` as soon as the runtime
+knows; a rank that fails while its peers stay in a collective marks the trainer unusable
+after 5 s. Shutdown: every rank leaves its group, then their processes stop; ``close()`` is
+idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
+import uuid
 from pathlib import Path
-from typing import Any
-
-import msgspec
-import zmq
-import zmq.asyncio
+from typing import Any, Sequence
 
 from ..config.train import TrainerConfig
-from ..runtime.errors import ActorError, CallTimeout, NodeLostError
-from ..transport.codec import Codec, DecodeError
-from ..transport.messages import Call, Error, Reply
+from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError
+from ..runtime.address import host_of
+from .rank import RankSpec, TrainerRank
 from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
 
 log = logging.getLogger(__name__)
@@ -48,8 +45,8 @@ STRAGGLER_GRACE_S = 5.0  # after one rank fails a call, how long the others may 
 
 
 class RankLostError(NodeLostError):
-    """A trainer rank exited, or failed while its peers waited for it in a collective: the
-    trainer cannot continue (start a new one from a checkpoint)."""
+    """A trainer rank's node was lost, or the rank failed while its peers waited for it in a
+    collective: the trainer cannot continue (start a new one from a checkpoint)."""
 
     def __init__(self, message: str) -> None:
         self.node = "trainer"
@@ -57,19 +54,25 @@ class RankLostError(NodeLostError):
 
 
 class TrainerActor:
-    def __init__(self, config: TrainerConfig | None = None, *, log_dir: str | os.PathLike[str] | None = None) -> None:
+    """The driver of ``config.world_size`` ranks placed on ``hosts`` (node ids or ranks, one per
+    trainer rank; default: all on ``node``). ``node``: this process's node of the cluster (the
+    head); None starts a private one-node cluster for the ranks."""
+
+    def __init__(self, config: TrainerConfig | None = None, *, node: Node | None = None, hosts: Sequence[int | str] | None = None,
+                 devices: Sequence[int] | None = None) -> None:  # fmt: skip
         self.config = config or TrainerConfig()
         self.world_size = self.config.world_size
-        self._folder = Path(tempfile.mkdtemp(prefix="rlasync-trainer-"))
-        self._log_dir = Path(log_dir) if log_dir is not None else self._folder
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: Any = None
-        self._codec = Codec()
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._pending: dict[tuple[int, int], tuple[str, asyncio.Future[Any]]] = {}
-        self._hello: dict[int, asyncio.Future[Any]] = {}
-        self._receiver: asyncio.Task[None] | None = None
-        self._next_id = 0
+        placed = list(hosts) if hosts is not None else [node.node_id if node is not None else "node-0"] * self.world_size
+        if len(placed) != self.world_size:
+            raise ValueError(f"trainer.world_size={self.world_size} ranks need as many hosts, got {len(placed)} ({placed})")
+        self.hosts = [f"node-{h}" if isinstance(h, int) else h for h in placed]
+        # A rank's GPU on its machine: by default its index among the ranks its node hosts.
+        self.devices = list(devices) if devices is not None else [self.hosts[:r].count(h) for r, h in enumerate(self.hosts)]
+        self._node = node
+        self._own: LocalCluster | None = None
+        self._store: Any = None  # the rendezvous TCP store, when hosted here
+        self.ranks: list[ActorRef] = []
+        self.processes: list[str] = []  # node ids of the ranks' processes
         self._shared_files: list[str] = []  # rank 0's shared-memory weights: removed here too, should it be killed
         self._closed = False
         self._broken = ""
@@ -83,67 +86,67 @@ class TrainerActor:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, model_dir: str | os.PathLike[str], *, total_steps: int = 1) -> None:
-        """Start the ranks, join their group, load ``model_dir`` on each (deadline: ``trainer.start_timeout_s``)."""
-        if self._procs:
-            raise RuntimeError("the trainer actor is already started")
+        """Start a process per rank on its host node, form the group, load ``model_dir`` on each
+        (deadline: ``trainer.start_timeout_s``)."""
+        if self.ranks or self._closed:
+            raise RuntimeError("the trainer is already started" if self.ranks else "the trainer is closed")
         cfg = self.config
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        address = f"ipc://{self._folder}/control.sock"
-        self._sock.bind(address)
-        loop = asyncio.get_running_loop()
-        self._hello = {rank: loop.create_future() for rank in range(self.world_size)}
-        self._receiver = asyncio.create_task(self._receive(), name="trainer-actor-receiver")
-        self._log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        if cfg.threads:
-            env["OMP_NUM_THREADS"] = str(cfg.threads)
-        for rank in range(self.world_size):
-            log_file = (self._log_dir / f"trainer_rank{rank}.log").open("ab")
-            command = [
-                sys.executable, "-m", "rlasync.trainer.rank", f"--rank={rank}", f"--world-size={self.world_size}",
-                f"--controller={address}", f"--init-method=file://{self._folder}/rendezvous", f"--device={cfg.device}",
-                f"--threads={cfg.threads}", f"--collective-timeout-s={cfg.call_timeout_s}", f"--cpus={','.join(map(str, cfg.cpu_affinity))}",
-            ]  # fmt: skip
-            self._procs.append(subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL))
-            log_file.close()  # the child holds its own descriptor
-        deadline = time.monotonic() + cfg.start_timeout_s
-        hellos = await self._wait(list(self._hello.values()), deadline, "start", "trainer.start_timeout_s")
-        self.info = {"backend": hellos[0]["backend"], "pids": [h["pid"] for h in hellos]}
-        loaded = await self._call_all("load", [[str(model_dir), msgspec.to_builtins(cfg), total_steps]] * self.world_size, deadline=deadline, setting="trainer.start_timeout_s")
-        self.info.update(loaded[0])
-        log.info("trainer actor: %d rank(s) on %s (%s), %d parameters", self.world_size, self.info["device"], self.info["backend"], self.info["parameters"])
+        node = self._node
+        if node is None:
+            self._own = LocalCluster(nodes=1)
+            await self._own.__aenter__()
+            node = self._node = self._own.head
+        host, port = self._rendezvous(node)
+        group = f"rlasync/trainer/{uuid.uuid4().hex[:12]}"
+        tag = group.rsplit("/", 1)[-1][:6]
+        try:
+            async with asyncio.timeout(cfg.start_timeout_s):
+                children = await asyncio.gather(*[node.start_child(preload=("rlasync.trainer.rank",), on=h) for h in self.hosts])
+                self.processes = [child.node_id for child in children]
+                specs = [
+                    RankSpec(rank=r, world_size=self.world_size, store_host=host, store_port=port, group=group, device_index=self.devices[r], config=cfg)
+                    for r in range(self.world_size)
+                ]  # fmt: skip
+                self.ranks = list(await asyncio.gather(*[
+                    node.spawn(TrainerRank, spec, node=child.node_id, name=f"trainer-{tag}-rank{spec.rank}") for spec, child in zip(specs, children)
+                ]))  # fmt: skip
+        except TimeoutError:
+            raise CallTimeout(f"the trainer's {self.world_size} rank processes did not start within trainer.start_timeout_s={cfg.start_timeout_s:g}s") from None
+        hellos = await self._call_all("join", [[]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
+        loaded = await self._call_all("load", [[str(model_dir), total_steps]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
+        self.info = {"backend": hellos[0]["backend"], "pids": [h["pid"] for h in hellos], "nodes": self.processes, **loaded[0]}
+        log.info("trainer: %d rank(s) on %s (%s, %s), %d parameters", self.world_size, ", ".join(self.processes), self.info["device"], self.info["backend"], self.info["parameters"])
+
+    def _rendezvous(self, node: Node) -> tuple[str, int]:
+        """Where the ranks meet: ``MASTER_ADDR:MASTER_PORT`` when set (torchrun's agent hosts the
+        store there; otherwise this process does), else a store hosted here at the head's address."""
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=self.config.start_timeout_s)
+        master, master_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if master and master_port:
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                try:
+                    self._store = dist.TCPStore("127.0.0.1", int(master_port), is_master=True, wait_for_workers=False, timeout=timeout)
+                except RuntimeError as exc:
+                    raise RuntimeError(f"cannot host the trainer's rendezvous store on MASTER_PORT={master_port}: {exc}") from None
+            return master, int(master_port)
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        return host_of(node.address), int(self._store.port)
 
     async def close(self) -> None:
-        """Stop the ranks (politely, then by signal) and release the socket. Idempotent."""
+        """Every rank leaves its group, then the ranks' processes stop. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        live = [rank for rank, proc in enumerate(self._procs) if proc.poll() is None]
-        if live and self._sock is not None:
-            for rank in live:
-                self._send(rank, Call(id=self._new_id(), actor="trainer", method="shutdown"))
-        ends = time.monotonic() + 10.0
-        while any(proc.poll() is None for proc in self._procs) and time.monotonic() < ends:
-            await asyncio.sleep(0.05)
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self._procs:
-            try:
-                await asyncio.to_thread(proc.wait, 5.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if self._receiver is not None:
-            self._receiver.cancel()
-            await asyncio.wait([self._receiver])  # its end, not its CancelledError (ours still propagates)
-        self._pending.clear()  # a caller still waiting sees its ranks gone (RankLostError)
-        if self._sock is not None:
-            self._sock.close(0)
-        if self._ctx is not None:
-            self._ctx.term()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        node = self._node
+        if self.ranks:
+            await asyncio.gather(*[_awaited(ref.shutdown.options(timeout=15.0)()) for ref in self.ranks], return_exceptions=True)
+        if node is not None and self.processes:
+            await node.stop_nodes(self.processes)
+        if self._own is not None:
+            await self._own.close()
+        self._store = None
         for path in self._shared_files:
             Path(path).unlink(missing_ok=True)
 
@@ -181,7 +184,7 @@ class TrainerActor:
 
     async def share_weights(self, directory: str, plan: bytes) -> Any:
         """Rank 0 lays its parameters out in a shared-memory file in ``directory`` for engines
-        on this machine; returns the offer to send them (None on GPUs)."""
+        on its machine; returns the offer to send them (None on GPUs)."""
         offer = (await self._call_ranks({0: [directory, plan]}, "share_weights"))[0]
         if offer is not None:
             self._shared_files.append(str(offer[0]))
@@ -191,8 +194,13 @@ class TrainerActor:
         """``nccl`` when rank 0's parameters are on a GPU, else ``gloo`` (``weights.backend=auto``)."""
         return str((await self._call_ranks({0: []}, "weight_backend"))[0])
 
+    async def weight_store(self, host: str = "") -> tuple[str, int]:
+        """Where the weight group meets: a store rank 0 hosts, at ``host`` or its node's address."""
+        address = (await self._call_ranks({0: [host]}, "weight_store"))[0]
+        return str(address[0]), int(address[1])
+
     async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
-        await self._call_ranks({0: [host, port, size, timeout_s, generation, plan, backend]}, "join_weights")
+        await self._call_ranks({0: [host, port, size, timeout_s, generation, plan, backend]}, "join_weights", timeout=timeout_s + 5.0)
 
     async def send_weights(self, version: int) -> float:
         return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])
@@ -214,98 +222,65 @@ class TrainerActor:
         return int(steps[0])
 
     # -- plumbing -------------------------------------------------------------------------
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
+    async def _call_all(self, method: str, per_rank: list[list[Any]], *, timeout: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
+        return await self._call_ranks(dict(enumerate(per_rank)), method, timeout=timeout, setting=setting)
 
-    def _send(self, rank: int, call: Call) -> None:
-        self._sock.send_multipart([f"rank{rank}".encode(), *self._codec.encode(call)], copy=False)
-
-    async def _call_all(self, method: str, per_rank: list[list[Any]], *, deadline: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
-        return await self._call_ranks(dict(enumerate(per_rank)), method, deadline=deadline, setting=setting)
-
-    async def _call_ranks(self, per_rank: dict[int, list[Any]], method: str, *, deadline: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
-        if self._closed or not self._procs:
-            raise RuntimeError("the trainer actor is not running: call start() first" if not self._closed else "the trainer actor is closed")
+    async def _call_ranks(self, per_rank: dict[int, list[Any]], method: str, *, timeout: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
+        """``method`` on the given ranks, concurrently: their answers in rank order, unless a rank
+        is lost, its group broke, a rank fails while others stay in a collective, or the deadline
+        (``timeout``, default ``trainer.call_timeout_s``) passes first."""
+        if self._closed or not self.ranks:
+            raise RuntimeError("the trainer is not running: call start() first" if not self._closed else "the trainer is closed")
         if self._broken:
             raise RankLostError(f"the trainer is unusable ({self._broken}): restart it from a checkpoint")
+        deadline = timeout or self.config.call_timeout_s
+        calls = {r: asyncio.ensure_future(_awaited(getattr(self.ranks[r], method).options(timeout=deadline)(*args))) for r, args in per_rank.items()}
+        first_error: tuple[int, BaseException] | None = None
         loop = asyncio.get_running_loop()
-        futures = []
-        for rank, args in per_rank.items():
-            call = Call(id=self._new_id(), actor="trainer", method=method, args=args)
-            future: asyncio.Future[Any] = loop.create_future()
-            self._pending[(rank, call.id)] = (method, future)
-            futures.append(future)
-            self._send(rank, call)
-        try:
-            return await self._wait(futures, deadline or time.monotonic() + self.config.call_timeout_s, method, setting)
-        finally:
-            for key in [k for k, (_, f) in self._pending.items() if f in futures]:
-                del self._pending[key]
-
-    async def _wait(self, futures: list[asyncio.Future[Any]], deadline: float, what: str, setting: str) -> list[Any]:
-        """The futures' results, unless a rank exits, a rank fails while its peers stay in a
-        collective, or the deadline passes first."""
-        first_error_at: float | None = None
-        while True:
-            errors = [f.exception() for f in futures if f.done() and f.exception() is not None]
-            dead = [(rank, proc.returncode) for rank, proc in enumerate(self._procs) if proc.poll() is not None]
-            if dead:
-                rank, code = dead[0]
-                self._broken = f"trainer rank {rank} exited with code {code} during {what}"
-                raise RankLostError(self._broken + self._log_tail(rank)) from (errors[0] if errors else None)
-            pending = [f for f in futures if not f.done()]
-            if not pending:
-                if errors:
-                    raise errors[0]  # type: ignore[misc]
-                return [f.result() for f in futures]
-            now = time.monotonic()
-            if errors:
-                # Some ranks failed and others did not answer: those are waiting in a collective
-                # for the failed ones and never will, so the group is unusable.
-                first_error_at = first_error_at or now
-                if now - first_error_at > STRAGGLER_GRACE_S:
-                    self._broken = f"trainer ranks failed during {what} while others waited in a collective"
-                    raise RankLostError(self._broken + f": {errors[0]}") from errors[0]
-            if now >= deadline:
-                raise CallTimeout(f"trainer {what}: no answer from every rank within the deadline; raise {setting} if the work is just slow")
-            await asyncio.wait(pending, timeout=min(0.25, deadline - now), return_when=asyncio.FIRST_COMPLETED)
-
-    async def _receive(self) -> None:
-        """Route replies to their futures; drop garbage (counted in the log), never die silently."""
+        failed_at = 0.0
         try:
             while True:
-                frames = await self._sock.recv_multipart(copy=False)
-                sender = bytes(frames[0].buffer).decode(errors="replace")
-                try:
-                    rank = int(sender.removeprefix("rank"))
-                    msg = self._codec.decode(frames[1:])
-                except (ValueError, DecodeError) as exc:
-                    log.warning("trainer actor: dropped a malformed message from %r: %s", sender, exc)
-                    continue
-                if isinstance(msg, Reply) and msg.id == 0 and rank in self._hello:
-                    if not self._hello[rank].done():
-                        self._hello[rank].set_result(msg.value)
-                    continue
-                method, future = self._pending.get((rank, msg.id), ("", None))
-                if future is None or future.done():
-                    continue
-                if isinstance(msg, Reply):
-                    future.set_result(msg.value)
-                elif isinstance(msg, Error):
-                    future.set_exception(ActorError(f"trainer rank {rank}", method, msg.type, msg.message, msg.traceback))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # hand the failure to every waiter instead of hanging them
-            log.exception("trainer actor: receiver failed")
-            for future in [*(f for _, f in self._pending.values()), *self._hello.values()]:
-                if not future.done():
-                    future.set_exception(exc)
+                for r, call in calls.items():
+                    if not call.done() or call.exception() is None:
+                        continue
+                    error = call.exception()
+                    assert error is not None
+                    if _lost(error):
+                        self._broken = f"trainer rank {r} ({self.processes[r]}) was lost during {method}"
+                        raise RankLostError(f"{self._broken}: {error}") from error
+                    if isinstance(error, CallTimeout):
+                        raise CallTimeout(f"trainer {method}: rank {r} gave no answer within {deadline:g}s; raise {setting} if the work is just slow") from None
+                    if first_error is None:
+                        first_error, failed_at = (r, error), loop.time()
+                pending = [c for c in calls.values() if not c.done()]
+                if not pending:
+                    if first_error is not None:
+                        raise first_error[1]
+                    return [calls[r].result() for r in sorted(calls)]
+                if first_error is not None and loop.time() - failed_at > STRAGGLER_GRACE_S:
+                    # Some ranks failed and others did not answer: those are waiting in a
+                    # collective for the failed ones and never will, so the group is unusable.
+                    self._broken = f"trainer rank {first_error[0]} failed during {method} while others waited in a collective"
+                    raise RankLostError(f"{self._broken}: {first_error[1]}") from first_error[1]
+                wait = STRAGGLER_GRACE_S + 0.05 if first_error is not None else None
+                await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for call in calls.values():
+                if not call.done():
+                    call.cancel()  # tells that rank's node to stop serving it
 
-    def _log_tail(self, rank: int, lines: int = 15) -> str:
-        path = self._log_dir / f"trainer_rank{rank}.log"
-        try:
-            tail = path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return f"; last lines of {path}:\n" + "\n".join(tail) if tail else ""
+
+async def _awaited(call: Any) -> Any:
+    # A runtime call is a future that also passes for a coroutine, which asyncio.wait refuses:
+    # a task around it can be waited on.
+    return await call
+
+
+def _lost(error: BaseException) -> bool:
+    """The rank's process is gone, or its group can no longer be used."""
+    if isinstance(error, (NodeLostError, ActorNotFound)):
+        return True
+    return isinstance(error, ActorError) and error.remote_type.rsplit(".", 1)[-1] in ("GroupBroken", "DistBackendError", "DistNetworkError")
+
+
+__all__ = ["RankLostError", "TrainerActor"]

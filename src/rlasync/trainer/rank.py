@@ -1,69 +1,220 @@
-"""One trainer rank: a process that holds a ``PolicyTrainer`` and answers its controller.
+"""``TrainerRank``: one data-parallel rank of the trainer, an actor of the runtime.
 
-Started by ``TrainerActor`` (``python -m rlasync.trainer.rank …``), never by hand. It joins the
-trainer's torch.distributed group, says hello over a ZeroMQ DEALER socket, then serves calls
-one at a time (they are collective: every rank runs the same call in the same order) until
-``shutdown``, until its controller process is gone (it checks every second, so a crashed
-controller leaves no orphans), or until a collective fails (a peer rank died).
+    child = await node.start_child(preload=("rlasync.trainer.rank",))   # a process node-1 supervises
+    rank = await node.spawn(TrainerRank, RankSpec(rank=1, world_size=2, ...), node=child.node_id)
+    await rank.join(); await rank.load(model_dir, 100); metrics = await rank.step(...)
 
-Messages are the runtime's ``Call``/``Reply``/``Error`` (``transport.messages``) through its
-codec: tensors travel as side frames, never pickled.
+A rank lives in a node process of its own, started and supervised by the node it is placed on
+(``cluster.trainer``), because torch.distributed's group and a device belong to a process. Its
+calls run one at a time, in order, on one thread of that process: they are collective (every
+rank runs the same call in the same order), and the process's event loop stays free to answer
+heartbeats and cancellations while the thread computes. ``TrainerActor`` drives the ranks.
+
+The ranks meet at a TCP store the driver names (the head's, or ``MASTER_ADDR:MASTER_PORT``):
+``join`` is ``init_process_group`` under ``trainer.start_timeout_s``, and every collective has
+``trainer.call_timeout_s``. A collective that fails (a peer rank died, or stalled past the
+deadline) leaves the group unusable: the rank answers every later call with ``GroupBroken``.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import datetime
 import gc
 import logging
 import os
+import queue
 import random
-import sys
+import threading
 import time
-import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import torch
 import torch.distributed as dist
-import zmq
 
-from ..config import convert
 from ..config.train import TrainerConfig
-from ..transport.codec import Codec, DecodeError
-from ..transport.messages import Call, Error, Reply
+from ..runtime import Actor, endpoint
+from ..runtime.address import host_of
 from .policy import PolicyTrainer
 from .types import TrainBatch
 
 log = logging.getLogger(__name__)
 
 
-class RankServer:
-    """The endpoints of one rank. Each returns plain data or tensors."""
+class GroupBroken(RuntimeError):
+    """A collective of the trainer's group failed (a peer rank died, or stalled past
+    ``trainer.call_timeout_s``): the group cannot be used again; restart from a checkpoint."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
-        self.rank, self.world_size, self.device = rank, world_size, device
+
+class RankSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What one rank is built from (it travels to the rank's process)."""
+
+    rank: int
+    world_size: int
+    store_host: str
+    """The TCP store all ranks meet at: the head's, or ``MASTER_ADDR`` under torchrun."""
+    store_port: int
+    group: str
+    """The key prefix of this trainer's group in the store (one trainer, one prefix)."""
+    device_index: int = 0
+    """This rank's GPU among its machine's (the placement counts the node's engines first)."""
+    config: TrainerConfig = TrainerConfig()
+
+
+class _Thread:
+    """One thread running submitted functions in order; results come back as asyncio futures."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # A daemon: a rank stuck in a collective must not keep its process from exiting.
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+        self.busy = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.put((fn, args, future, loop))
+        return future
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, args, future, loop = item
+            self.busy = True
+            try:
+                outcome, ok = fn(*args), True
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
+                outcome, ok = exc, False
+            finally:
+                self.busy = False
+            try:
+                loop.call_soon_threadsafe(_settle, future, outcome, ok)
+            except RuntimeError:  # the event loop closed meanwhile (the process is stopping)
+                return
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any, ok: bool) -> None:
+    if future.done():  # the call was cancelled (its caller timed out): nobody waits for this
+        return
+    if ok:
+        future.set_result(outcome)
+    else:
+        future.set_exception(outcome)
+
+
+class TrainerRank(Actor):
+    """The endpoints of one rank; each runs on the rank's thread and returns plain data or tensors."""
+
+    def __init__(self, spec: RankSpec | dict[str, Any]) -> None:
+        self.spec = spec if isinstance(spec, RankSpec) else msgspec.convert(spec, RankSpec)
+        self.rank, self.world_size, self.config = self.spec.rank, self.spec.world_size, self.spec.config
+        self.device = torch.device("cpu")
         self.trainer: PolicyTrainer | None = None
         self.sender: Any = None  # the WeightSender, on rank 0 once joined
+        self.weight_store: Any = None  # rank 0: the weight group's TCP store, hosted here
         self.flat: Any = None  # the buffer rank 0's parameters live in once laid out as buckets
         self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
+        self.broken = ""
+        self._closed = False
+
+    async def on_start(self) -> None:
+        self._thread = _Thread(f"trainer-rank{self.rank}")
+
+    async def on_stop(self) -> None:
+        await self.shutdown()
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.broken:
+            raise GroupBroken(f"trainer rank {self.rank}: {self.broken}")
+        if self._closed:
+            raise RuntimeError(f"trainer rank {self.rank} is shut down")
+        try:
+            return await self._thread.submit(fn, *args)
+        except (dist.DistBackendError, dist.DistNetworkError) as exc:
+            self.broken = f"its group broke during {fn.__name__} (a peer rank died, or stalled past trainer.call_timeout_s): {str(exc).splitlines()[0][:300]}"
+            log.error("trainer rank %d: %s", self.rank, self.broken)
+            raise GroupBroken(f"trainer rank {self.rank}: {self.broken}") from None
 
     def _trainer(self) -> PolicyTrainer:
         if self.trainer is None:
             raise RuntimeError("the trainer has no model yet: call load first")
         return self.trainer
 
-    def load(self, model_dir: str, config: dict[str, Any], total_steps: int) -> dict[str, Any]:
+    # -- lifecycle ----------------------------------------------------------------------------
+    @endpoint
+    async def join(self) -> dict[str, Any]:
+        """Join the trainer's torch.distributed group (blocks until every rank has)."""
+        return dict(await self._run(self._join))
+
+    def _join(self) -> dict[str, Any]:
+        cfg = self.config
+        if cfg.cpu_affinity:
+            wanted = set(cfg.cpu_affinity)
+            usable = wanted & set(range(os.cpu_count() or 1))  # the machine's cores, not the ones inherited
+            if usable:
+                os.sched_setaffinity(0, usable)  # this thread (Linux): the rank's compute, and threads it starts
+            else:
+                log.warning("trainer.cpu_affinity=%s: none of these cores is available here; running on any", sorted(wanted))
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = pick_device(cfg.device, self.spec.device_index)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if dist.is_initialized():
+            raise RuntimeError("this process already has a torch.distributed group: a trainer rank needs a process of its own")
+        store = dist.TCPStore(
+            self.spec.store_host, self.spec.store_port, is_master=False, timeout=datetime.timedelta(seconds=cfg.start_timeout_s)
+        )  # fmt: skip
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(self.spec.group, store), rank=self.rank, world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=cfg.call_timeout_s),
+        )  # fmt: skip
+        return {"rank": self.rank, "pid": os.getpid(), "backend": backend, "node": self.node.node_id}
+
+    @endpoint
+    async def load(self, model_dir: str, total_steps: int) -> dict[str, Any]:
+        return dict(await self._run(self._load, model_dir, total_steps))
+
+    def _load(self, model_dir: str, total_steps: int) -> dict[str, Any]:
         from ..models import load_pretrained_dir
 
-        cfg = convert(config, TrainerConfig)
         model, _ = load_pretrained_dir(model_dir, device=str(self.device))
-        self.trainer = PolicyTrainer(model, cfg, total_steps=total_steps)
+        self.trainer = PolicyTrainer(model, self.config, total_steps=total_steps)
         gc.freeze()  # start-up's objects live as long as the rank: full collections never rescan them
         return {"parameters": sum(p.numel() for p in model.parameters()), "device": str(self.device)}
 
-    def step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
+    @endpoint
+    async def shutdown(self) -> None:
+        """Remove the shared-memory file and leave the group. Idempotent; never waits for a
+        thread stuck in a collective (the process exits without it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.shared is not None:
+            self.shared.close()
+        if not self._thread.busy and dist.is_initialized():
+            try:
+                await asyncio.wait_for(self._thread.submit(dist.destroy_process_group), 10.0)
+            except (Exception, asyncio.TimeoutError) as exc:  # leaving is best effort: the process ends next
+                log.warning("trainer rank %d: leaving its group failed: %s", self.rank, exc)
+        self._thread.stop()
+
+    @endpoint
+    async def ping(self) -> int:
+        return os.getpid()
+
+    # -- training -----------------------------------------------------------------------------
+    @endpoint
+    async def step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
+        return dict(await self._run(self._step, batch, temperature, denominator, micro_batches))
+
+    def _step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
         rows = TrainBatch.from_tensors(batch)
         if self.shared is not None:
             self.shared.invalidate()  # the parameters in shared memory change now: no engine may copy them
@@ -71,27 +222,41 @@ class RankServer:
         metrics = self._trainer().step(rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches)
         return {**metrics, "compute_s_max": time.perf_counter() - started}  # the slowest rank's, once reduced
 
-    def logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False) -> Any:
+    @endpoint
+    async def logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False) -> Any:
+        return await self._run(self._logprobs, batch, temperature, micro_batches, reference)
+
+    def _logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool) -> Any:
         trainer, rows = self._trainer(), TrainBatch.from_tensors(batch)
         return trainer.reference_logprobs(rows, temperature) if reference else trainer.compute_logprobs(rows, temperature, micro_batches=micro_batches)
 
-    def weights(self) -> dict[str, Any] | None:
-        weights = self._trainer().weights()  # every rank: gathering shards is collective
+    @endpoint
+    async def weights(self) -> dict[str, Any] | None:
+        """The parameters by name, whole, on the CPU: from rank 0 (every rank takes part in gathering shards)."""
+        return await self._run(self._weights)  # type: ignore[no-any-return]
+
+    def _weights(self) -> dict[str, Any] | None:
+        weights = self._trainer().weights()
         return weights if self.rank == 0 else None
 
-    # -- weight sync (rank 0 sends; the others take part in gathering sharded parameters) ---
-    def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
+    # -- weight sync (rank 0 sends; the others take part in gathering sharded parameters) -------
+    @endpoint
+    async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
         """The bucket plan of this model's parameters (names, shapes, dtypes), as msgpack."""
         from ..weights import plan_buckets
 
         named = [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in self._trainer().model.named_parameters()]
         return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
 
-    def share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
+    @endpoint
+    async def share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
         """Rank 0 on a CPU: lay the parameters out in a shared-memory file in ``directory`` and
         return its ``ShmOffer`` (engines on this machine copy from it); else None."""
         if self.rank != 0:
             return None
+        return await self._run(self._share_weights, directory, plan)  # type: ignore[no-any-return]
+
+    def _share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
         from ..weights import BucketPlan, SharedWeights, flat_layout
 
         trainer = self._trainer()
@@ -104,22 +269,37 @@ class RankServer:
             self.flat = flat_layout(self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data)
         return list(msgspec.to_builtins(self.shared.offer))
 
-    def weight_backend(self) -> str:
+    @endpoint
+    async def weight_backend(self) -> str:
         """The weight group's backend this rank's parameters call for: NCCL on a GPU, else gloo."""
         return "nccl" if self.device.type == "cuda" else "gloo"
 
-    def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
-        """Rank 0 hosts the weight group's store and becomes its rank 0 (a new generation after
-        a failure). ``size`` 1: no engine takes the broadcast (all copy from shared memory)."""
+    @endpoint
+    async def weight_store(self, host: str = "") -> list[Any]:
+        """Rank 0 hosts the weight group's rendezvous store (once; later generations reuse it) and
+        returns ``[host, port]`` for the engines: ``host``, else this node's address. (The store
+        listens on every interface; the host it is created with is only its own client's.)"""
+        if self.weight_store is None:
+            self.weight_store = await asyncio.to_thread(
+                dist.TCPStore, "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=self.config.start_timeout_s)
+            )  # fmt: skip
+        return [host or host_of(self.node.address), int(self.weight_store.port)]
+
+    @endpoint
+    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
+        """Rank 0 becomes rank 0 of the weight group's ``generation`` (a new one after a failure).
+        ``size`` 1: no engine takes the broadcast (all copy from shared memory)."""
         if self.rank != 0:
             return
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError("weights.backend=nccl needs the trainer on a GPU")
+        await self._run(self._join_weights, size, timeout_s, generation, plan, backend or ("nccl" if self.device.type == "cuda" else "gloo"))
+
+    def _join_weights(self, size: int, timeout_s: float, generation: int, plan: bytes, backend: str) -> None:
         from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
 
-        store = None
         if self.sender is not None:
             self.sender.group.close()
-            if self.sender.group.address == (host, port):  # a new generation of the same group: same store
-                store = self.sender.group.store
             self.sender = None
         bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)
         trainer = self._trainer()
@@ -128,13 +308,18 @@ class RankServer:
             # straight from the parameters' memory (no packing copy).
             self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
         if size > 1:
-            backend = backend or self.weight_backend()
-            group = WeightGroup(host, port, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
+            if self.weight_store is None:
+                raise RuntimeError("join_weights before weight_store: the synchroniser asks for the store first")
+            group = WeightGroup("", 0, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=self.weight_store)
             self.sender = WeightSender(group, bucket_plan, device=self.device)
 
-    def send_weights(self, version: int) -> float:
-        """Publish the current parameters as ``version``: into shared memory (if offered) and
-        over the weight group (if any engine takes the broadcast); returns rank 0's seconds."""
+    @endpoint
+    async def send_weights(self, version: int) -> float:
+        """Publish the current parameters as ``version``: into shared memory (if offered) and over
+        the weight group (if any engine takes the broadcast); returns rank 0's seconds."""
+        return float(await self._run(self._send_weights, version))
+
+    def _send_weights(self, version: int) -> float:
         weights = self._trainer().weights(copy=False)  # every rank: gathering shards is collective
         if self.rank != 0:
             return 0.0
@@ -150,17 +335,21 @@ class RankServer:
             raise RuntimeError("no weight group and no shared memory: call join_weights first")
         return time.perf_counter() - started
 
-    def close_weights(self) -> None:
-        """Remove the shared-memory file (engines that mapped it keep their mapping)."""
-        if self.shared is not None:
-            self.shared.close()
+    # -- checkpoints --------------------------------------------------------------------------
+    @endpoint
+    async def save(self, folder: str) -> None:
+        await self._run(self._save, folder)
 
-    def save(self, folder: str) -> None:
+    def _save(self, folder: str) -> None:
         path = Path(folder)
         self._trainer().save(path, write=self.rank == 0)  # every rank: gathering shards is collective
         torch.save(_rng_state(), path / f"rng_rank{self.rank}.pt")
 
-    def load_checkpoint(self, folder: str) -> int:
+    @endpoint
+    async def load_checkpoint(self, folder: str) -> int:
+        return int(await self._run(self._load_checkpoint, folder))
+
+    def _load_checkpoint(self, folder: str) -> int:
         path = Path(folder)
         if self.shared is not None:
             self.shared.invalidate()
@@ -169,9 +358,6 @@ class RankServer:
         if rng.is_file():
             _set_rng_state(torch.load(rng, weights_only=False))
         return self._trainer().steps
-
-    def ping(self) -> int:
-        return os.getpid()
 
 
 def _rng_state() -> dict[str, Any]:
@@ -188,96 +374,13 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def pick_device(setting: str, rank: int) -> torch.device:
-    """``auto``: this rank's GPU (one per rank, by local rank) when there are enough, else the CPU."""
-    if setting == "cpu" or (setting == "auto" and torch.cuda.device_count() <= rank):
+def pick_device(setting: str, index: int) -> torch.device:
+    """``auto``: GPU ``index`` of this machine when it has one, else the CPU."""
+    if setting == "cpu" or (setting == "auto" and torch.cuda.device_count() <= index):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("trainer.device=cuda but torch sees no GPU: use trainer.device=cpu (or auto)")
-    return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cuda", index % torch.cuda.device_count())
 
 
-def serve(args: argparse.Namespace) -> int:
-    parent = os.getppid()
-    if args.cpus:
-        wanted = {int(c) for c in args.cpus.split(",")}
-        usable = wanted & set(range(os.cpu_count() or 1))  # the machine's cores, not the ones inherited from the parent
-        if usable:
-            os.sched_setaffinity(0, usable)
-        else:
-            log.warning("trainer.cpu_affinity=%s: none of these cores is available here; running on any", sorted(wanted))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device, args.rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend, init_method=args.init_method, rank=args.rank, world_size=args.world_size,
-        timeout=datetime.timedelta(seconds=args.collective_timeout_s),
-    )  # fmt: skip
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, f"rank{args.rank}".encode())  # the actor addresses ranks by this
-    sock.connect(args.controller)
-    codec = Codec()
-    server = RankServer(args.rank, args.world_size, device)
-    sock.send_multipart(codec.encode(Reply(id=0, value={"rank": args.rank, "pid": os.getpid(), "backend": backend})))
-    try:
-        while True:
-            if not sock.poll(1000):
-                if os.getppid() != parent:
-                    log.warning("trainer rank %d: the controller is gone, exiting", args.rank)
-                    return 1
-                continue
-            frames = sock.recv_multipart(copy=False)
-            try:
-                msg = codec.decode(frames)
-            except DecodeError as exc:
-                log.warning("trainer rank %d: dropped a malformed message: %s", args.rank, exc)
-                continue
-            if not isinstance(msg, Call):
-                continue
-            if msg.method == "shutdown":
-                server.close_weights()
-                sock.send_multipart(codec.encode(Reply(id=msg.id)))
-                return 0
-            endpoint = getattr(server, msg.method, None) if not msg.method.startswith("_") else None
-            try:
-                if endpoint is None:
-                    raise AttributeError(f"trainer ranks have no endpoint {msg.method!r}")
-                reply: Any = Reply(id=msg.id, value=endpoint(*msg.args, **msg.kwargs))
-            except Exception as exc:
-                log.exception("trainer rank %d: %s failed", args.rank, msg.method)
-                reply = Error(id=msg.id, code="raised", type=type(exc).__name__, message=str(exc), traceback=traceback.format_exc())
-                if isinstance(exc, dist.DistBackendError):  # a peer died mid-collective: the group is broken
-                    sock.send_multipart(codec.encode(reply))
-                    return 3
-            sock.send_multipart(codec.encode(reply))
-    finally:
-        server.close_weights()
-        sock.close(0)
-        ctx.term()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlasync.trainer.rank", description=__doc__)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--controller", required=True, help="the controller's ZeroMQ address")
-    parser.add_argument("--init-method", required=True, help="torch.distributed init method (file:// or tcp://)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cpus", default="", help="comma-separated CPU cores to run on (empty: any)")
-    parser.add_argument("--collective-timeout-s", type=float, default=900.0)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("RLASYNC_LOG_LEVEL", "WARNING").upper(), format=f"%(asctime)s trainer-rank{args.rank} %(name)s %(levelname)s %(message)s")
-    return serve(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
+__all__ = ["GroupBroken", "RankSpec", "TrainerRank", "pick_device"]

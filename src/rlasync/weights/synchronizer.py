@@ -5,8 +5,9 @@
     report = await sync.sync(version=7)   # every engine stages v7 while decoding, then all swap
 
 The sending side is anything with the trainer actor's endpoints (``weight_plan``,
-``share_weights``, ``weight_backend``, ``join_weights``, ``send_weights``; rank 0 sends, other ranks help gather
-shards). The engines are ``EngineActor`` refs on any node, or engines in this process. An
+``share_weights``, ``weight_backend``, ``weight_store``, ``join_weights``, ``send_weights``; rank 0
+sends, other ranks help gather shards), wherever rank 0 runs: it hosts the group's store on its
+node, at the address the other nodes reach it by (``weights.host`` overrides it). The engines are ``EngineActor`` refs on any node, or engines in this process. An
 engine on the trainer's machine copies each version from the trainer's shared memory
 (``weights.transport``); the others are ranks of one torch.distributed group with rank 0 of
 the trainer and take a bucketed broadcast.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from typing import Any, Iterable, Protocol
 
@@ -46,6 +46,7 @@ class WeightSource(Protocol):
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes: ...
     async def share_weights(self, directory: str, plan: bytes) -> Any: ...
     async def weight_backend(self) -> str: ...
+    async def weight_store(self, host: str = "") -> tuple[str, int]: ...
     async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None: ...
     async def send_weights(self, version: int) -> float: ...
 
@@ -140,7 +141,7 @@ class ParameterSynchronizer:
         self.backend = "gloo"
         self.plan_bytes = b""
         self.total_bytes = 0
-        self._port = 0
+        self._address: tuple[str, int] = ("", 0)
         self._started = False
         self._offer: Any = None
         self._regroup = False  # an engine was added: the next sync forms a new generation first
@@ -171,7 +172,8 @@ class ParameterSynchronizer:
                     f"weights.transport=shm, but engine(s) {far} cannot map the trainer's shared memory in "
                     f"weights.shm_dir={cfg.shm_dir} (another machine or container); use weights.transport=auto"
                 )
-        self._port = _free_port(cfg.host)
+        # Rank 0 hosts the group's store on its node, wherever that is: the engines connect there.
+        self._address = await self.source.weight_store(cfg.host)
         self._started = True
         await self._join()
 
@@ -183,10 +185,10 @@ class ParameterSynchronizer:
             self.generation += 1
             far = [sink for sink in self._sinks if sink.transport == "broadcast"]
             size = len(far) + 1
-            args = (cfg.host, self._port, size, cfg.timeout_s, self.generation)
+            host, port = self._address
             results = await asyncio.gather(
-                self.source.join_weights(*args, self.plan_bytes, self.backend),
-                *[sink.join(cfg.host, self._port, rank, size, cfg.timeout_s, self.generation, self.backend) for rank, sink in enumerate(far, 1)],
+                self.source.join_weights(host, port, size, cfg.timeout_s, self.generation, self.plan_bytes, self.backend),
+                *[sink.join(host, port, rank, size, cfg.timeout_s, self.generation, self.backend) for rank, sink in enumerate(far, 1)],
                 return_exceptions=True,
             )  # fmt: skip
             failed = {sink: r for sink, r in zip(far, results[1:]) if isinstance(r, BaseException)}
@@ -305,8 +307,3 @@ def _is_sync_failure(error: BaseException) -> bool:
         "SyncError", "DistBackendError", "DistNetworkError",
     )  # fmt: skip
 
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

@@ -1,0 +1,86 @@
+"""Node processes: starting one (``LocalCluster``, a node's supervised children), and a child's
+watch over the parent that started it.
+
+    proc = await start_node_process("node-1.0", "ipc:///tmp/d/node-1.0.sock", head_address,
+                                    config=config, secret=secret, parent=os.getpid())
+
+A node process gets what must not be on its command line (``ps`` shows that to every user)
+through its environment: the cluster secret and the runtime config. A *child* (``parent``
+given) dies with the process that started it: on Linux the kernel sends it SIGTERM when the
+parent exits (``PR_SET_PDEATHSIG``), and it also checks its parent every second, so a parent
+killed with SIGKILL leaves no orphan behind, on any system.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Callable
+
+import msgspec
+
+from ..config import RuntimeConfig
+from .types import CONFIG_ENV, SECRET_ENV
+
+log = logging.getLogger(__name__)
+
+PARENT_ENV = "RLASYNC_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+async def start_node_process(
+    node_id: str,
+    listen: str,
+    head: str,
+    *,
+    config: RuntimeConfig,
+    secret: str | None,
+    parent: int | None = None,
+    env: dict[str, str] | None = None,
+) -> asyncio.subprocess.Process:
+    """Start ``python -m rlasync.runtime.worker`` as ``node_id``, joining the head at ``head``."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    if secret:
+        full_env[SECRET_ENV] = secret
+    full_env[CONFIG_ENV] = msgspec.json.encode(config).decode()
+    # Actor classes are imported by module name: give the child this process's path.
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    if parent is not None:
+        full_env[PARENT_ENV] = str(parent)
+    else:
+        full_env.pop(PARENT_ENV, None)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlasync.runtime.worker", "--node-id", node_id, "--listen", listen, "--head", head,
+        env=full_env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def parent_from_env() -> int | None:
+    """The pid this process must die with, if a node started it as its child."""
+    raw = os.environ.get(PARENT_ENV)
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def die_with_parent(parent: int) -> bool:
+    """Ask the kernel for SIGTERM when the parent exits (Linux); False if the parent is gone already."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the watch below still notices
+            log.debug("prctl(PR_SET_PDEATHSIG) is unavailable; polling the parent instead")
+    return os.getppid() == parent  # checked after prctl: a parent that died just before is seen here
+
+
+async def watch_parent(parent: int, on_gone: Callable[[], None], period_s: float = 1.0) -> None:
+    """Call ``on_gone`` once the parent process has exited (its child is then re-parented)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(period_s)
+    log.warning("the node process that started this one (pid %d) is gone; stopping", parent)
+    on_gone()
