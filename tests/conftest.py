@@ -48,3 +48,15 @@ def nano_model_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def reverse_model(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The quickstart's warm-started reverse model (seed 1; about 15 s, once per session):
+    greedy accuracy about 0.25, so GRPO groups hold right and wrong samples."""
+    import msgspec
+
+    from rlasync.models.warmstart import DEFAULT_SETTINGS, warm_start
+
+    settings = msgspec.structs.replace(DEFAULT_SETTINGS["reverse"], greedy_threshold=0.4)
+    return warm_start("reverse", run_dir=tmp_path_factory.mktemp("warm"), seed=1, settings=settings)

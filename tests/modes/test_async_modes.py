@@ -73,7 +73,7 @@ async def test_one_step_off_trains_on_data_exactly_one_version_old(tmp_path: Pat
 
 
 def _rank_pids(parent: int) -> list[int]:
-    """The trainer rank processes among ``parent``'s children."""
+    """The trainer rank processes among ``parent``'s children (the head's supervised processes)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -82,7 +82,8 @@ def _rank_pids(parent: int) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat[1]) == parent and b"rlasync.trainer.rank" in cmdline:
+            # A trainer rank runs in a node process its node supervises: "--node-id node-0.<k>".
+            if int(stat[1]) == parent and b"rlasync.runtime.worker\x00--node-id\x00node-0." in cmdline:
                 pids.append(int(entry.name))
     return pids
 

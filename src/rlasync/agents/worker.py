@@ -167,7 +167,7 @@ class AgentLoopManager:
                     for i, trajectory in zip((i for unit in assigned for i in unit), reply):
                         results[i] = trajectory
             if units and not self.workers:
-                raise NoWorkerError(f"every agent-loop worker was lost; {sum(map(len, units))} rows were not rolled out")
+                raise NoWorkerError(f"every agent-loop worker was lost (their nodes died, engines with them); {sum(map(len, units))} rows were not rolled out")
             units.sort()
         return [t for t in results if t is not None]
 
@@ -176,7 +176,7 @@ class AgentLoopManager:
         those that still have an engine of their own in rotation."""
         serving = [w for w in self.workers if not self.local.get(w.name) or self.local[w.name] - self.removed] or self.workers
         if not serving:
-            raise NoWorkerError("every agent-loop worker was lost; nothing is left to roll out with")
+            raise NoWorkerError("every agent-loop worker was lost (their nodes died, engines with them); nothing is left to roll out with")
         load = {w.name: self.outstanding.get(w.name, 0) for w in serving}
         plan: dict[str, list[list[int]]] = {}
         for unit in units:

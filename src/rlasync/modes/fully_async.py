@@ -83,10 +83,10 @@ class Rollouter:
 
     def _check(self, task: asyncio.Task[None]) -> None:
         """A sample that raised (a bug: the loops turn engine errors into trajectories) stops the run."""
-        if task.cancelled() or self.failed.done():
+        if task.cancelled():
             return
-        error = task.exception()
-        if error is not None:
+        error = task.exception()  # retrieved even after the first failure: each is seen once
+        if error is not None and not self.failed.done():
             self.failed.set_exception(error)
 
     def idle_ratio(self) -> float:

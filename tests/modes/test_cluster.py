@@ -1,0 +1,175 @@
+"""Runs that span node processes (``cluster.*``), through the package's one composition.
+
+The quickstart on its cluster placement learns in the sync and the fully async mode (real
+``rlasync train`` processes). A killed engine node leaves rotation and every step is still
+trained, on the survivor, within the staleness bound, with no sample dropped; a killed node that
+holds a trainer rank stops the run with ``RankLostError`` within ``trainer.call_timeout_s``,
+leaving no process and no task behind; with every engine node dead the run stops with a typed
+error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from rlasync.agents import NoWorkerError
+from rlasync.config import load_config
+from rlasync.engines import NoEngineError
+from rlasync.modes import train_fully_async, train_sync
+from rlasync.modes.parts import Run
+from rlasync.trainer import RankLostError
+from rlasync.weights import SyncError
+
+pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])  # the loop `rlasync train` runs on
+
+ROOT = Path(__file__).parents[2]
+CLUSTER = ROOT / "configs" / "quickstart_cluster.yaml"
+FAST = ["runtime.heartbeat_interval_s=0.2", "runtime.node_dead_after_s=2.0", "runtime.join_timeout_s=60"]
+
+
+def _config(tmp_path: Path, model_dir: Path, *overrides: str) -> Any:
+    small = [
+        f"train.run_dir={tmp_path}", f"train.model_dir={model_dir}", "train.prompts_per_step=4", "train.group_size=4",
+        "train.max_new_tokens=24", "train.val_size=8", "train.validate_every=1000", "trainer.lr=1e-3", *FAST,
+    ]  # fmt: skip
+    return load_config(CLUSTER, [*small, *overrides])
+
+
+def _kill(run: Run, *nodes: int) -> None:
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(run.cluster.pid(node), signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live (not zombie) process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[0] != "Z":
+                children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+async def _run(config: Any, schedule: Callable[..., Any], on_step: Callable[[Run, dict[str, Any]], None]) -> tuple[Run, Any]:
+    run = await Run.open(config)
+    result = await schedule(config, run=run, on_step=lambda record: on_step(run, record))
+    return run, result
+
+
+# -- learning: the quickstart on its cluster placement, as a user runs it ---------------------------
+@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+async def test_the_quickstart_cluster_learns(tmp_path: Path, reverse_model: Path, mode: str) -> None:
+    """3 node processes: 2 engine replicas with their loops on nodes 1 and 2, trainer ranks on
+    nodes 0 and 1. A short run (the README has the full one): held-out accuracy rises."""
+    command = [sys.executable, "-m", "rlasync", "train", str(CLUSTER), f"train.mode={mode}", "train.steps=100", "train.validate_every=50",
+               f"train.run_dir={tmp_path}", f"train.model_dir={reverse_model}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records[1:]] == list(range(1, 101)) and all(r["cluster/engines"] == 2 for r in records)
+    assert "cluster: 3 node(s); engine replicas on node-1, node-2; agent loops next to their engines; trainer ranks on node-0, node-1" in done.stderr
+
+
+# -- failures ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+async def test_a_killed_engine_node_leaves_rotation_and_the_async_run_trains_every_step(tmp_path: Path, nano_model_dir: Path) -> None:
+    steps = 8
+    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", f"train.steps={steps}", "cluster.trainer=[0]", "trainer.world_size=1",
+                     "async_training.staleness_threshold=1", "weights.on_engine_failure=remove", "weights.timeout_s=10")  # fmt: skip
+    records: list[dict[str, Any]] = []
+
+    def on_step(run: Run, record: dict[str, Any]) -> None:
+        records.append(record)
+        if record["step"] == 2:  # generation for the next steps is in flight on both engines
+            _kill(run, 2)
+
+    run, result = await _run(config, train_fully_async, on_step)
+    assert result.steps == steps and [r["step"] for r in records] == list(range(1, steps + 1))
+    assert [e.name for e in run.router.engines] == ["engine-0"] and records[-1]["cluster/engines"] == 1
+    assert max(r["async/staleness_max"] for r in records) <= 1  # the bound holds through the loss
+    last = records[-1]
+    assert last["async/consumed"] == steps * 4  # every step got its whole batch
+    # Nothing admitted was dropped: what was not trained on is still finished or running.
+    assert last["async/admitted"] == last["async/consumed"] + last["async/queue_ready"] + last["async/in_flight"]
+    assert last["async/version"] == steps  # every step's weights reached the survivor
+    assert not _descendants(os.getpid())
+
+
+@pytest.mark.timeout(300)
+async def test_a_killed_engine_node_leaves_rotation_and_the_sync_run_trains_every_step(tmp_path: Path, nano_model_dir: Path) -> None:
+    steps = 6
+    config = _config(tmp_path, nano_model_dir, f"train.steps={steps}", "cluster.trainer=[0]", "trainer.world_size=1", "weights.timeout_s=10")
+    records: list[dict[str, Any]] = []
+
+    def on_step(run: Run, record: dict[str, Any]) -> None:
+        records.append(record)
+        if record["step"] == 2:
+            _kill(run, 1)
+
+    run, result = await _run(config, train_sync, on_step)
+    assert [r["step"] for r in records] == list(range(1, steps + 1)) and [e.name for e in run.router.engines] == ["engine-1"]
+    assert all(r["response_tokens"] > 0 for r in records) and records[-1]["cluster/engines"] == 1
+    assert not _descendants(os.getpid())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+async def test_a_killed_node_holding_a_trainer_rank_stops_the_run_with_rank_lost(tmp_path: Path, nano_model_dir: Path, mode: str) -> None:
+    """node-1 hosts engine-0 and trainer rank 1 (in a process it supervises): killed, its rank's
+    process dies with it and the run stops within the call deadline, leaving nothing behind."""
+    config = _config(tmp_path, nano_model_dir, f"train.mode={mode}", "train.steps=200", "trainer.call_timeout_s=60", "async_training.staleness_threshold=1")
+    killed: list[float] = []
+
+    def on_step(run: Run, record: dict[str, Any]) -> None:
+        if record["step"] == 2:
+            _kill(run, 1)
+            killed.append(time.monotonic())
+
+    with pytest.raises(RankLostError, match="trainer rank 1"):
+        await _run(config, train_sync if mode == "sync" else train_fully_async, on_step)
+    assert time.monotonic() - killed[0] < 60  # trainer.call_timeout_s: here the node deadline (2 s), not a hang
+    assert not _descendants(os.getpid())  # node-2, both rank processes: all gone
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not pending, pending  # the rollouter and its samples were stopped
+
+
+@pytest.mark.timeout(300)
+async def test_with_every_engine_node_dead_the_async_run_stops_with_a_typed_error(tmp_path: Path, nano_model_dir: Path) -> None:
+    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=200", "cluster.trainer=[0]", "trainer.world_size=1",
+                     "async_training.staleness_threshold=1", "weights.timeout_s=10")  # fmt: skip
+    killed: list[float] = []
+
+    def on_step(run: Run, record: dict[str, Any]) -> None:
+        if record["step"] == 2:
+            _kill(run, 1, 2)
+            killed.append(time.monotonic())
+
+    with pytest.raises((NoEngineError, NoWorkerError, SyncError), match="engine"):
+        await _run(config, train_fully_async, on_step)
+    assert time.monotonic() - killed[0] < 30  # the node deadline (2 s) and the sync's, not a hang
+    assert not _descendants(os.getpid())
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not pending, pending
