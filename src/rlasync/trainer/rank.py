@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..config.train import TrainerConfig
 from ..runtime import Actor, endpoint
-from ..runtime.address import host_of
+from ..runtime.address import host_of, interface_of
 from .policy import PolicyTrainer
 from .types import TrainBatch
 
@@ -168,6 +168,12 @@ class TrainerRank(Actor):
             torch.cuda.set_device(self.device)
         if dist.is_initialized():
             raise RuntimeError("this process already has a torch.distributed group: a trainer rank needs a process of its own")
+        if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            # Gloo listens where the hostname resolves unless told: pin it to the interface of the
+            # address this node gave the cluster, which the other ranks reach.
+            interface = interface_of(host_of(self.node.address))
+            if interface is not None:
+                os.environ["GLOO_SOCKET_IFNAME"] = interface
         store = dist.TCPStore(
             self.spec.store_host, self.spec.store_port, is_master=False, timeout=datetime.timedelta(seconds=cfg.start_timeout_s)
         )  # fmt: skip
@@ -310,7 +316,9 @@ class TrainerRank(Actor):
         if size > 1:
             if self.weight_store is None:
                 raise RuntimeError("join_weights before weight_store: the synchroniser asks for the store first")
-            group = WeightGroup("", 0, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=self.weight_store)
+            group = WeightGroup(
+                "", 0, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=self.weight_store, local_host=host_of(self.node.address)
+            )  # fmt: skip
             self.sender = WeightSender(group, bucket_plan, device=self.device)
 
     @endpoint

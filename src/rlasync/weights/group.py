@@ -22,9 +22,12 @@ class SyncError(RuntimeError):
 
 
 class WeightGroup:
+    """``local_host``: this process's address as the other members reach it (gloo listens there;
+    default ``127.0.0.1``, every member on this machine)."""
+
     def __init__(
         self, host: str, port: int, rank: int, size: int, *, backend: str = "gloo", timeout_s: float = 60.0, generation: int = 0,
-        store: Any = None,
+        store: Any = None, local_host: str = "",
     ) -> None:  # fmt: skip
         self.rank, self.size, self.backend, self.timeout_s, self.generation = rank, size, backend, timeout_s, generation
         self.address = (host, port)
@@ -34,7 +37,12 @@ class WeightGroup:
         prefixed = dist.PrefixStore(f"rlasync/weights/{generation}", self.store)
         try:
             if backend == "gloo":
-                self._pg: Any = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+                options = dist.ProcessGroupGloo._Options()
+                options._timeout = timeout
+                # Gloo listens where the machine's hostname resolves unless told: a node in another
+                # network namespace (or behind another interface) could not reach that address.
+                options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host or "127.0.0.1")]
+                self._pg: Any = dist.ProcessGroupGloo(prefixed, rank, size, options)
             elif backend == "nccl":  # GPU path: one communicator spanning trainer rank 0 and the engines
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = timeout

@@ -62,8 +62,9 @@ class EngineWeights:
         self.transport = "shm" if self._shared is not None else "broadcast"
         return self.transport
 
-    async def join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo") -> None:
-        """Become ``rank`` of the weight group's ``generation`` (rank 0, the trainer, hosts its store)."""
+    async def join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo", local_host: str = "") -> None:
+        """Become ``rank`` of the weight group's ``generation`` (rank 0, the trainer, hosts its
+        store at ``host:port``); ``local_host``: this process's address as the others reach it."""
         if self.plan is None or self._ring is None:
             raise SyncError("join before attach: the synchroniser sends the plan first")
         if backend == "nccl" and self.device.type != "cuda":  # NCCL moves GPU memory: stage on this process's GPU
@@ -74,7 +75,7 @@ class EngineWeights:
         self.close_group()
 
         def connect() -> WeightGroup:
-            return WeightGroup(host, port, rank, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store)
+            return WeightGroup(host, port, rank, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store, local_host=local_host)
 
         self._group = await asyncio.to_thread(connect)
         self._receiver = WeightReceiver(self._group, self.plan, ring=self._ring)

@@ -1,0 +1,75 @@
+"""The ``cluster`` section resolved into who runs where, and every mistake a one-line error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlasync.config import ConfigError, load_config
+from rlasync.modes.placement import Placement
+
+ROOT = Path(__file__).parents[2]
+
+
+def _placement(*overrides: str, config: str = "quickstart.yaml") -> Placement:
+    return Placement.of(load_config(ROOT / "configs" / config, list(overrides)))
+
+
+def test_the_default_is_everything_on_the_head() -> None:
+    p = _placement()
+    assert (p.nodes, p.engines, p.trainer, p.loops) == (1, [0], [0], "engines")
+    assert p.workers() == {0: [0]}
+
+
+def test_the_quickstart_cluster_places_engines_loops_and_ranks() -> None:
+    p = _placement(config="quickstart_cluster.yaml")
+    assert (p.nodes, p.engines, p.trainer) == (3, [1, 2], [0, 1])
+    assert p.workers() == {1: [0], 2: [1]}  # each engine's loops on its node
+    assert _placement("cluster.agent_loops=head", config="quickstart_cluster.yaml").workers() == {0: [0, 1]}
+    assert "engine replicas on node-1, node-2" in p.describe()
+
+
+def test_replicas_per_node_and_repeated_nodes() -> None:
+    p = _placement("cluster.nodes=3", "cluster.engines_per_node=2")
+    assert p.engines == [1, 1, 2, 2] and p.workers() == {1: [0, 1], 2: [2, 3]}
+    assert _placement("cluster.engines_per_node=2", "cluster.nodes=1").engines == [0, 0]
+    assert _placement("cluster.engines=[0, 0]", "cluster.trainer=[1, 1]", "trainer.world_size=2").nodes == 2
+
+
+def test_gpus_are_shared_out_on_each_node_engines_first() -> None:
+    config = load_config(ROOT / "configs" / "quickstart.yaml", [
+        "cluster.engines=[0, 0, 1]", "cluster.trainer=[0, 1, 1]", "trainer.world_size=3", "engine.device=cuda",
+        "engine.backend=vllm", "engine.tensor_parallel_size=2",
+    ])  # fmt: skip
+    p = Placement.of(config)
+    assert [p.engine_device(config, r) for r in range(3)] == ["cuda:0", "cuda:2", "cuda:0"]
+    assert p.trainer_devices(config) == [4, 2, 3]  # node-0: engines hold GPUs 0-3; node-1: 0-1
+    cpu = load_config(ROOT / "configs" / "quickstart.yaml", ["cluster.trainer=[0, 0]", "trainer.world_size=2"])
+    assert Placement.of(cpu).trainer_devices(cpu) == [0, 1] and Placement.of(cpu).engine_device(cpu, 0) == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.trainer=[0, 1]"], "cluster.trainer places 2 trainer rank.*trainer.world_size=1"),
+        (["cluster.engines=[]"], "cluster.engines is empty"),
+        (["cluster.nodes=2", "cluster.engines=[3]"], "cluster.nodes=2 but the placement names node 3"),
+        (["cluster.engines_per_node=1"], "cluster.engines_per_node needs cluster.nodes"),
+        (["cluster.engines_per_node=1", "cluster.nodes=2", "cluster.engines=[1]"], "not both"),
+        (["cluster.start=external"], "cluster.start=external needs cluster.listen"),
+        (["engine.tensor_parallel_size=2"], "tensor_parallel_size > 1 needs engine.backend vllm or sglang"),
+    ],
+)
+def test_placement_mistakes_are_one_line_errors_naming_the_settings(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _placement(*overrides)
+
+
+def test_unknown_and_mistyped_cluster_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown field `engins` - at `cluster`"):
+        _placement("cluster.engins=[1]")
+    with pytest.raises(ConfigError, match="cluster.engines"):
+        _placement("cluster.engines=[-1]")
+    with pytest.raises(ConfigError, match="cluster.agent_loops"):
+        _placement("cluster.agent_loops=somewhere")
