@@ -1,17 +1,17 @@
 """The agent loop's own cost per turn, next to the chat-template tokenisation it must do, one run.
 
-    .venv/bin/python benchmarks/agent_bench.py [--trajectories 2000]
+    .venv/bin/python benchmarks/agent_bench.py [--trajectories 2000] [--smoke]
 
 2,000 ``ToolAgentLoop`` trajectories run concurrently on one event loop (uvloop) against an
-engine that answers at once with scripted turns: three calculator calls, then an answer
+engine that answers at once with scripted turns, whole: three calculator calls, then an answer
 (4 model turns, 3 tool turns each). Then, in the same run, the tokenisation the loop cannot
 avoid is timed: rendering and encoding the prompt, decoding each model turn, rendering and
 encoding what the chat template puts after it (timed inside the run, and also alone for
 reference). The loop's overhead per turn is the wall time per model turn minus that
 tokenisation time (it includes parsing, running the calculator, the state machine, and the
-scripted engine's own streaming). Last line: JSON
+scripted engine's own answer). Last line: JSON
 ``{"turns_per_s", "overhead_us_per_turn", "overhead_vs_tokenize"}``; the goal is
-``overhead_vs_tokenize`` <= 1.0.
+``overhead_vs_tokenize`` <= 1.0. ``--smoke`` runs 50 trajectories (for ``make test``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 
 from rlasync.agents import ChatTurns, ToolAgentLoop
 from rlasync.config import AgentConfig
-from rlasync.engines import GenerateRequest, SamplingParams, TokenChunk
+from rlasync.engines import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
 from rlasync.models import build_tokenizer
 from rlasync.tools import HermesParser, ToolResult, build_tools
 
@@ -38,14 +38,23 @@ TURNS = [
 
 
 class InstantEngine:
-    """Answers every request at once with the next scripted turn (one chunk)."""
+    """Answers every request at once with the next scripted turn: whole (``generate``, how the
+    loops take turns by default) or as one chunk (``generate_stream``, with ``agent.stream``)."""
 
     def __init__(self, tokenizer: Any, turns: list[str]) -> None:
         self.turns = [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in turns]
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+    def _turn(self, request: GenerateRequest) -> list[int]:
         turn = int(request.request_id.split(".")[1])  # the loop's request ids: trajectory.turn.partial.attempt
-        ids = self.turns[min(turn, len(self.turns) - 1)]
+        return self.turns[min(turn, len(self.turns) - 1)]
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        ids = self._turn(request)
+        return GenerateOutput(request_id=request.request_id, prompt_ids=request.prompt_ids, token_ids=ids, logprobs=[0.0] * len(ids),
+                              versions=[0] * len(ids), finish_reason="stop")  # fmt: skip
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        ids = self._turn(request)
         yield TokenChunk(request_id=request.request_id, token_ids=ids, logprobs=[0.0] * len(ids), versions=[0] * len(ids), finish_reason="stop")
 
 
@@ -114,17 +123,20 @@ def tokenize_cost(tok: Any, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trajectories", type=int, default=2000)
+    parser.add_argument("--smoke", action="store_true", help="a few trajectories, to check that it runs (seconds; the figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.trajectories = 50
     import uvloop
 
     tok = build_tokenizer()
     uvloop.run(run_loops(tok, 50))  # warm-up: imports, template compilation
     tokenize_cost(tok, 50)
-    runs = [uvloop.run(run_loops(tok, args.trajectories)) for _ in range(2)]
+    runs = [uvloop.run(run_loops(tok, args.trajectories)) for _ in range(1 if args.smoke else 2)]
     elapsed, turns, in_run = min(runs)
     per_turn = elapsed / turns
     tokenize = in_run / turns  # timed inside the run: the same cache and GC conditions as the loop
-    alone = min(tokenize_cost(tok, 500) for _ in range(2))
+    alone = min(tokenize_cost(tok, 50 if args.smoke else 500) for _ in range(2))
     overhead = max(per_turn - tokenize, 0.0)
     print(f"{args.trajectories} trajectories x {len(TURNS)} model turns (+{len(TURNS) - 1} tool turns) concurrently: {elapsed:.2f} s, {turns / elapsed:,.0f} model turns/s")
     print(f"per model turn: {per_turn * 1e6:.0f} us in all; tokenisation {tokenize * 1e6:.0f} us of it (the same work timed alone: {alone * 1e6:.0f} us); loop overhead {overhead * 1e6:.0f} us")

@@ -18,7 +18,8 @@
 Last line, JSON: ``{"local_step_s", "cluster_step_s", "cluster_vs_local",
 "head_cpu_ms_per_trajectory_loops_on_head", "head_cpu_ms_per_trajectory_loops_on_nodes",
 "head_cpu_ratio"}``. Goals: ``cluster_vs_local`` <= 1.15; ``head_cpu_ratio`` <= 0.3.
-``--smoke`` runs every part for a few steps (seconds, for ``make test``): its figures mean nothing.
+``--smoke`` runs every part for a few steps from an untrained model (seconds, for ``make
+test``): its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ def main() -> None:
     if args.smoke:
         args.steps, args.repeats, args.sim_steps = 8, 1, 2
     logging.basicConfig(level=logging.WARNING)
-    model_dir = warm_model(args.run_dir)
+    if args.smoke:  # an untrained model: no warm-start
+        from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
+
+        model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), args.run_dir / "nano")
+    else:
+        model_dir = warm_model(args.run_dir)
 
     print(f"(a) quickstart, {args.steps} steps a run, {args.repeats} alternating pair(s): local placement vs engine and loops on node-1", flush=True)
     pairs = []

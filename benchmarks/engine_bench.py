@@ -1,6 +1,6 @@
 """Continuous batching vs static batches: the torch engine vs transformers' generate, one run.
 
-    .venv/bin/python benchmarks/engine_bench.py [--preset nano] [--batch 32]
+    .venv/bin/python benchmarks/engine_bench.py [--preset nano] [--batch 32] [--smoke]
 
 Same tiny model, same 256 prompts, long-tail output lengths (max_new_tokens log-normal,
 median 32, p99 256, end-of-sequence ignored so both produce exactly the tokens asked
@@ -122,8 +122,12 @@ def main() -> None:
     parser.add_argument("--engine-threads", type=int, default=1, help="the engine's cpu_threads (its default: 1)")
     parser.add_argument("--vllm-python", type=Path, default=Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
     parser.add_argument("--vllm-child", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="32 prompts, one run each, vLLM left out (seconds; the figures mean nothing)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.smoke:
+        global PROMPTS
+        PROMPTS, args.repeats, args.vllm_python = 32, 1, Path("/nonexistent/left-out-of-smoke")
     if args.vllm_child:
         vllm_child(args.vllm_child, args.batch, args.repeats)
         return

@@ -1,7 +1,7 @@
 """The three schedules compared, in one run: on a simulated 32-GPU cluster and on the real tiny
 model on this machine's 2 cores.
 
-    .venv/bin/python benchmarks/modes_bench.py [--scale 0.01] [--check-scale] [--real-steps 60] [--real-repeats 3] [--skip-sim]
+    .venv/bin/python benchmarks/modes_bench.py [--scale 0.01] [--check-scale] [--real-steps 60] [--real-repeats 3] [--skip-sim] [--smoke]
 
 **Simulated cluster** (``rlasync.modes.sim``: simulated GPUs behind the real engine actors,
 router, agent loops, rollouter, queue and controllers; the trainer's step and the weight sync
@@ -193,13 +193,18 @@ def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> tuple[float, 
     return generating + training, generating, training
 
 
-def real_runs(steps: int, repeats: int) -> dict[str, float]:
-    """Sync and fully async, alternating ``repeats`` times; the median pair's figures."""
+def real_runs(steps: int, repeats: int, *, warm: bool = True) -> dict[str, float]:
+    """Sync and fully async, alternating ``repeats`` times; the median pair's figures.
+    ``warm``: from the quickstart's warm-started model (else an untrained one: ``--smoke``)."""
+    from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
     from rlasync.models.warmstart import warm_start
 
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = warm_start("reverse", run_dir=tmp, seed=1)
+        if warm:
+            model_dir = warm_start("reverse", run_dir=tmp, seed=1)
+        else:
+            model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), Path(tmp) / "nano")
         for i in range(repeats):
             sync_s, generating, training = real_run("sync", model_dir, steps, Path(tmp) / f"sync{i}")
             async_s, _, _ = real_run("fully_async", model_dir, steps, Path(tmp) / f"async{i}")
@@ -252,15 +257,21 @@ def main() -> None:
     parser.add_argument("--real-repeats", type=int, default=3, help="sync/async pairs on the real model; the median is reported")
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--skip-sim", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a few simulated and real steps of each mode (seconds; the figures mean nothing)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    if args.smoke:
+        global MODES, PROMPTS, GROUP
+        PROMPTS, GROUP = 4, 4
+        MODES = [msgspec.structs.replace(m, steps=min(m.steps, 4), warmup=min(m.warmup, 1)) for m in MODES]
+        args.real_steps, args.real_repeats = 3, 1
     summary: dict[str, float] = {}
     if not args.skip_sim:
         summary.update(simulated_cluster(args))
     if not args.skip_real:
         samples = args.real_steps * 16 * 8
         print(f"\nreal tiny model, 2 cores (engine on core 0, trainer on core 1), {args.real_steps} steps = {samples} samples per run:")
-        real = real_runs(args.real_steps, args.real_repeats)
+        real = real_runs(args.real_steps, args.real_repeats, warm=not args.smoke)
         print(
             f"  median: speedup {real['speedup']:.2f}x; this workload's ideal (generation + training) / max(generation, training) = "
             f"{real['ideal']:.2f}x (2x only for equal phases): {real['speedup'] / real['ideal']:.3f} of it"

@@ -1,7 +1,7 @@
 """The quickstart, synchronous and fully asynchronous: both validation curves against wall time
 in one PNG, and whether async reached sync's final accuracy (within 0.05) sooner.
 
-    .venv/bin/python benchmarks/plot_modes.py [--out runs/modes] [--no-run]
+    .venv/bin/python benchmarks/plot_modes.py [--out runs/modes] [--no-run] [--smoke]
 
 Runs ``rlasync train configs/quickstart.yaml`` and ``configs/quickstart_async.yaml`` one after
 the other (the same task, model, recipe and number of samples; about 6 minutes on 2 cores),
@@ -23,9 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = {"sync": "quickstart.yaml", "fully_async": "quickstart_async.yaml"}
 
 
-def train(config: str, run_dir: Path) -> None:
-    command = [sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / config), f"train.run_dir={run_dir}"]
+def train(config: str, run_dir: Path, extra: list[str]) -> None:
+    command = [sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / config), f"train.run_dir={run_dir}", *extra]
     subprocess.run(command, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+
+
+def smoke_overrides(out: Path) -> list[str]:
+    """A few steps from an untrained model (no warm-start): that the script runs, in seconds."""
+    from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
+
+    model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), out / "nano")
+    return [f"train.model_dir={model_dir}", "train.steps=4", "train.validate_every=2", "train.val_size=8", "train.checkpoint_every=0"]
 
 
 def curve(run_dir: Path) -> tuple[list[float], list[float], float]:
@@ -39,22 +47,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "modes")
     parser.add_argument("--no-run", action="store_true", help="plot the runs already in --out")
+    parser.add_argument("--smoke", action="store_true", help="4 steps of each from an untrained model; the plot only if matplotlib is there")
     args = parser.parse_args()
     try:  # before six minutes of training, not after
         import matplotlib
     except ImportError:
-        sys.exit("plot_modes.py needs matplotlib: `.venv/bin/pip install 'matplotlib>=3.8,<4'` (`make bench` installs it)")
+        if not args.smoke:
+            sys.exit("plot_modes.py needs matplotlib: `.venv/bin/pip install 'matplotlib>=3.8,<4'` (`make bench` installs it)")
+        matplotlib = None
     if not args.no_run:
+        extra = smoke_overrides(args.out) if args.smoke else []
         for mode, config in RUNS.items():
-            train(config, args.out / mode)
+            train(config, args.out / mode, extra)
+    results = {}
+    for mode in RUNS:
+        seconds, accuracy, wall = curve(args.out / mode)
+        results[mode] = (seconds, accuracy, wall)
+    if matplotlib is not None:
+        print(f"plot: {plot(results, args.out / 'modes.png')}")
+    else:
+        print("plot: left out (matplotlib is not installed; `make bench` installs it)")
+    (_, sync_acc, sync_wall), (_, async_acc, async_wall) = results["sync"], results["fully_async"]
+    sync_final, async_final = sync_acc[-1], async_acc[-1]
+    print(f"sync:        final accuracy {sync_final:.3f} after {sync_wall:.0f} s")
+    print(f"fully async: final accuracy {async_final:.3f} after {async_wall:.0f} s ({sync_wall / async_wall:.2f}x faster)")
+    print(json.dumps({
+        "sync_final": sync_final, "async_final": async_final, "sync_wall_s": sync_wall, "async_wall_s": async_wall,
+        "speedup": round(sync_wall / async_wall, 3), "within_0.05": async_final >= sync_final - 0.05, "async_faster": async_wall < sync_wall,
+    }))  # fmt: skip
+
+
+def plot(results: dict[str, tuple[list[float], list[float], float]], png: Path) -> Path:
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    results = {}
-    for mode in RUNS:
-        seconds, accuracy, wall = curve(args.out / mode)
-        results[mode] = (accuracy[-1], wall)
+    for mode, (seconds, accuracy, wall) in results.items():
         ax.plot(seconds, accuracy, marker="o", label=f"{mode}: {accuracy[-1]:.3f} after {wall:.0f} s")
     ax.set_xlabel("wall time (s), 2 CPU cores")
     ax.set_ylabel("held-out greedy accuracy")
@@ -62,17 +92,9 @@ def main() -> None:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    png = args.out / "modes.png"
     fig.tight_layout()
     fig.savefig(png, dpi=120)
-    (sync_final, sync_wall), (async_final, async_wall) = results["sync"], results["fully_async"]
-    print(f"sync:        final accuracy {sync_final:.3f} after {sync_wall:.0f} s")
-    print(f"fully async: final accuracy {async_final:.3f} after {async_wall:.0f} s ({sync_wall / async_wall:.2f}x faster)")
-    print(f"plot: {png}")
-    print(json.dumps({
-        "sync_final": sync_final, "async_final": async_final, "sync_wall_s": sync_wall, "async_wall_s": async_wall,
-        "speedup": round(sync_wall / async_wall, 3), "within_0.05": async_final >= sync_final - 0.05, "async_faster": async_wall < sync_wall,
-    }))  # fmt: skip
+    return png
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Weight sync throughput and the engine's pause, against a raw gloo broadcast, in one run.
 
-    .venv/bin/python benchmarks/sync_bench.py [--gb 1.0] [--bucket-mb 64] [--repeats 5]
+    .venv/bin/python benchmarks/sync_bench.py [--gb 1.0] [--bucket-mb 64] [--repeats 5] [--smoke]
 
 Two processes on this machine: this one plays the trainer's rank 0, a child plays an engine
 (a torch engine serving a model of about ``--gb`` of float32 parameters, decoding the whole
@@ -221,5 +221,8 @@ if __name__ == "__main__":
     parser.add_argument("--no-flat", action="store_true", help="pack every bucket (parameters not laid out as the buckets)")
     parser.add_argument("--role", choices=["trainer", "engine"], default="trainer")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="a 20 MB model, one repeat (seconds; the figures mean nothing)")
     arguments = parser.parse_args()
+    if arguments.smoke:
+        arguments.gb, arguments.repeats = 0.02, 1
     (engine if arguments.role == "engine" else sender)(arguments)

@@ -1,7 +1,7 @@
 """Trainer step throughput on the tiny model: the trainer actor with 1 and 2 gloo ranks, and a
 plain in-process PyTorch step on the same batch as the reference, in one run.
 
-    .venv/bin/python benchmarks/train_bench.py [--preset nano] [--steps 8]
+    .venv/bin/python benchmarks/train_bench.py [--preset nano] [--steps 8] [--smoke]
 
 The batch has the quickstart's shape: 16 prompts x 8 samples, 24-token prompts, responses of
 8 to 48 tokens (model tokens counted by the response mask). Each configuration takes
@@ -70,7 +70,10 @@ def main() -> None:
     parser.add_argument("--preset", default="nano")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="one step of each (seconds; the figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.warmup = 1, 0
     batch = make_batch()
     with tempfile.TemporaryDirectory() as folder:
         model, tokenizer = build_tiny_lm(TinyLMConfig.preset(args.preset, seed=0))

@@ -60,3 +60,11 @@ def reverse_model(tmp_path_factory: pytest.TempPathFactory) -> object:
 
     settings = msgspec.structs.replace(DEFAULT_SETTINGS["reverse"], greedy_threshold=0.4)
     return warm_start("reverse", run_dir=tmp_path_factory.mktemp("warm"), seed=1, settings=settings)
+
+
+@pytest.fixture(scope="session")
+def calc_model(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The calculator task's warm-started model (seed 0; about a minute on 2 cores, once per session)."""
+    from rlasync.models.warmstart import warm_start
+
+    return warm_start("calc", run_dir=tmp_path_factory.mktemp("calc"), seed=0)

@@ -13,15 +13,9 @@ from rlasync.config import AgentConfig, EngineConfig
 from rlasync.data import loop_reward, make_problems
 from rlasync.engines import EngineActor, Router, SamplingParams
 from rlasync.models import load_pretrained_dir
-from rlasync.models.warmstart import warm_start
 from rlasync.tools import build_tools
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
-
-
-@pytest.fixture(scope="module")
-def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return warm_start("calc", run_dir=tmp_path_factory.mktemp("run"), seed=0)  # ~1 min on 2 cores
 
 
 @pytest.mark.timeout(600)

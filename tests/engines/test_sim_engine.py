@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
-from rlasync.engines import GenerateRequest, SamplingParams
+from rlasync.engines import EngineError, GenerateRequest, SamplingParams
 from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
 
 LATENCY = LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256)
@@ -56,3 +57,12 @@ async def test_a_cut_turn_resumes_where_it_stopped_under_the_new_version() -> No
     limited = await engine.generate(_req("b", 8, max_new=3))
     assert limited.finish_reason == "length" and len(limited.token_ids) == 3
     await engine.close()
+
+
+async def test_a_failing_simulated_gpu_fails_its_requests_instead_of_hanging_them() -> None:
+    broken = SimEngine(SimClock(0.001), LatencyModel(base_s="not a number"), token_block=1)  # type: ignore[arg-type]  # Structs do not check on init
+    request = GenerateRequest(request_id="r", prompt_ids=[1, 2], params=SamplingParams(max_new_tokens=8, seed=1))
+    with pytest.raises(EngineError, match="simulated engine .*failed"):
+        await asyncio.wait_for(broken.generate(request), 5)
+    with pytest.raises(EngineError, match="closed"):
+        await broken.generate(msgspec.structs.replace(request, request_id="s"))

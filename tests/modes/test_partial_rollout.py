@@ -18,18 +18,12 @@ from rlasync.config import AgentConfig, TrainerConfig, WeightsConfig
 from rlasync.data import synthetic_rows
 from rlasync.engines import SamplingParams, TorchEngine
 from rlasync.models import load_pretrained_dir
-from rlasync.models.warmstart import warm_start
 from rlasync.modes.fully_async import _sync
 from rlasync.tools import CalculatorTool
 from rlasync.trainer import TrainBatch, TrainerActor
 from rlasync.weights import ParameterSynchronizer
 
 uvloop = pytest.mark.asyncio(loop_factories=["uvloop"])
-
-
-@pytest.fixture(scope="module")
-def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return warm_start("calc", run_dir=tmp_path_factory.mktemp("run"), seed=0)  # about a minute, once
 
 
 class HeldCalculator(CalculatorTool):

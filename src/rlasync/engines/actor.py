@@ -81,10 +81,13 @@ async def _build_sim(config: EngineConfig) -> Engine:
     def take(*names: str) -> dict[str, Any]:
         return {name: options.pop(name) for name in names if name in options}
 
-    clock = SimClock(scale=float(options.pop("scale", 1.0)))
-    latency = LatencyModel(**take("base_s", "per_seq_s"), max_batch=config.max_batch)
-    lengths = LogNormalLengths(**take("median", "sigma", "cap"))
-    token_block = int(options.pop("token_block", 1))
+    try:
+        clock = SimClock(scale=msgspec.convert(options.pop("scale", 1.0), float, strict=False))
+        latency = msgspec.convert({**take("base_s", "per_seq_s"), "max_batch": config.max_batch}, LatencyModel, strict=False)
+        lengths = msgspec.convert(take("median", "sigma", "cap"), LogNormalLengths, strict=False)
+        token_block = msgspec.convert(options.pop("token_block", 1), int, strict=False)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise EngineError(f"engine.engine_kwargs of the sim backend: {exc}") from None
     if options:
         raise EngineError(f"engine.engine_kwargs: the sim backend takes base_s, per_seq_s, median, sigma, cap, token_block, scale; not {sorted(options)}")
     return SimEngine(clock, latency, lengths, token_block=token_block)

@@ -158,6 +158,19 @@ class SimEngine:
     def _ensure_running(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._decode_forever(), name=f"sim-gpu-{self.name}")
+            self._task.add_done_callback(self._fail_all)
+
+    def _fail_all(self, task: asyncio.Task[None]) -> None:
+        """The decoding task ended by an error (a bug, a bad setting): every request gets it, none
+        waits for tokens that will never come, and the engine takes no more."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = EngineError(f"simulated engine {self.name or ''} failed: {task.exception()!r}")
+        self._closed = True
+        for seq in [*self._running.values(), *self._waiting]:
+            seq.queue.put_nowait(error)
+        self._running.clear()
+        self._waiting.clear()
 
     async def _decode_forever(self) -> None:
         while not self._closed:
