@@ -19,7 +19,9 @@ def node(
     override: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set runtime.node_dead_after_s=5."),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
-    """Run one node process until it is shut down. The cluster secret comes from RLASYNC_CLUSTER_SECRET."""
+    """Run one node process until it is shut down or loses the head. The cluster secret comes from
+    RLASYNC_CLUSTER_SECRET. It loads the engines and agent loops before joining; the head places
+    roles on it (``cluster.*`` of the run's config)."""
     import logging
 
     import uvloop
@@ -30,15 +32,20 @@ def node(
     from .runtime.worker import serve
 
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s node-{rank} %(name)s %(levelname)s %(message)s")
+    import msgspec
+
     try:
         cfg = load_config(config, override)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    # A node of a training run hosts engines and agent loops: torch and the engines load before it
+    # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
+    runtime = msgspec.structs.replace(cfg.runtime, preload_modules=tuple(dict.fromkeys(("rlasync.engines", "rlasync.agents", *cfg.runtime.preload_modules))))
     secret = os.environ.get(SECRET_ENV)
     if listen.startswith("tcp://") and not secret:
         raise typer.BadParameter(f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)")
     try:
-        raise typer.Exit(uvloop.run(serve(rank, listen, head, cfg.runtime, secret)))
+        raise typer.Exit(uvloop.run(serve(rank, listen, head, runtime, secret)))
     except RuntimeErrorBase as exc:
         typer.echo(f"node-{rank}: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -19,40 +18,15 @@ import pytest
 from rlasync import new_secret
 from rlasync.runtime.types import SECRET_ENV
 
+from hosts import Hosts
+
 pytestmark = pytest.mark.multinode
 HERE = Path(__file__).parent
-SUBNET = "10.231.7"  # only inside the namespaces this test makes
 
 
-@pytest.fixture
-def two_hosts():  # type: ignore[no-untyped-def]
-    tag = uuid.uuid4().hex[:6]
-    head, node = f"rla-{tag}", f"rlb-{tag}"
-    veth_a, veth_b = f"va{tag}", f"vb{tag}"
-    setup = [
-        ["ip", "netns", "add", head],
-        ["ip", "netns", "add", node],
-        ["ip", "link", "add", veth_a, "type", "veth", "peer", "name", veth_b],
-        ["ip", "link", "set", veth_a, "netns", head],
-        ["ip", "link", "set", veth_b, "netns", node],
-        ["ip", "-n", head, "addr", "add", f"{SUBNET}.1/24", "dev", veth_a],
-        ["ip", "-n", node, "addr", "add", f"{SUBNET}.2/24", "dev", veth_b],
-        ["ip", "-n", head, "link", "set", veth_a, "up"],
-        ["ip", "-n", node, "link", "set", veth_b, "up"],
-        ["ip", "-n", head, "link", "set", "lo", "up"],
-        ["ip", "-n", node, "link", "set", "lo", "up"],
-    ]
-    try:
-        for cmd in setup:
-            subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-        yield head, node
-    finally:
-        for ns in (head, node):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-
-
-def test_two_hosts_call_stream_and_detect_a_dead_host(two_hosts: tuple[str, str]) -> None:
-    head_ns, node_ns = two_hosts
+def test_two_hosts_call_stream_and_detect_a_dead_host(two_hosts: Hosts) -> None:
+    head_ns, node_ns = two_hosts.a, two_hosts.b
+    SUBNET = two_hosts.subnet
     env = dict(os.environ, **{SECRET_ENV: new_secret(), "PYTHONPATH": os.pathsep.join([str(HERE.parent / "runtime"), *sys.path])})
     head_address = f"tcp://{SUBNET}.1:29600"
     driver = subprocess.Popen(

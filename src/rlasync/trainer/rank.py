@@ -19,12 +19,15 @@ deadline) leaves the group unusable: the rank answers every later call with ``Gr
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import datetime
 import gc
 import logging
 import os
 import queue
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -204,7 +207,13 @@ class TrainerRank(Actor):
         self._closed = True
         if self.shared is not None:
             self.shared.close()
-        if not self._thread.busy and dist.is_initialized():
+        if self._thread.busy:
+            # Inside a collective whose peer is gone: it ends only at its deadline. This process
+            # is the rank's alone, so it exits without it, and without running the C++
+            # destructors that would abort on the still-running collective.
+            log.warning("trainer rank %d stops while its thread is inside a collective; the process exits without waiting for it", self.rank)
+            atexit.register(_exit_now)
+        elif dist.is_initialized():
             try:
                 await asyncio.wait_for(self._thread.submit(dist.destroy_process_group), 10.0)
             except (Exception, asyncio.TimeoutError) as exc:  # leaving is best effort: the process ends next
@@ -366,6 +375,14 @@ class TrainerRank(Actor):
         if rng.is_file():
             _set_rng_state(torch.load(rng, weights_only=False))
         return self._trainer().steps
+
+
+def _exit_now() -> None:
+    """The process's last act (registered last, run first at exit): flush and leave."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""Hosts for the multinode tier: network namespaces joined by a veth pair (root only; the tier
+is skipped without it). Test traffic stays inside the namespaces a test makes."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from typing import Iterator
+
+import msgspec
+
+
+class Hosts(msgspec.Struct, frozen=True):
+    """Two namespaces, ``a`` at ``subnet.1`` and ``b`` at ``subnet.2``, and their veth ends."""
+
+    a: str
+    b: str
+    veth_a: str
+    veth_b: str
+    subnet: str
+
+    def ip(self, host: str) -> str:
+        return f"{self.subnet}.{1 if host == self.a else 2}"
+
+    def link(self, up: bool) -> None:
+        """Cut (or restore) the only link between the two hosts."""
+        subprocess.run(["ip", "-n", self.a, "link", "set", self.veth_a, "up" if up else "down"], check=True, capture_output=True, timeout=30)
+
+
+def make_hosts(subnet: str) -> Iterator[Hosts]:
+    tag = uuid.uuid4().hex[:6]
+    hosts = Hosts(f"rla-{tag}", f"rlb-{tag}", f"va{tag}", f"vb{tag}", subnet)
+    setup = [
+        ["ip", "netns", "add", hosts.a],
+        ["ip", "netns", "add", hosts.b],
+        ["ip", "link", "add", hosts.veth_a, "type", "veth", "peer", "name", hosts.veth_b],
+        ["ip", "link", "set", hosts.veth_a, "netns", hosts.a],
+        ["ip", "link", "set", hosts.veth_b, "netns", hosts.b],
+        ["ip", "-n", hosts.a, "addr", "add", f"{subnet}.1/24", "dev", hosts.veth_a],
+        ["ip", "-n", hosts.b, "addr", "add", f"{subnet}.2/24", "dev", hosts.veth_b],
+        ["ip", "-n", hosts.a, "link", "set", hosts.veth_a, "up"],
+        ["ip", "-n", hosts.b, "link", "set", hosts.veth_b, "up"],
+        ["ip", "-n", hosts.a, "link", "set", "lo", "up"],
+        ["ip", "-n", hosts.b, "link", "set", "lo", "up"],
+    ]
+    try:
+        for cmd in setup:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+        yield hosts
+    finally:
+        for ns in (hosts.a, hosts.b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)

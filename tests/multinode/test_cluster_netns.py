@@ -1,0 +1,171 @@
+"""A training run across two hosts (network namespaces joined by a veth pair, TCP + CURVE), as
+on a real cluster: ``rlasync train ... cluster.start=external`` on host A (the head, and node 2
+beside it), ``rlasync node`` on host B (node 1 and, as needed, node 3).
+
+- Engine nodes on host B die (kill -9 of one, then the link cut for longer than
+  ``runtime.node_dead_after_s`` for the other): the run trains every step on the engine left,
+  within the staleness bound, nothing dropped; the cut-off node stops by itself.
+- A node on host B holds trainer rank 1: killed, or cut off, the run stops with
+  ``RankLostError`` within ``trainer.call_timeout_s``, and nothing is left running on either host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hosts import Hosts
+
+from rlasync import new_secret
+from rlasync.runtime.types import SECRET_ENV
+
+pytestmark = pytest.mark.multinode
+ROOT = Path(__file__).parents[2]
+DEAD_AFTER_S = 2.0
+RUNTIME = [f"runtime.heartbeat_interval_s=0.2", f"runtime.node_dead_after_s={DEAD_AFTER_S}", "runtime.join_timeout_s=90"]
+
+
+class Cluster:
+    """The head's ``rlasync train`` and the ``rlasync node`` processes, each in its host's namespace."""
+
+    def __init__(self, hosts: Hosts, tmp_path: Path, model_dir: Path, overrides: list[str], nodes: dict[int, str]) -> None:
+        self.hosts, self.run_dir = hosts, tmp_path / "run"
+        self.head = f"tcp://{hosts.ip(hosts.a)}:29700"
+        self.env = dict(os.environ, **{SECRET_ENV: new_secret()})  # the secret by environment, never by command line
+        command = [
+            sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / "quickstart_cluster.yaml"), "cluster.start=external",
+            f"cluster.listen={self.head}", f"cluster.nodes={1 + len(nodes)}", f"train.run_dir={self.run_dir}", f"train.model_dir={model_dir}",
+            "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16", "train.val_size=8", "train.validate_every=1000",
+            "weights.transport=broadcast", "weights.timeout_s=10", *RUNTIME, *overrides,
+        ]  # fmt: skip
+        self.processes: dict[int, subprocess.Popen[str]] = {0: self._start(hosts.a, command, tmp_path / "head.log")}
+        for rank, host in nodes.items():
+            node = [sys.executable, "-m", "rlasync", "node", "--rank", str(rank), "--listen", f"tcp://{hosts.ip(host)}:{29700 + rank}",
+                    "--head", self.head, "--log-level", "WARNING", *[f"--set={o}" for o in RUNTIME]]  # fmt: skip
+            self.processes[rank] = self._start(host, node, tmp_path / f"node-{rank}.log")
+
+    def _start(self, namespace: str, command: list[str], log: Path) -> subprocess.Popen[str]:
+        # `ip netns exec` execs the command: the process is the node itself.
+        return subprocess.Popen(["ip", "netns", "exec", namespace, *command], env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+
+    def records(self) -> list[dict[str, object]]:
+        path = self.run_dir / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+    def wait_for_step(self, step: int, timeout: float = 240) -> None:
+        ends = time.monotonic() + timeout
+        while not any(r["step"] >= step for r in self.records()):
+            assert self.processes[0].poll() is None, self.log(0)
+            assert time.monotonic() < ends, f"no step {step} within {timeout} s\n{self.log(0)}"
+            time.sleep(0.2)
+
+    def log(self, rank: int) -> str:
+        return (self.run_dir.parent / ("head.log" if rank == 0 else f"node-{rank}.log")).read_text()[-4000:]
+
+    def everything(self) -> list[int]:
+        """Every live process of the cluster: the nodes and the processes they supervise."""
+        found = [p.pid for p in self.processes.values()]
+        return [pid for pid in found + [c for pid in found for c in _descendants(pid)] if _alive(pid)]
+
+    def close(self) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+            except OSError:
+                continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found += [child]
+            todo.append(child)
+    return found
+
+
+def _gone(pids: list[int], timeout: float) -> list[int]:
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.timeout(400)
+def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path) -> None:
+    hosts = two_hosts
+    steps = 30
+    cluster = Cluster(
+        hosts, tmp_path, nano_model_dir, ["train.mode=fully_async", f"train.steps={steps}", "cluster.engines=[1, 2, 3]", "cluster.trainer=[0]",
+                                          "trainer.world_size=1", "async_training.staleness_threshold=1"],
+        nodes={1: hosts.b, 2: hosts.a, 3: hosts.b},
+    )  # fmt: skip
+    try:
+        cluster.wait_for_step(3)
+        cluster.processes[1].send_signal(signal.SIGKILL)  # engine-0's node, on host B
+        cluster.wait_for_step(8)
+        hosts.link(up=False)  # engine-2's node (host B) is cut off from the head
+        time.sleep(2 * DEAD_AFTER_S + 1)
+        hosts.link(up=True)
+        assert cluster.processes[3].wait(timeout=60) is not None  # it lost the head and stopped by itself
+        assert cluster.processes[0].wait(timeout=300) == 0, cluster.log(0)
+        records = [r for r in cluster.records() if r["step"] > 0]
+        assert [r["step"] for r in records] == list(range(1, steps + 1))
+        assert records[-1]["cluster/engines"] == 1 and min(r["cluster/engines"] for r in records[:2]) == 3
+        assert max(r["async/staleness_max"] for r in records) <= 1  # the bound held through both losses
+        last = records[-1]
+        assert last["async/consumed"] == steps * 4 and last["async/version"] == steps
+        assert last["async/admitted"] == last["async/consumed"] + last["async/queue_ready"] + last["async/in_flight"]
+        assert not _gone(cluster.everything(), 30)
+    finally:
+        hosts.link(up=True)
+        cluster.close()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("loss", ["killed", "cut_off"])
+def test_a_node_holding_a_trainer_rank_lost_stops_the_run_with_rank_lost(two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path, loss: str) -> None:
+    hosts = two_hosts
+    call_timeout = 60
+    cluster = Cluster(
+        hosts, tmp_path, nano_model_dir, ["train.steps=500", "cluster.engines=[1, 2]", "cluster.trainer=[0, 1]", f"trainer.call_timeout_s={call_timeout}"],
+        nodes={1: hosts.b, 2: hosts.a},
+    )  # fmt: skip
+    try:
+        cluster.wait_for_step(3)
+        everything = cluster.everything()
+        lost = time.monotonic()
+        if loss == "killed":
+            cluster.processes[1].send_signal(signal.SIGKILL)  # node-1 and, with it, trainer rank 1's process
+        else:
+            hosts.link(up=False)
+        code = cluster.processes[0].wait(timeout=call_timeout + 30)
+        took = time.monotonic() - lost
+        head = cluster.log(0)
+        assert code == 1 and "RankLostError" in head and "trainer rank 1" in head, head
+        assert took < call_timeout, took
+        hosts.link(up=True)
+        assert not _gone(everything, 60), [Path(f"/proc/{p}/cmdline").read_bytes() for p in everything if _alive(p)]
+    finally:
+        hosts.link(up=True)
+        cluster.close()
