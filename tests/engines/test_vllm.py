@@ -21,14 +21,9 @@ from rlasync.config import EngineConfig  # noqa: E402
 from rlasync.data import make_problems  # noqa: E402
 from rlasync.engines import EngineActor, Router  # noqa: E402
 from rlasync.models import load_pretrained_dir  # noqa: E402
-from rlasync.models.warmstart import run_episode, warm_start  # noqa: E402
+from rlasync.models.warmstart import run_episode  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
-
-
-@pytest.fixture(scope="module")
-def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return warm_start("calc", run_dir=tmp_path_factory.mktemp("run"), seed=0)
 
 
 @pytest.mark.timeout(600)
@@ -119,3 +114,34 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
     assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (after_vllm, after_torch)  # fp32 kernels may break one near-tie
     await vllm_engine.close()
     await torch_engine.close()
+
+
+@pytest.mark.timeout(600)
+async def test_a_fully_async_run_trains_with_vllm_on_a_node_process(calc_model: Path, tmp_path: Path) -> None:
+    """The composition with vLLM on node-1 (its agent loops beside it), the trainer's rank under
+    the head: a fully asynchronous run trains every step within the staleness bound."""
+    from rlasync.config import load_config
+    from rlasync.modes import train
+
+    overrides = [
+        f"train.run_dir={tmp_path}", f"train.model_dir={calc_model}", "train.steps=3", "train.prompts_per_step=4", "train.group_size=4",
+        "train.val_size=8", "train.validate_every=100", "train.mode=fully_async", "async_training.staleness_threshold=1",
+        "engine.backend=vllm", "engine.max_seq_len=512", "cluster.engines=[1]", "runtime.join_timeout_s=120", "runtime.call_timeout_s=300",
+    ]  # fmt: skip
+    records: list[dict[str, object]] = []
+    result = await train(load_config(Path(__file__).parents[2] / "configs" / "quickstart_tools.yaml", overrides), on_step=records.append)
+    assert result.steps == 3 and [r["step"] for r in records] == [1, 2, 3] and all(r["cluster/engines"] == 1 for r in records)
+    assert max(r["async/staleness_max"] for r in records) <= 1 and records[-1]["async/version"] == 3  # type: ignore[operator]
+
+
+async def test_engine_settings_are_accepted_by_vllm(calc_model: Path) -> None:
+    """What GPU users set reaches vLLM's own engine configuration (the CPU build takes them)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from rlasync.engines.vllm import engine_args
+
+    config = EngineConfig(backend="vllm", model=str(calc_model), max_seq_len=512, max_batch=24, tensor_parallel_size=1,
+                          gpu_memory_utilization=0.5, engine_kwargs={"max_num_batched_tokens": 2048})  # fmt: skip
+    vllm_config = AsyncEngineArgs(**engine_args(config)).create_engine_config()
+    assert vllm_config.parallel_config.tensor_parallel_size == 1 and vllm_config.cache_config.gpu_memory_utilization == 0.5
+    assert vllm_config.scheduler_config.max_num_seqs == 24 and vllm_config.scheduler_config.max_num_batched_tokens == 2048

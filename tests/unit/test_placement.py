@@ -73,3 +73,16 @@ def test_unknown_and_mistyped_cluster_settings_are_refused() -> None:
         _placement("cluster.engines=[-1]")
     with pytest.raises(ConfigError, match="cluster.agent_loops"):
         _placement("cluster.agent_loops=somewhere")
+
+
+def test_engine_settings_map_to_vllm_engine_arguments() -> None:
+    """What GPU users set, as vLLM's ``AsyncEngineArgs`` (the vLLM tier checks vLLM accepts them)."""
+    from rlasync.config import EngineConfig
+    from rlasync.engines.vllm import engine_args
+
+    config = EngineConfig(backend="vllm", model="m", device="cuda:2", max_batch=48, tensor_parallel_size=2, gpu_memory_utilization=0.6,
+                          engine_kwargs={"max_num_batched_tokens": 4096, "enable_prefix_caching": False})  # fmt: skip
+    args = engine_args(config)
+    assert (args["tensor_parallel_size"], args["gpu_memory_utilization"], args["max_num_seqs"]) == (2, 0.6, 48)
+    assert args["max_num_batched_tokens"] == 4096 and args["enable_prefix_caching"] is False  # engine_kwargs come last
+    assert args["enable_chunked_prefill"] and not args["enforce_eager"]  # the GPU defaults (CPU differs)

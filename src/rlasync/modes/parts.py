@@ -313,12 +313,17 @@ class Rotation:
         self.rollouts.engine_added(ref)
 
 
+BACKEND_MODULES = {"vllm": ("rlasync.engines.vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm"), "sglang": ("rlasync.engines.sglang",)}
+
+
 async def open_cluster(config: Config, placement: Placement) -> Any:
     """The run's nodes: started here (``cluster.start=local``), or joined from elsewhere."""
     from ..runtime import ExternalCluster, LocalCluster
 
-    # Engine nodes import torch and the engines before joining, when no heartbeat waits on them.
-    runtime = msgspec.structs.replace(config.runtime, preload_modules=tuple(dict.fromkeys((*config.runtime.preload_modules, "rlasync.engines", "rlasync.agents"))))
+    # Engine nodes import torch and the engines (vLLM's big C extensions too) before joining,
+    # when no heartbeat waits on them: loaded later, they hold the GIL for seconds.
+    preload = (*config.runtime.preload_modules, "rlasync.engines", "rlasync.agents", *BACKEND_MODULES.get(config.engine.backend, ()))
+    runtime = msgspec.structs.replace(config.runtime, preload_modules=tuple(dict.fromkeys(preload)))
     if config.cluster.start == "external":
         cluster: Any = ExternalCluster(placement.nodes, config.cluster.listen, config=runtime)
     else:
