@@ -401,8 +401,11 @@ def test_engine_config_maps_to_sglang_server_args(model_dir: Path) -> None:
     config = EngineConfig(backend="sglang", model=str(model_dir), device="cuda:1", dtype="bfloat16", max_batch=8, max_seq_len=512, seed=3)
     assert engine_kwargs(config) == {
         "model_path": str(model_dir), "dtype": "bfloat16", "device": "cuda", "base_gpu_id": 1, "skip_tokenizer_init": True,
-        "random_seed": 3, "max_running_requests": 8, "context_length": 512,
+        "random_seed": 3, "max_running_requests": 8, "context_length": 512, "tp_size": 1,
     }  # fmt: skip
+    gpu = EngineConfig(backend="sglang", model="m", tensor_parallel_size=4, mem_fraction_static=0.7, engine_kwargs={"attention_backend": "triton", "tp_size": 2})
+    assert engine_kwargs(gpu)["mem_fraction_static"] == 0.7 and engine_kwargs(gpu)["attention_backend"] == "triton"
+    assert engine_kwargs(gpu)["tp_size"] == 2  # engine_kwargs come last: what a user wrote there wins
     shapes = checkpoint_shapes(model_dir)
     assert shapes is not None and shapes["model.embed_tokens.weight"] == (384, 128)
 

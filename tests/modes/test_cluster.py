@@ -26,7 +26,7 @@ import pytest
 from rlasync.agents import NoWorkerError
 from rlasync.config import load_config
 from rlasync.engines import NoEngineError
-from rlasync.modes import train_fully_async, train_sync
+from rlasync.modes import train_fully_async, train_one_step_off, train_sync
 from rlasync.modes.parts import Run
 from rlasync.trainer import RankLostError
 from rlasync.weights import SyncError
@@ -173,3 +173,28 @@ async def test_with_every_engine_node_dead_the_async_run_stops_with_a_typed_erro
     assert not _descendants(os.getpid())
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not pending, pending
+
+
+async def test_one_step_off_on_the_cluster_placement_trains_one_version_behind(tmp_path: Path, nano_model_dir: Path) -> None:
+    config = _config(tmp_path, nano_model_dir, "train.mode=one_step_off", "train.steps=4")
+    records: list[dict[str, Any]] = []
+    await _run(config, train_one_step_off, lambda run, record: records.append(record))
+    assert records[0]["async/staleness_token_hist"] == [records[0]["response_tokens"]]  # the first step is on-policy
+    for r in records[1:]:
+        assert r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["cluster/engines"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+async def test_on_gpus_the_cluster_placement_trains_with_nccl(tmp_path: Path, nano_model_dir: Path) -> None:
+    """The real GPU path: the engine on node-1's GPU, trainer ranks on GPUs, NCCL between the
+    ranks and to the engine (one GPU is enough: the engine and rank 0 then share it)."""
+    import torch
+
+    ranks = 2 if torch.cuda.device_count() >= 2 else 1
+    config = _config(tmp_path, nano_model_dir, "train.steps=3", "cluster.engines=[1]", f"cluster.trainer={list(range(ranks))}",
+                     f"trainer.world_size={ranks}", "trainer.device=cuda", "engine.device=cuda", "weights.backend=auto")  # fmt: skip
+    records: list[dict[str, Any]] = []
+    run, result = await _run(config, train_sync, lambda run, record: records.append(record))
+    assert result.steps == 3 and run.trainer.info["backend"] == "nccl" and run.trainer.info["device"].startswith("cuda")
+    assert all(r["weights/transfer_s"] > 0 for r in records)

@@ -184,6 +184,22 @@ async def test_ranks_on_two_nodes_take_the_step_and_a_lost_node_fails_the_call_w
             _wait_gone(pid, 15)
 
 
+async def test_ranks_meet_at_master_addr_and_port_when_they_are_set(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's variables name the rendezvous: the store is there (hosted by this process
+    unless torchrun's agent hosts it), and the ranks' group forms on it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    async with TrainerActor(TrainerConfig(world_size=2)) as trainer:
+        await trainer.start(model_dir)
+        assert trainer._store is not None and trainer._store.port == port
+        assert (await trainer.step(_batch(4)))["grad_norm"] > 0
+
+
 def _wait_gone(pid: int, seconds: float) -> None:
     ends = time.monotonic() + seconds
     while time.monotonic() < ends:

@@ -97,3 +97,27 @@ async def test_one_trainer_syncs_engines_one_after_another_each_with_its_own_gro
             assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
     for engine in engines:
         await engine.close()
+
+
+async def test_a_trainer_rank_lost_mid_sync_stops_the_sync_and_takes_no_engine_out(model_dir: Path) -> None:
+    """The sending side is gone: no retry can help, and the engine that waited for it did nothing
+    wrong. The sync raises the trainer's RankLostError at once; the engine stays in rotation."""
+    import os
+    import signal
+    import time
+
+    from rlasync.trainer import RankLostError
+
+    engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
+    async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
+        await trainer.start(model_dir)
+        sync = ParameterSynchronizer(WeightsConfig(timeout_s=30, retries=3, transport="broadcast"), trainer, engine)
+        await sync.start()
+        await sync.sync(1)
+        os.kill(trainer.info["pids"][0], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(RankLostError):
+            await sync.sync(2)
+        assert time.monotonic() - started < 15 and sync.engines == {"local-0": 1} and not sync.removed
+        sync.close()
+    await engine.close()

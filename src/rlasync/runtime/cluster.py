@@ -14,6 +14,7 @@ cluster runs is declared dead at once.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import os
 import shutil
@@ -31,9 +32,48 @@ from .process import start_node_process
 from .types import SECRET_ENV, NodeInfo
 
 A = TypeVar("A", bound=Actor)
+C = TypeVar("C", bound="_Cluster")
 
 
-class LocalCluster:
+class _Cluster(abc.ABC):
+    """A head in this process and the nodes it has: opened by ``async with``, closed on the way out."""
+
+    head: Node
+    start_seconds = 0.0  # from __aenter__ until every node had joined
+
+    @abc.abstractmethod
+    async def _open(self) -> None:
+        """Start the head, and have every node join it."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop every node, then the head. Idempotent; safe after a failed start."""
+
+    async def __aenter__(self: C) -> C:
+        started = time.perf_counter()
+        try:
+            await self._open()
+        except BaseException:
+            await self.close()
+            raise
+        self.start_seconds = time.perf_counter() - started
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
+        """Start an actor on ``node`` (a rank; default: the head). See ``Node.spawn``."""
+        return await self.head.spawn(cls, *args, node=node, name=name, **kwargs)
+
+    async def lookup(self, name: str, cls: type[A] | None = None, *, timeout: float = 0.0) -> A:
+        return await self.head.lookup(name, cls, timeout=timeout)
+
+    async def members(self) -> list[NodeInfo]:
+        return await self.head.members()
+
+
+class LocalCluster(_Cluster):
     """A head in this process plus ``nodes - 1`` node processes, started and stopped together."""
 
     def __init__(self, nodes: int = 2, *, config: RuntimeConfig | None = None, secret: str | None = None, env: dict[str, str] | None = None) -> None:
@@ -44,8 +84,6 @@ class LocalCluster:
         self.secret = secret or new_secret()
         self.env = env or {}
         self.processes: dict[str, asyncio.subprocess.Process] = {}
-        self.head: Node
-        self.start_seconds = 0.0  # from __aenter__ until every node had joined
         self._dir = ""
         self._watchers: list[asyncio.Future[None]] = []
         self._closing = False
@@ -55,18 +93,11 @@ class LocalCluster:
             return f"tcp://{self.config.host}:0"
         return f"ipc://{self._dir}/node-{rank}.sock"
 
-    async def __aenter__(self) -> LocalCluster:
-        started = time.perf_counter()
+    async def _open(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="rlasync-")  # mode 0700: only this user reaches the sockets
         self.head = Node(0, self._address(0), config=self.config, secret=self.secret)
-        try:
-            await self.head.start()
-            await self._start_children()
-        except BaseException:
-            await self.close()
-            raise
-        self.start_seconds = time.perf_counter() - started
-        return self
+        await self.head.start()
+        await self._start_children()
 
     async def _start_children(self) -> None:
         for rank in range(1, self.size):
@@ -104,16 +135,6 @@ class LocalCluster:
         if not self._closing:
             self.head.local_actor("_membership").declare_dead(node_id, f"its process exited with code {code}")  # type: ignore[attr-defined]
 
-    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
-        """Start an actor on ``node`` (a rank; default: the head). See ``Node.spawn``."""
-        return await self.head.spawn(cls, *args, node=node, name=name, **kwargs)
-
-    async def lookup(self, name: str, cls: type[A] | None = None, *, timeout: float = 0.0) -> A:
-        return await self.head.lookup(name, cls, timeout=timeout)
-
-    async def members(self) -> list[NodeInfo]:
-        return await self.head.members()
-
     def pid(self, node: int | str) -> int:
         """The process id of a child node, e.g. to kill it in a test."""
         node_id = f"node-{node}" if isinstance(node, int) else node
@@ -146,11 +167,8 @@ class LocalCluster:
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
-
-class ExternalCluster:
+class ExternalCluster(_Cluster):
     """A head in this process, and ``nodes - 1`` nodes started elsewhere that join it at
     ``listen`` (``rlasync node --rank R --head ADDRESS`` on each machine, or a launcher).
 
@@ -165,22 +183,13 @@ class ExternalCluster:
         self.listen = listen
         self.config = config or RuntimeConfig()
         self.secret = secret or os.environ.get(SECRET_ENV, "")
-        self.head: Node
-        self.start_seconds = 0.0
 
-    async def __aenter__(self) -> ExternalCluster:
+    async def _open(self) -> None:
         if self.listen.startswith("tcp://") and not self.secret:
             raise ClusterStartError(f"the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)")
-        started = time.perf_counter()
         self.head = Node(0, self.listen, config=self.config, secret=self.secret or None)
-        try:
-            await self.head.start()
-            await self._wait_for_nodes()
-        except BaseException:
-            await self.close()
-            raise
-        self.start_seconds = time.perf_counter() - started
-        return self
+        await self.head.start()
+        await self._wait_for_nodes()
 
     async def _wait_for_nodes(self) -> None:
         timeout = self.config.join_timeout_s
@@ -198,15 +207,6 @@ class ExternalCluster:
                 f"start each with `rlasync node --rank R --head {self.head.address}` (same {SECRET_ENV}), or raise the timeout"
             ) from None
 
-    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
-        return await self.head.spawn(cls, *args, node=node, name=name, **kwargs)
-
-    async def lookup(self, name: str, cls: type[A] | None = None, *, timeout: float = 0.0) -> A:
-        return await self.head.lookup(name, cls, timeout=timeout)
-
-    async def members(self) -> list[NodeInfo]:
-        return await self.head.members()
-
     async def close(self) -> None:
         """Ask every node to shut down (their children stop with them), then stop the head."""
         head = getattr(self, "head", None)
@@ -216,6 +216,3 @@ class ExternalCluster:
             others = [m.node_id for m in await head.members() if m.node_id != head.node_id and "." not in m.node_id]
             await head.stop_nodes(others)
         await head.stop()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -1,8 +1,10 @@
-"""Training the policy on rollout batches: one rank's ``PolicyTrainer``, and the
-``TrainerActor`` that drives N data-parallel ranks (processes) over torch.distributed."""
+"""Training the policy on rollout batches: one rank's ``PolicyTrainer``, the ``TrainerRank``
+actor that holds it in a process of its own on some node, and the ``TrainerActor`` that drives
+N data-parallel ranks over torch.distributed as one."""
 
 from .actor import RankLostError, TrainerActor
+from .rank import GroupBroken, RankSpec, TrainerRank
 from .policy import PolicyTrainer
 from .types import TrainBatch, shard_rows
 
-__all__ = ["PolicyTrainer", "RankLostError", "TrainBatch", "TrainerActor", "shard_rows"]
+__all__ = ["GroupBroken", "PolicyTrainer", "RankLostError", "RankSpec", "TrainBatch", "TrainerActor", "TrainerRank", "shard_rows"]

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Protocol
 import msgspec
 
 from ..config.weights import WeightsConfig
-from ..runtime import ActorRef
+from ..runtime import ActorRef, NodeLostError
 from .group import SyncError
 from .sink import EngineWeights
 
@@ -194,6 +194,7 @@ class ParameterSynchronizer:
             failed = {sink: r for sink, r in zip(far, results[1:]) if isinstance(r, BaseException)}
             if not failed and not isinstance(results[0], BaseException):
                 return
+            _raise_if_trainer_lost(results[0])  # then the engines failed waiting for it: not theirs
             if not failed:
                 raise results[0]  # type: ignore[misc]  # the trainer could not form it
             await self._drop(failed, "joining the weight group", always=True)
@@ -227,9 +228,7 @@ class ParameterSynchronizer:
         while True:
             attempts += 1
             sinks = list(self._sinks)
-            results = await asyncio.gather(
-                self.source.send_weights(version), *[sink.stage(version, self.config.timeout_s) for sink in sinks], return_exceptions=True
-            )  # fmt: skip
+            results = await _unless_sender_lost(self.source.send_weights(version), [sink.stage(version, self.config.timeout_s) for sink in sinks])
             failed = {sink: r for sink, r in zip(sinks, results[1:]) if isinstance(r, BaseException)}
             sent = results[0]
             if not failed and not isinstance(sent, BaseException):
@@ -296,6 +295,35 @@ class ParameterSynchronizer:
     def close(self) -> None:
         for sink in self._sinks:
             sink.close()
+
+
+async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
+    """Every result (or exception) of the send and the stages, as ``gather`` gives them; but if
+    the sending side is lost, its error at once: the engines would only wait for it until
+    their deadline (``weights.timeout_s``; their calls are cancelled)."""
+    calls = [asyncio.ensure_future(_awaited(call)) for call in [send, *stages]]
+    try:
+        pending = set(calls)
+        while pending:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if calls[0].done() and not calls[0].cancelled():
+                _raise_if_trainer_lost(calls[0].exception())
+    finally:
+        for call in calls:
+            call.cancel()  # a no-op for those done
+    return [call.exception() or call.result() for call in calls]
+
+
+async def _awaited(call: Any) -> Any:
+    # A runtime call's future also passes for a coroutine, which asyncio.wait refuses: a task.
+    return await call
+
+
+def _raise_if_trainer_lost(result: Any) -> None:
+    """The sending side's node is lost (a trainer rank's ``RankLostError`` is one): no retry can
+    help, and engines that failed meanwhile failed waiting for it, so none is taken out."""
+    if isinstance(result, NodeLostError):
+        raise result
 
 
 def _is_sync_failure(error: BaseException) -> bool:
