@@ -21,7 +21,7 @@ def node(
 ) -> None:
     """Run one node process until it is shut down or loses the head. The cluster secret comes from
     RLASYNC_CLUSTER_SECRET. It loads the engines and agent loops before joining; the head places
-    roles on it (``cluster.*`` of the run's config)."""
+    roles on it (the cluster section of the run's config)."""
     import logging
 
     import uvloop
@@ -73,6 +73,12 @@ def train(
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import signal
+
+    # Ctrl-C (SIGINT) stops a run cleanly, also when the shell that started it ignores SIGINT
+    # (a background job without job control inherits "ignore"; then uvloop.run would not
+    # install its handler, and `kill -INT` would do nothing).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from .modes import train
 
     import time

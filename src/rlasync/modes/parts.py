@@ -214,21 +214,23 @@ class Run:
                 head.spawn(EngineActor, self._engine_config(replica), node=node, name=f"engine-{replica}")
                 for replica, node in enumerate(placement.engines)
             ]))  # fmt: skip
-        else:  # stand-ins live in this process: on the head
+            plan, prefer, kwargs = placement.workers(), placement.loops == "engines", {}
+        else:  # stand-ins live in this process: every one on the head, one worker driving them all
+            if placement.nodes != 1:
+                raise ConfigError("a simulated run lives on the head: leave cluster.* at its defaults (rlasync.modes.sim.simulated_config)")
             self.engines = [await head.spawn(EngineActor, engine=engine, name=engine.name) for engine in simulated.engines]
+            plan, prefer, kwargs = {0: list(range(len(self.engines)))}, False, {"tokenizer": self.tokenizer}
         synthetic = not config.data.train_files
         local: dict[str, list[str]] = {}
         workers = []
-        for node, replicas in placement.workers().items():
-            engines = [self.engines[r] for r in replicas]
+        for node, replicas in plan.items():
             name = f"agent-loops-{node}"
-            local[name] = [ref.name for ref in engines] if placement.loops == "engines" else []
+            local[name] = [self.engines[r].name for r in replicas] if prefer else []
             spec = AgentWorkerSpec(
                 model=str(self.model_dir), engines=self.engines, local=local[name], agent=config.agent, router=config.router,
                 task=config.train.task if synthetic else "", reward="" if synthetic else config.data.reward,
             )  # fmt: skip
-            kwargs = {} if simulated is None else {"tokenizer": self.tokenizer}
-            workers.append(await head.spawn(AgentLoopWorker, spec, node=node if simulated is None else 0, name=name, **kwargs))
+            workers.append(await head.spawn(AgentLoopWorker, spec, node=node, name=name, **kwargs))
         self.router = Router(self.engines, config.router)
         self._closers.append(self.router.close)
         self.engine = EngineGroup(self.router)

@@ -16,16 +16,41 @@ import os
 _WILDCARDS = {"*", "0.0.0.0", "::", ""}
 
 
+def _host(address: str) -> str:
+    """The host of a ``tcp://`` address as written (brackets of IPv6 taken off)."""
+    hostport = address[len("tcp://") :]
+    if hostport.startswith("["):  # tcp://[v6]:port
+        return hostport[1 : hostport.index("]")]
+    return hostport.rsplit(":", 1)[0]
+
+
 def host_of(address: str) -> str:
     """The host part of a node address, as other processes would connect to it."""
     if not address.startswith("tcp://"):
         return "127.0.0.1"  # ipc:// (or inproc): a process on this machine
-    hostport = address[len("tcp://") :]
-    if hostport.startswith("["):  # tcp://[v6]:port
-        host = hostport[1 : hostport.index("]")]
-    else:
-        host = hostport.rsplit(":", 1)[0]
+    host = _host(address)
     return "127.0.0.1" if host in _WILDCARDS else host
+
+
+def advertised(bound: str, towards: str | None) -> str:
+    """The address a node tells the cluster: the one it bound, unless that is a wildcard
+    (``tcp://0.0.0.0:P``), which no other machine can dial: then this machine's address on the
+    route to ``towards`` (the head), or the one its hostname resolves to (the head itself)."""
+    import socket
+
+    if not bound.startswith("tcp://") or _host(bound) not in _WILDCARDS:
+        return bound
+    port = bound.rsplit(":", 1)[1]
+    try:
+        if towards and towards.startswith("tcp://"):
+            with socket.socket(socket.AF_INET6 if ":" in host_of(towards) else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host_of(towards), int(towards.rsplit(":", 1)[1])))  # UDP: no packet is sent
+                host = probe.getsockname()[0]
+        else:
+            host = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return bound
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def child_address(parent: str, child_id: str) -> str:
@@ -33,9 +58,8 @@ def child_address(parent: str, child_id: str) -> str:
     the parent's host (tcp)."""
     if parent.startswith("ipc://"):
         return f"ipc://{os.path.join(os.path.dirname(parent[len('ipc://'):]), child_id)}.sock"
-    hostport = parent[len("tcp://") :]
-    host = hostport[: hostport.index("]") + 1] if hostport.startswith("[") else hostport.rsplit(":", 1)[0]
-    return f"tcp://{host}:0"  # the parent's interface (a wildcard stays one), any free port
+    host = _host(parent)
+    return f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"  # the parent's interface, any free port
 
 
 def interface_of(host: str) -> str | None:

@@ -30,7 +30,7 @@ from ..transport import Codec
 from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
 from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
-from .address import child_address
+from .address import advertised, child_address
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .membership import Membership, NodeService
 from .peer import CallTask, Peer
@@ -136,7 +136,7 @@ class Node:
             router.close(linger=0)
             self.ctx.destroy(linger=0)
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
-        self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), self.head_address)
         self._server = Server(self, router)
         self._pumps.append(self._server.pump)
         self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname())
