@@ -40,7 +40,9 @@ def node(
         raise typer.BadParameter(str(exc)) from None
     # A node of a training run hosts engines and agent loops: torch and the engines load before it
     # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
-    runtime = msgspec.structs.replace(cfg.runtime, preload_modules=tuple(dict.fromkeys(("rlasync.engines", "rlasync.agents", *cfg.runtime.preload_modules))))
+    from .config.cluster import NODE_MODULES
+
+    runtime = msgspec.structs.replace(cfg.runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *cfg.runtime.preload_modules))))
     secret = os.environ.get(SECRET_ENV)
     if listen.startswith("tcp://") and not secret:
         raise typer.BadParameter(f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)")

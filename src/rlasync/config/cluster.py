@@ -17,6 +17,10 @@ from typing import Annotated, Literal
 import msgspec
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+
+# What a training run's nodes host (engines, agent loops): imported before a node joins, while no
+# heartbeat waits on it; imported later, torch holds the GIL for seconds.
+NODE_MODULES = ("rlasync.engines", "rlasync.agents")
 NodeRank = Annotated[int, msgspec.Meta(ge=0)]
 
 

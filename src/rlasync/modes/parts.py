@@ -20,6 +20,7 @@ import torch
 from ..agents import get_loop
 from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
 from ..config import Config, ConfigError, EngineConfig
+from ..config.cluster import NODE_MODULES
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
@@ -324,7 +325,7 @@ async def open_cluster(config: Config, placement: Placement) -> Any:
 
     # Engine nodes import torch and the engines (vLLM's big C extensions too) before joining,
     # when no heartbeat waits on them: loaded later, they hold the GIL for seconds.
-    preload = (*config.runtime.preload_modules, "rlasync.engines", "rlasync.agents", *BACKEND_MODULES.get(config.engine.backend, ()))
+    preload = (*config.runtime.preload_modules, *NODE_MODULES, *BACKEND_MODULES.get(config.engine.backend, ()))
     runtime = msgspec.structs.replace(config.runtime, preload_modules=tuple(dict.fromkeys(preload)))
     if config.cluster.start == "external":
         cluster: Any = ExternalCluster(placement.nodes, config.cluster.listen, config=runtime)

@@ -13,11 +13,11 @@ from .errors import (
     RuntimeErrorBase,
 )
 from .node import Node
-from .ref import ActorRef
+from .ref import ActorRef, as_task
 from .types import ActorInfo, NodeInfo, NodeStats
 
 __all__ = [
     "Actor", "ActorError", "ActorInfo", "ActorNotFound", "ActorRef", "BoundEndpoint", "BoundStream",
     "CallTimeout", "ClusterStartError", "Endpoint", "ExternalCluster", "JoinError", "LocalCluster", "Node", "NodeInfo",
-    "NodeLostError", "NodeStats", "NotAnEndpoint", "RuntimeErrorBase", "StreamEndpoint", "endpoint",
+    "NodeLostError", "NodeStats", "NotAnEndpoint", "RuntimeErrorBase", "StreamEndpoint", "as_task", "endpoint",
 ]  # fmt: skip

@@ -34,7 +34,7 @@ from .address import advertised, child_address
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .membership import Membership, NodeService
 from .peer import CallTask, Peer
-from .ref import ActorRef
+from .ref import ActorRef, as_task
 from .server import Server, _cancelled_from_outside, error_reply
 from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
@@ -305,7 +305,7 @@ class Node:
         self._children[child_id] = proc
         self._tasks.append(self.loop.create_task(self._reap(child_id, proc), name=f"rlasync-reap-{child_id}"))
         timeout = self.config.join_timeout_s
-        joined = asyncio.ensure_future(_awaited(self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout)))
+        joined = as_task(self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout))
         exited = asyncio.ensure_future(proc.wait())
         try:
             await asyncio.wait([joined, exited], return_when=asyncio.FIRST_COMPLETED)
@@ -583,11 +583,6 @@ class Node:
 def rank_of(node_id: str) -> int:
     """The rank of the node a node id belongs to: ``node-2`` -> 2, its child ``node-2.0`` -> 2."""
     return int(node_id.removeprefix("node-").split(".", 1)[0])
-
-
-async def _awaited(call: Any) -> Any:
-    # A call's future also passes for a coroutine, which asyncio.wait refuses: wrap it in a task.
-    return await call
 
 
 async def _raise(exc: BaseException) -> Any:

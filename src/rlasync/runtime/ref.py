@@ -8,15 +8,16 @@ returns an ``asyncio.Future`` at once (no task is created on the hot path): awai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+import asyncio
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from .errors import NotAnEndpoint
 from .types import ActorInfo
 
 if TYPE_CHECKING:
-    import asyncio
-
     from .node import Node
+
+T = TypeVar("T")
 
 
 class ActorRef:
@@ -100,3 +101,13 @@ class RemoteStream(RemoteEndpoint):
 
     def __call__(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
         return self.ref._node._stream(self.ref, self.method, list(args), kwargs, self.timeout, self.convert)
+
+
+def as_task(call: Awaitable[T]) -> asyncio.Task[T]:
+    """A task around a call, for ``asyncio.wait``: a call's future also passes for a coroutine
+    (so ``asyncio.create_task(ref.m())`` works), which ``asyncio.wait`` refuses."""
+
+    async def awaited() -> T:
+        return await call
+
+    return asyncio.ensure_future(awaited())

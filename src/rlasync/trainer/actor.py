@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..config.train import TrainerConfig
-from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError
+from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError, as_task
 from ..runtime.address import host_of
 from .rank import RankSpec, TrainerRank
 from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
@@ -141,7 +141,7 @@ class TrainerActor:
         self._closed = True
         node = self._node
         if self.ranks:
-            await asyncio.gather(*[_awaited(ref.shutdown.options(timeout=15.0)()) for ref in self.ranks], return_exceptions=True)
+            await asyncio.gather(*[ref.shutdown.options(timeout=15.0)() for ref in self.ranks], return_exceptions=True)
         if node is not None and self.processes:
             await node.stop_nodes(self.processes)
         if self._own is not None:
@@ -234,7 +234,7 @@ class TrainerActor:
         if self._broken:
             raise RankLostError(f"the trainer is unusable ({self._broken}): restart it from a checkpoint")
         deadline = timeout or self.config.call_timeout_s
-        calls = {r: asyncio.ensure_future(_awaited(getattr(self.ranks[r], method).options(timeout=deadline)(*args))) for r, args in per_rank.items()}
+        calls = {r: as_task(getattr(self.ranks[r], method).options(timeout=deadline)(*args)) for r, args in per_rank.items()}
         first_error: tuple[int, BaseException] | None = None
         loop = asyncio.get_running_loop()
         failed_at = 0.0
@@ -268,12 +268,6 @@ class TrainerActor:
             for call in calls.values():
                 if not call.done():
                     call.cancel()  # tells that rank's node to stop serving it
-
-
-async def _awaited(call: Any) -> Any:
-    # A runtime call is a future that also passes for a coroutine, which asyncio.wait refuses:
-    # a task around it can be waited on.
-    return await call
 
 
 def _lost(error: BaseException) -> bool:

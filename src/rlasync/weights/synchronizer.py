@@ -35,7 +35,7 @@ from typing import Any, Iterable, Protocol
 import msgspec
 
 from ..config.weights import WeightsConfig
-from ..runtime import ActorRef, NodeLostError
+from ..runtime import ActorRef, NodeLostError, as_task
 from .group import SyncError
 from .sink import EngineWeights
 
@@ -301,7 +301,7 @@ async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
     """Every result (or exception) of the send and the stages, as ``gather`` gives them; but if
     the sending side is lost, its error at once: the engines would only wait for it until
     their deadline (``weights.timeout_s``; their calls are cancelled)."""
-    calls = [asyncio.ensure_future(_awaited(call)) for call in [send, *stages]]
+    calls = [as_task(call) for call in [send, *stages]]
     try:
         pending = set(calls)
         while pending:
@@ -312,11 +312,6 @@ async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
         for call in calls:
             call.cancel()  # a no-op for those done
     return [call.exception() or call.result() for call in calls]
-
-
-async def _awaited(call: Any) -> Any:
-    # A runtime call's future also passes for a coroutine, which asyncio.wait refuses: a task.
-    return await call
 
 
 def _raise_if_trainer_lost(result: Any) -> None:
