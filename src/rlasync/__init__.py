@@ -25,8 +25,10 @@ from .runtime import (
     ActorError,
     ActorNotFound,
     ActorRef,
+    CallRefused,
     CallTimeout,
     ClusterStartError,
+    Forbidden,
     JoinError,
     LocalCluster,
     Node,
@@ -49,6 +51,6 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 __all__ = [
-    "Actor", "ActorError", "ActorNotFound", "ActorRef", "CallTimeout", "ClusterStartError", "JoinError",
+    "Actor", "ActorError", "ActorNotFound", "ActorRef", "CallRefused", "CallTimeout", "ClusterStartError", "Forbidden", "JoinError",
     "LocalCluster", "Node", "NodeLostError", "NotAnEndpoint", "RuntimeConfig", "endpoint", "new_secret", "run",
 ]  # fmt: skip

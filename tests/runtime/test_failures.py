@@ -109,11 +109,12 @@ async def test_no_lost_wakeups_without_the_safety_timer() -> None:
 
 
 async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Kill the head: the other node must not linger (or hang) but exit within the deadline."""
+    """Kill the head: the other node must not linger (or hang) but exit within the deadline,
+    with EX_TEMPFAIL (75) so a supervisor restarts it (rejoining is off here)."""
     import subprocess
     import sys
 
-    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG='{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5}')
+    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG='{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5, "rejoin_timeout_s": 0}')
     head_address = f"ipc://{tmp_path}/head.sock"
     worker = [sys.executable, "-m", "rlasync.runtime.worker"]
     head = subprocess.Popen([*worker, "--rank", "0", "--listen", head_address], env=env)
@@ -129,7 +130,7 @@ async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # 
         await probe.stop()
         head.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        assert await asyncio.to_thread(node.wait, 15) == 0  # a clean exit, not a crash
+        assert await asyncio.to_thread(node.wait, 15) == 75  # EX_TEMPFAIL: not a crash, and not "done"
         assert time.monotonic() - killed < 1.5 + 0.2 + 2.0
     finally:
         for proc in (head, node):

@@ -57,6 +57,43 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     host: str = "127.0.0.1"
     """Address a tcp node binds and advertises."""
 
+    # -- bounds: what one peer can make a node spend (every refusal is counted in NodeStats) --
+    max_frame_bytes: PositiveInt = 256 * 2**20
+    """Largest ZeroMQ frame a node accepts (``ZMQ_MAXMSGSIZE``): a larger one drops its
+    connection. Also caps what a peer that has not authenticated can make a node allocate.
+    Weights move through torch.distributed, not calls; a tensor argument is one frame."""
+
+    max_body_bytes: PositiveInt = 16 * 2**20
+    """Largest message body (the msgpack part, without tensors and large ``bytes``, which
+    travel as frames of their own) a node decodes; it decodes on the event loop, so a larger
+    one is refused (``oversized_bodies``). Send big data as tensors or ``bytes``."""
+
+    max_calls_per_caller: PositiveInt = 4096
+    """Calls one caller may have running on a node at once; past it calls are refused with
+    a ``busy`` error (``calls_refused``). Callers keep ``max_inflight_per_peer`` in flight."""
+
+    max_queued_calls: PositiveInt = 65536
+    """Calls a node may queue for one peer behind ``max_inflight_per_peer``; past it a call
+    fails at once with ``CallRefused`` naming this setting (``calls_refused``)."""
+
+    max_outbox_bytes: PositiveInt = 512 * 2**20
+    """Bytes a node may hold for peers that read too slowly; past it their oldest messages
+    are dropped (``dropped_messages``) and the calls they answer time out."""
+
+    max_connections: PositiveInt = 4096
+    """TCP connections a node accepts at once (members, and strangers still in their
+    handshake); past it new ones are closed (``connections_refused``)."""
+
+    handshake_timeout_s: PositiveSeconds = 5.0
+    """A TCP peer that has not authenticated (CURVE) within this long is disconnected."""
+
+    rejoin_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    """A node the head fenced, or that lost the head past ``node_dead_after_s`` (a network
+    partition), stops with exit code 75 (EX_TEMPFAIL). A node started on its own (``rlasync
+    node``) then joins again as a new process of its rank as soon as the head answers, trying
+    for this long (0: it exits, for a supervisor to restart). Nodes started by a parent (a
+    local cluster's, a trainer rank) exit and leave the decision to it."""
+
     preload_modules: tuple[str, ...] = ()
     """Modules every node imports before joining the cluster, e.g. ``["rlasync.engines"]``.
     Loading a large C extension such as torch holds the GIL for up to seconds on a busy

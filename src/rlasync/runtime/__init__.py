@@ -5,19 +5,21 @@ from .cluster import ExternalCluster, LocalCluster
 from .errors import (
     ActorError,
     ActorNotFound,
+    CallRefused,
     CallTimeout,
     ClusterStartError,
+    Forbidden,
     JoinError,
     NodeLostError,
     NotAnEndpoint,
     RuntimeErrorBase,
 )
 from .node import Node
-from .ref import ActorRef, as_task
+from .ref import ActorRef
 from .types import ActorInfo, NodeInfo, NodeStats
 
 __all__ = [
     "Actor", "ActorError", "ActorInfo", "ActorNotFound", "ActorRef", "BoundEndpoint", "BoundStream",
-    "CallTimeout", "ClusterStartError", "Endpoint", "ExternalCluster", "JoinError", "LocalCluster", "Node", "NodeInfo",
-    "NodeLostError", "NodeStats", "NotAnEndpoint", "RuntimeErrorBase", "StreamEndpoint", "as_task", "endpoint",
+    "CallRefused", "CallTimeout", "ClusterStartError", "Endpoint", "ExternalCluster", "Forbidden", "JoinError", "LocalCluster", "Node", "NodeInfo",
+    "NodeLostError", "NodeStats", "NotAnEndpoint", "RuntimeErrorBase", "StreamEndpoint", "endpoint",
 ]  # fmt: skip

@@ -45,6 +45,17 @@ class CallTimeout(RuntimeErrorBase, TimeoutError):
     """A call got no answer before its deadline. The callee is told to stop."""
 
 
+class CallRefused(RuntimeErrorBase):
+    """The callee refused the call before running it: this caller already runs as many calls
+    there as ``runtime.max_calls_per_caller`` allows, or this node queues as many for that
+    peer as ``runtime.max_queued_calls`` allows. Nothing ran; retrying later may succeed."""
+
+
+class Forbidden(RuntimeErrorBase, PermissionError):
+    """A member asked for what only another may do: join, leave or heartbeat as another node,
+    declare a death (the head's), or spawn under a name that belongs to the runtime."""
+
+
 class NodeLostError(RuntimeErrorBase, ConnectionError):
     """The node hosting the actor is dead (missed heartbeats, shut down, or unreachable)."""
 

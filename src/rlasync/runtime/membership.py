@@ -14,15 +14,18 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import re
 import sys
 import time
 from typing import Any
 
 from .actor import Actor, endpoint
-from .errors import ActorNotFound
+from .errors import ActorNotFound, Forbidden
+from .server import current_caller
 from .types import ActorInfo, HeartbeatReply, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
+HEAD = "node-0"
 
 
 class Membership(Actor):
@@ -54,10 +57,18 @@ class Membership(Actor):
 
     @endpoint
     async def join(self, info: NodeInfo) -> JoinReply:
+        if not _NODE_ID.fullmatch(info.node_id) or info.node_id == self.node.node_id:
+            raise ValueError(f"cannot join as {info.node_id!r}: a node id is node-<rank> (rank 1 or more) or node-<rank>.<child>")
+        self._only(info, "join as")
         old = self.members.get(info.node_id)
         if old is not None and old.incarnation != info.incarnation:
-            # A restarted node of the same rank replaces the old incarnation, which is dead.
-            self._declare_dead(info.node_id, "replaced by a new process of the same rank")
+            # Another process holds the rank and still heartbeats: the newcomer waits until that
+            # one leaves or is declared dead (a restarted node, sooner than its death was seen).
+            seen = time.monotonic() - self.last_seen.get(info.node_id, 0.0)
+            return JoinReply(self.node.info, self.epoch, [], retry=f"{info.node_id} is still held by a live process (last heartbeat {seen:.1f}s ago)")
+        taken = next((m for m in self.members.values() if info.key and m.key == info.key and m.node_id != info.node_id), None)
+        if taken is not None:
+            raise ValueError(f"cannot join as {info.node_id}: this process is {taken.node_id} already")
         self.members[info.node_id] = info
         self.last_seen[info.node_id] = time.monotonic()
         self._bump()
@@ -69,6 +80,7 @@ class Membership(Actor):
         info = self.members.get(node_id)
         if info is None or info.incarnation != incarnation:
             return HeartbeatReply(self.epoch, fenced=True)
+        self._only(info, "heartbeat for")
         self.last_seen[node_id] = time.monotonic()
         if epoch == self.epoch:
             return HeartbeatReply(self.epoch)
@@ -78,10 +90,14 @@ class Membership(Actor):
     async def leave(self, node_id: str, incarnation: str) -> None:
         member = self.members.get(node_id)
         if member is not None and member.incarnation == incarnation:  # not a newer process of that rank
+            self._only(member, "leave as")
             self._declare_dead(node_id, "it shut down", graceful=True)
 
     @endpoint
     async def register(self, info: ActorInfo) -> None:
+        self._only(info.node, "register an actor for")
+        if info.name.startswith("_"):
+            raise ValueError(f"actor names starting with '_' belong to the runtime; rename {info.name!r}")
         taken = self.names.get(info.name)
         if taken is not None and taken.node.node_id in self.members:
             raise ValueError(f"actor name {info.name!r} is taken by an actor on {taken.node.node_id}; pick another name")
@@ -90,7 +106,10 @@ class Membership(Actor):
 
     @endpoint
     async def unregister(self, name: str) -> None:
-        if self.names.pop(name, None) is not None:
+        info = self.names.get(name)
+        if info is not None:
+            self._only(info.node, "unregister an actor of")
+            del self.names[name]
             self._bump()
 
     @endpoint
@@ -144,6 +163,14 @@ class Membership(Actor):
                         log.exception("declaring %s dead failed", node_id)
                         self.members.pop(node_id, None)
 
+    def _only(self, info: NodeInfo, action: str) -> None:
+        """Refuse the running call unless it comes from the process ``info`` describes."""
+        caller = current_caller.get()
+        if caller is not None and not caller.is_node(info):
+            self.node.stats_.calls_forbidden += 1
+            log.warning("refused a caller (%s) that tried to %s %s", caller, action, info.node_id)
+            raise Forbidden(f"a node may only {action} itself, not {info.node_id}")
+
     def declare_dead(self, node_id: str, reason: str) -> None:
         """Declare ``node_id`` dead now (its process is known to have exited), without waiting
         for its heartbeats to stop."""
@@ -167,6 +194,9 @@ class Membership(Actor):
                 self.node.tell_service(member, "node_dead", [node_id, info.incarnation, reason])
 
 
+_NODE_ID = re.compile(r"node-[0-9]{1,6}(\.[0-9]{1,6})?")
+
+
 def _order(node_id: str) -> tuple[int, ...]:
     """Nodes in rank order, each node's children after it: node-1 < node-1.0 < node-2."""
     return tuple(int(part) for part in node_id.removeprefix("node-").split("."))
@@ -177,6 +207,9 @@ class NodeService(Actor):
 
     @endpoint
     async def spawn(self, spec: SpawnSpec) -> ActorInfo:
+        if spec.name.startswith("_"):
+            self.node.stats_.calls_forbidden += 1
+            raise Forbidden(f"actor names starting with '_' belong to the runtime; rename {spec.name!r}")
         # Importing an actor's module can take seconds (torch, transformers): in a thread, so
         # this node's heartbeats keep flowing and the head does not declare it dead meanwhile.
         cls = await asyncio.to_thread(import_actor_class, spec)
@@ -190,6 +223,7 @@ class NodeService(Actor):
 
     @endpoint
     async def node_dead(self, node_id: str, incarnation: str, reason: str) -> None:
+        self._only_from(HEAD, "declare a node dead")
         self.node.on_node_dead(node_id, reason, incarnation)
 
     @endpoint
@@ -202,8 +236,28 @@ class NodeService(Actor):
 
     @endpoint
     async def shutdown(self) -> None:
+        """Stop this node (asked by the head, or by the node that started this one)."""
+        parent = self.node.node_id.rsplit(".", 1)[0] if "." in self.node.node_id else HEAD
+        self._only_from((HEAD, parent), "stop a node")
         # Stop after this call has answered, so the caller is not left waiting on it.
         asyncio.get_running_loop().call_soon(self.node.request_stop)
+
+    @endpoint
+    async def cluster_ends(self) -> None:
+        """The head stops the cluster: stop, and do not rejoin."""
+        self._only_from(HEAD, "end the cluster")
+        asyncio.get_running_loop().call_soon(self.node.on_cluster_end)
+
+    def _only_from(self, node_ids: str | tuple[str, ...], action: str) -> None:
+        caller = current_caller.get()
+        if caller is None:
+            return
+        allowed = (node_ids,) if isinstance(node_ids, str) else node_ids
+        if any((info := self.node._members.get(n)) is not None and caller.is_node(info) for n in allowed):
+            return
+        self.node.stats_.calls_forbidden += 1
+        log.warning("refused a caller (%s) that tried to %s", caller, action)
+        raise Forbidden(f"only {' or '.join(allowed)} may {action}")
 
 
 def import_actor_class(spec: SpawnSpec) -> type[Actor]:

@@ -33,9 +33,9 @@ from .actor import Actor, endpoints_of
 from .address import advertised, child_address
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .membership import Membership, NodeService
-from .peer import CallTask, Peer
-from .ref import ActorRef, as_task
-from .server import Server, _cancelled_from_outside, error_reply
+from .peer import CallTask, Peer, accept_calls_as_tasks
+from .ref import ActorRef
+from .server import Caller, Server, _cancelled_from_outside, error_reply
 from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Node:
         self.config = config or RuntimeConfig()
         self._keys = CurveKeys.from_secret(secret) if secret else None
         self._secret = secret.decode() if isinstance(secret, bytes) else secret  # handed to child processes
-        self.codec = Codec(self.config.zero_copy_threshold)
+        self.codec = Codec(self.config.zero_copy_threshold, self.config.max_body_bytes)
         self.codec.register(ActorRef, EXT_ACTOR_REF, self._ref_to_wire, self._ref_from_wire)
         self.stats_ = NodeStats(self.node_id)
         self.auth = AuthCounters()
@@ -90,6 +90,11 @@ class Node:
         self._started = False
         self._stopping = False
         self._fenced = False  # the head declared this process dead: it must not speak for its rank
+        self._known: dict[str, NodeInfo] = {}  # every process heard of, live or dead, by incarnation
+        self._dead_callers: set[str] = set()  # keys (TCP) and claims (ipc) of processes declared dead
+        self.deferred: list[tuple[Any, list[Any]]] | None = None  # messages waiting for torch to load
+        self.exit_code = 0  # for the process: 75 (EX_TEMPFAIL) when fenced or cut off from the head
+        self._head_stopped = False  # the head said the cluster ends: no rejoining
         self.stopped = asyncio.Event()
         self.info: NodeInfo
         self.address = ""
@@ -118,6 +123,7 @@ class Node:
             return self
         self._started = True
         self.loop = asyncio.get_running_loop()
+        accept_calls_as_tasks(self.loop)
         for module in self.config.preload_modules:
             # Before joining, when nobody waits for our heartbeats: loading a large C
             # extension (torch) holds the GIL for seconds and would starve them later.
@@ -126,20 +132,32 @@ class Node:
         router = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises instead of vanishing
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a process reconnecting replaces its stale pipe
+        # No ROUTER_HANDOVER: a connection's routing id is never handed to another connection
+        # (with it, a peer reusing a member's id took that member's replies, and libzmq aborted).
+        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        router.setsockopt(zmq.HANDSHAKE_IVL, int(self.config.handshake_timeout_s * 1000))
         keep_alive(router)
+        keys = self.require_keys() if self.listen.startswith("tcp://") else self._keys
         if self.listen.startswith("tcp://"):
             self._secure(router)
+            _raise_descriptor_limit(self.config.max_connections)
+        elif self.listen.startswith("ipc://"):
+            _private_ipc_folder(self.listen)
         try:
             router.bind(self.listen)
         except zmq.ZMQError as exc:
             router.close(linger=0)
             self.ctx.destroy(linger=0)
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
+        if self.listen.startswith("ipc://"):
+            os.chmod(self.listen.removeprefix("ipc://"), 0o600)
         self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), self.head_address)
         self._server = Server(self, router)
         self._pumps.append(self._server.pump)
-        self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname())
+        self._watch_connections(router)
+        key = keys.identity if keys is not None else ""
+        self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key)
+        self._known[self.info.incarnation] = self.info
         self._members[self.node_id] = self.info
         await self.spawn_here(NodeService, [], {}, "_node")
         if self.is_head:
@@ -152,7 +170,6 @@ class Node:
 
     def _secure(self, router: zmq.Socket[Any]) -> None:
         keys = self.require_keys()
-        self.auth._client_public = keys.client_public
         zap = self.ctx.socket(zmq.REP)
         zap.setsockopt(zmq.LINGER, 0)
         zap.bind(ZAP_ENDPOINT)
@@ -162,16 +179,44 @@ class Node:
 
         zap_pump = SocketPump(zap, on_zap, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False)
         self._pumps.append(zap_pump)
-        monitor = router.get_monitor_socket(monitor_events())
-        self._pumps.append(
-            SocketPump(monitor, self.auth.on_monitor_event, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False)
-        )
         keys.make_server(router)
+
+    def _watch_connections(self, router: zmq.Socket[Any]) -> None:
+        """Count connections, close those past ``runtime.max_connections``, and tell the server
+        when one closes (its callers' calls stop) and when a handshake fails (counted)."""
+        monitor = router.get_monitor_socket(monitor_events() | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        stats = self.stats_
+        limit = self.config.max_connections
+        open_fds: set[int] = set()
+
+        def on_event(frames: list[Any]) -> None:
+            event, fd = self.auth.on_monitor_event(frames)
+            if event == zmq.EVENT_ACCEPTED:
+                if len(open_fds) >= limit:
+                    stats.connections_refused += 1
+                    _shut_down(fd)  # libzmq sees the connection end and closes it itself
+                    return
+                open_fds.add(fd)
+            elif event == zmq.EVENT_DISCONNECTED:
+                open_fds.discard(fd)
+                self._server.disconnected(fd)
+            stats.connections = len(open_fds)
+
+        self._pumps.append(SocketPump(monitor, on_event, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False))
 
     async def _join(self) -> None:
         timeout = self.config.join_timeout_s
+        deadline = self.loop.time() + timeout
         try:
-            reply: JoinReply = await self._membership.join.options(timeout=timeout)(self.info)
+            while True:
+                reply: JoinReply = await self._membership.join.options(timeout=max(deadline - self.loop.time(), 0.1))(self.info)
+                if not reply.retry:
+                    break
+                if self.loop.time() + 0.2 > deadline:
+                    await self.stop()
+                    raise JoinError(f"{self.node_id} could not join within runtime.join_timeout_s={timeout:g}s: {reply.retry}")
+                log.info("%s waits to join: %s", self.node_id, reply.retry)
+                await asyncio.sleep(0.2)
         except CallTimeout:
             await self.stop()
             raise JoinError(
@@ -198,6 +243,7 @@ class Node:
                 reply = await beat(self.node_id, self.info.incarnation, self._epoch)
             except (CallTimeout, NodeLostError) as exc:
                 log.error("%s lost the head (%s); stopping", self.node_id, exc)
+                self.exit_code = EX_TEMPFAIL
                 self.on_node_dead(HEAD_ID, f"the head did not answer heartbeats for {config.node_dead_after_s}s")
                 self.request_stop()
                 return
@@ -208,6 +254,7 @@ class Node:
             if reply.fenced:
                 log.error("%s was declared dead by the head; stopping", self.node_id)
                 self._fenced = True
+                self.exit_code = EX_TEMPFAIL
                 self.request_stop()
                 return
             if reply.members is not None:
@@ -218,10 +265,12 @@ class Node:
         """The head's membership changed (called by ``Membership`` on the head itself)."""
         self._epoch = epoch
         self._members = {m.node_id: m for m in members}
+        self._known.update((m.incarnation, m) for m in members)
 
     def _apply_members(self, epoch: int, members: list[NodeInfo], dead: list[NodeInfo]) -> None:
         self._epoch = epoch
         self._members = {m.node_id: m for m in members}
+        self._known.update((m.incarnation, m) for m in (*members, *dead))
         for gone in dead:
             if gone.incarnation not in self._dead_incarnations:
                 self.on_node_dead(gone.node_id, "declared dead by the head", gone.incarnation)
@@ -305,7 +354,7 @@ class Node:
         self._children[child_id] = proc
         self._tasks.append(self.loop.create_task(self._reap(child_id, proc), name=f"rlasync-reap-{child_id}"))
         timeout = self.config.join_timeout_s
-        joined = as_task(self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout))
+        joined = asyncio.ensure_future(self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout))
         exited = asyncio.ensure_future(proc.wait())
         try:
             await asyncio.wait([joined, exited], return_when=asyncio.FIRST_COMPLETED)
@@ -399,6 +448,7 @@ class Node:
         stats.zap_denied = self.auth.zap_denied
         stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(p.pump.rescued for p in self._peers.values())
         stats.unroutable_replies = self._server.pump.unroutable if hasattr(self, "_server") else 0
+        stats.dropped_messages = sum(p.dropped for p in self._pumps) + sum(p.pump.dropped for p in self._peers.values())
         return stats
 
     # -- calls out ------------------------------------------------------------------------------
@@ -498,10 +548,16 @@ class Node:
             if incarnation in (None, self.info.incarnation):
                 log.error("%s was declared dead (%s); stopping", node_id, reason)
                 self._fenced = True
+                self.exit_code = EX_TEMPFAIL
                 self.request_stop()
             return
         if incarnation is not None:
             self._dead_incarnations[incarnation] = reason
+            info = self._known.get(incarnation)
+            if info is not None:
+                self._dead_callers.add(info.key or f"{info.node_id}:{info.incarnation}")
+                if hasattr(self, "_server"):
+                    self._server.forget(info)
         member = self._members.get(node_id)
         if member is not None and incarnation in (None, member.incarnation):
             self._dead[node_id] = reason
@@ -511,8 +567,35 @@ class Node:
         for key, peer in list(self._peers.items()):
             if peer.info.node_id == node_id and incarnation in (None, peer.info.incarnation, peer.to or None):
                 peer.mark_lost(NodeLostError(node_id, reason))
-        if hasattr(self, "_server"):
-            self._server.forget_caller(node_id, incarnation)
+
+    def is_dead_caller(self, caller: Caller) -> bool:
+        """Whether ``caller`` is a process the head declared dead (it is served no more)."""
+        return bool(self._dead_callers) and (caller.key or caller.claim) in self._dead_callers
+
+    def defer_until_torch(self, handler: Any, frames: list[Any]) -> None:
+        """Hold ``frames`` (they carry a tensor) and every later message until torch is
+        imported, in a thread: importing it takes seconds that the loop (heartbeats) cannot
+        spare. Then hand them to their handlers in the order they came."""
+        if self.deferred is not None:
+            self.deferred.append((handler, frames))
+            return
+        self.deferred = [(handler, frames)]
+
+        async def load() -> None:
+            try:
+                await asyncio.to_thread(importlib.import_module, "torch")
+            finally:
+                waiting, self.deferred = self.deferred or [], None
+                for handle, held in waiting:
+                    if self.deferred is not None:  # cannot happen once torch is loaded; keep order anyway
+                        self.deferred.append((handle, held))
+                        continue
+                    try:
+                        handle(held)
+                    except Exception:
+                        log.exception("message handler failed; message dropped")
+
+        self._tasks.append(self.loop.create_task(load(), name="rlasync-import-torch"))
 
     def request_stop(self) -> None:
         """Start ``stop`` in the background (from inside a callback or an endpoint)."""
@@ -544,6 +627,8 @@ class Node:
 
     async def _stop_politely(self, timeout: float) -> None:
         await self._stop_children(timeout)
+        if self.is_head and hasattr(self, "_membership"):
+            await self._tell_members_the_cluster_ends(min(timeout, 2.0))
         if not self.is_head and self._epoch >= 0 and HEAD_ID not in self._dead and not self._fenced:
             # A call, not a one-way message: closing with linger 0 could drop the message,
             # and the head would then wait node_dead_after_s to notice the departure.
@@ -562,6 +647,22 @@ class Node:
         if hasattr(self, "_server"):
             await self._server.stop(timeout)
 
+    async def _tell_members_the_cluster_ends(self, timeout: float) -> None:
+        """The head stops: every node is told (and stops) instead of finding out by heartbeat."""
+        others = [m for m in self._members.values() if m.node_id != self.node_id and "." not in m.node_id]
+        calls = []
+        for info in others:
+            with contextlib.suppress(NodeLostError, zmq.ZMQError):
+                service = ActorRef(self, _service_info("_node", NodeService, info), NodeService)
+                calls.append(service.cluster_ends.options(timeout=timeout)())
+        if calls:
+            await asyncio.gather(*calls, return_exceptions=True)
+
+    def on_cluster_end(self) -> None:
+        """The head stops the cluster: stop too, and do not try to rejoin."""
+        self._head_stopped = True
+        self.request_stop()
+
     # -- actor refs on the wire -------------------------------------------------------------
     @staticmethod
     def _ref_to_wire(ref: ActorRef) -> Any:
@@ -578,6 +679,48 @@ class Node:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+EX_TEMPFAIL = 75  # exit code of a node fenced or cut off from its head: a supervisor restarts it
+
+
+def _private_ipc_folder(address: str) -> None:
+    """An ``ipc://`` socket lives in a folder only this user can enter: anyone who can connect
+    to it is a member (there is no handshake on ipc). Creates the folder if missing."""
+    folder = os.path.dirname(os.path.abspath(address.removeprefix("ipc://")))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.stat(folder)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise JoinError(
+            f"ipc socket folder {folder} can be entered by other users (mode {st.st_mode & 0o777:o}, owner uid "
+            f"{st.st_uid}): whoever connects to the socket can call every actor. Use a folder only you can enter "
+            f"(chmod 700 {folder}), or tcp:// with a cluster secret"
+        )
+
+
+def _raise_descriptor_limit(connections: int) -> None:
+    """Let this process hold ``runtime.max_connections`` connections plus its own files."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            log.warning("open-file limit %d is below runtime.max_connections=%d + 1024: raise `ulimit -n`", new, connections)
+
+
+def _shut_down(fd: int) -> None:
+    """End the TCP connection on ``fd`` without closing libzmq's descriptor (it closes it itself)."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def rank_of(node_id: str) -> int:

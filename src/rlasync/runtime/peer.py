@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import collections.abc
 import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import zmq
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
+from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump, keep_alive
-from .errors import ActorError, ActorNotFound, CallTimeout, NodeLostError, NotAnEndpoint, RuntimeErrorBase
+from .errors import ActorError, ActorNotFound, CallRefused, CallTimeout, Forbidden, NodeLostError, NotAnEndpoint, RuntimeErrorBase
 from .types import NodeInfo
 
 if TYPE_CHECKING:
@@ -30,41 +30,15 @@ _ITEM, _END, _FAIL = 0, 1, 2
 
 # Runtime errors that cross the wire keep their type (the rest arrive as ActorError).
 _RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
-    f"{cls.__module__}.{cls.__qualname__}": cls for cls in (ActorNotFound, NotAnEndpoint, CallTimeout)
+    f"{cls.__module__}.{cls.__qualname__}": cls for cls in (ActorNotFound, NotAnEndpoint, CallTimeout, CallRefused, Forbidden)
 }
 
 
-class _AlsoACoroutine:
-    """Lets a call's future go wherever a coroutine goes (``asyncio.create_task``, TaskGroup).
-
-    A call is sent the moment it is made and its answer is a future, so ``gather`` of many
-    calls creates no tasks. Users also write ``asyncio.create_task(ref.m(x))``, which wants
-    a coroutine: these three methods make the future drive a task as a coroutine would.
-    """
-
-    def send(self, value: Any) -> Any:
-        if self.done():  # type: ignore[attr-defined]
-            raise StopIteration(self.result())  # type: ignore[attr-defined]
-        self._asyncio_future_blocking = True
-        return self
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        exc = typ if val is None else val
-        if isinstance(exc, type):
-            exc = exc()
-        if isinstance(exc, asyncio.CancelledError):
-            self.cancel()  # type: ignore[attr-defined]
-        raise exc
-
-    def close(self) -> None:
-        pass
+class CallTask(asyncio.Task):  # type: ignore[type-arg]
+    """A call that needs a task (a call to an actor of this node)."""
 
 
-class CallTask(_AlsoACoroutine, asyncio.Task):  # type: ignore[type-arg,misc]
-    """A call that needs a task (local, or waiting for a free slot); also usable as a coroutine."""
-
-
-class CallFuture(_AlsoACoroutine, asyncio.Future):  # type: ignore[type-arg]
+class CallFuture(asyncio.Future):  # type: ignore[type-arg]
     """The answer to one remote call. Cancelling it (or the task awaiting it) tells the callee.
 
     A subclass rather than a done-callback: the hot path then schedules nothing extra.
@@ -110,15 +84,21 @@ class Peer:
         self.codec = node.codec
         self.max_inflight = node.config.max_inflight_per_peer
         sock = node.ctx.socket(zmq.DEALER)
-        # The identity names this process, not just its rank: a restarted rank must not take
-        # over (or be taken for) its dead predecessor's connection.
-        sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, node.config.max_frame_bytes)
         keep_alive(sock)
         if info.address.startswith("tcp://"):
+            # Over TCP this process is its CURVE key (server.Caller); the callee names the
+            # connection itself, so no peer can pick another's routing id and take its replies.
             node.require_keys().make_client(sock)
+        else:
+            # Over ipc (a folder only this user can enter) the identity names this process, not
+            # just its rank: a restarted rank is never taken for its dead predecessor.
+            sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
         sock.connect(info.address)
-        self.pump = SocketPump(sock, self._on_message, recheck_s=node.config.io_recheck_s, loop=self.loop)
+        self.pump = SocketPump(sock, self._on_message, recheck_s=node.config.io_recheck_s, loop=self.loop, max_outbox_bytes=node.config.max_outbox_bytes)
+        self.pump.max_batch_bytes = node.config.max_body_bytes
+        self.max_queued = node.config.max_queued_calls
         self.pending: dict[int, _Pending] = {}
         self.streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], str, str]] = {}
         self.waiting: collections.deque[int] = collections.deque()  # queued call ids, oldest first
@@ -140,12 +120,21 @@ class Peer:
         if self.lost is not None:
             future.set_exception(self._lost_error())
             return future
-        frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, to=self.to))
+        send_now = (self.inflight < self.max_inflight and not self.waiting) or actor[:1] == "_"
+        if not send_now and len(self.waiting) >= self.max_queued:
+            self.node.stats_.calls_refused += 1
+            future.set_exception(CallRefused(
+                f"call to {actor}.{method} on {self.info.node_id}: {len(self.waiting)} calls already wait for one of "
+                f"runtime.max_inflight_per_peer={self.max_inflight} slots (runtime.max_queued_calls={self.max_queued}); "
+                "the callee is far slower than its callers: await some calls before making more"
+            ))  # fmt: skip
+            return future
+        frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, to=self.to, timeout=timeout))
         pending = _Pending(future, actor, method, timeout, convert)
         self.pending[call_id] = pending
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
-        if (self.inflight < self.max_inflight and not self.waiting) or actor[:1] == "_":
+        if send_now:
             # The runtime's own actors (heartbeats, membership) never queue behind user calls:
             # a node busy with slow calls must not be declared dead for it.
             self._send_call(frames)
@@ -160,11 +149,18 @@ class Peer:
         self.node.stats_.calls_sent += 1
 
     def _send_waiting(self) -> None:
+        now = self.loop.time()
         while self.waiting and self.inflight < self.max_inflight:
-            pending = self.pending.get(self.waiting.popleft())
-            if pending is not None and pending.frames is not None:  # else it timed out or was cancelled
-                frames, pending.frames = pending.frames, None
-                self._send_call(frames)
+            call_id = self.waiting.popleft()
+            pending = self.pending.get(call_id)
+            if pending is None or pending.frames is None:  # it timed out or was cancelled
+                continue
+            if pending.deadline <= now:  # expired while it waited: fail it here, never send it
+                self.node.stats_.calls_expired_unsent += 1
+                self._expire(call_id)
+                continue
+            frames, pending.frames = pending.frames, None
+            self._send_call(frames)
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -243,8 +239,18 @@ class Peer:
 
     # -- input ------------------------------------------------------------------------------
     def _on_message(self, frames: list[Any]) -> None:
+        if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
+            self.node.deferred.append((self._on_message, frames))
+            return
         try:
             msg = self.codec.decode(frames)
+        except NeedsTorch:
+            self.node.defer_until_torch(self._on_message, frames)
+            return
+        except OversizedBody as exc:
+            self.node.stats_.oversized_bodies += 1
+            log.warning("refused a message from %s: %s", self.info.node_id, exc)
+            return
         except DecodeError as exc:
             self.node.stats_.malformed_frames += 1
             log.debug("dropped malformed message from %s: %s", self.info.node_id, exc)
@@ -329,5 +335,25 @@ class Peer:
 
 
 
-collections.abc.Coroutine.register(CallFuture)
-collections.abc.Coroutine.register(CallTask)
+def accept_calls_as_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Let ``loop.create_task`` (so ``asyncio.create_task`` and ``TaskGroup``) take a call's
+    future as it takes a coroutine: the task awaits it. A call is a future, not a coroutine
+    (``asyncio.wait`` and ``gather`` take it as it is), and ``Task`` accepts only coroutines.
+    A task factory already set on the loop still makes every task."""
+    previous = loop.get_task_factory()
+    if getattr(previous, "accepts_calls", False):
+        return
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        if isinstance(coro, asyncio.Future):
+            coro = _awaiting(coro)
+        if previous is not None:
+            return previous(loop, coro, **kwargs)  # type: ignore[call-arg]
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    factory.accepts_calls = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+
+
+async def _awaiting(future: asyncio.Future[Any]) -> Any:
+    return await future

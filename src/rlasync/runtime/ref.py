@@ -3,21 +3,20 @@
 ``await ref.add(2)`` sends a call and returns its answer; ``ref.add.options(timeout=5)``
 overrides the deadline for one call; ``async for x in ref.stream(...)`` streams. A call
 returns an ``asyncio.Future`` at once (no task is created on the hot path): await it,
-``asyncio.gather`` many, or keep it; cancelling it cancels the remote call.
+``asyncio.gather`` or ``asyncio.wait`` many, or keep it; cancelling it cancels the remote
+call. ``asyncio.create_task(ref.add(2))`` works too (a node lets its loop's tasks await a call).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from .errors import NotAnEndpoint
 from .types import ActorInfo
 
 if TYPE_CHECKING:
     from .node import Node
-
-T = TypeVar("T")
 
 
 class ActorRef:
@@ -101,13 +100,3 @@ class RemoteStream(RemoteEndpoint):
 
     def __call__(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
         return self.ref._node._stream(self.ref, self.method, list(args), kwargs, self.timeout, self.convert)
-
-
-def as_task(call: Awaitable[T]) -> asyncio.Task[T]:
-    """A task around a call, for ``asyncio.wait``: a call's future also passes for a coroutine
-    (so ``asyncio.create_task(ref.m())`` works), which ``asyncio.wait`` refuses."""
-
-    async def awaited() -> T:
-        return await call
-
-    return asyncio.ensure_future(awaited())

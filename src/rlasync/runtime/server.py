@@ -2,25 +2,29 @@
 
 A call runs its endpoint eagerly up to the first real wait (an endpoint that answers at once
 costs no task), then as a task that the caller can cancel (``Cancel``) and that stops when
-the caller's node is declared dead. A streaming endpoint sends at most
-``runtime.stream_window`` items ahead of the caller's acknowledgements.
+the caller's node is declared dead, its connection closes, or the caller's deadline passes.
+A streaming endpoint sends at most ``runtime.stream_window`` items ahead of the caller's
+acknowledgements, whatever credit the caller claims. One caller runs at most
+``runtime.max_calls_per_caller`` calls at once; the rest are refused (``busy``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import traceback
 import contextvars
+import logging
 import sys
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
+from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump
 from .actor import Actor, endpoints_of
-from .errors import ActorNotFound, CallTimeout, NodeLostError, NotAnEndpoint
+from .errors import ActorNotFound, CallRefused, CallTimeout, NodeLostError, NotAnEndpoint
+from .types import NodeInfo
 
 if TYPE_CHECKING:
     from .node import Node
@@ -28,15 +32,50 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Caller:
+    """Who sent a call. Over TCP, the CURVE key it authenticated with (``key``): no peer can
+    speak as another by naming it. Over ``ipc://`` (a socket folder only this user can enter)
+    there is no handshake, and the identity the peer set (``claim``, ``node-1:<incarnation>``)
+    is taken at its word. ``running``: its calls being served now."""
+
+    __slots__ = ("key", "claim", "fd", "running", "dead")
+
+    def __init__(self, key: str, claim: str, fd: int = -1) -> None:
+        self.key = key
+        self.claim = claim
+        self.fd = fd
+        self.running = 0
+        self.dead = False  # its process was declared dead: it is served no more
+
+    def is_node(self, info: NodeInfo) -> bool:
+        """Whether this caller is the process ``info`` describes."""
+        if self.key:
+            return self.key == info.key
+        return self.claim == f"{info.node_id}:{info.incarnation}"
+
+    def __str__(self) -> str:
+        return f"key {self.key[:12]}..." if self.key else repr(self.claim)
+
+
+# The caller of the endpoint running now (None: a call from this process). Membership and
+# the node service read it to refuse what only a given node may ask.
+current_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("rlasync_caller", default=None)
+
+
 class _Serving:
     """A call this node is running for a peer; streaming calls also track send credit."""
 
-    __slots__ = ("task", "credit", "more")
+    __slots__ = ("task", "credit", "more", "caller", "deadline")
 
-    def __init__(self, credit: int) -> None:
+    def __init__(self, credit: int, caller: Caller, deadline: float) -> None:
         self.task: asyncio.Task[None] | None = None
         self.credit = credit
         self.more: asyncio.Event | None = None
+        self.caller = caller
+        self.deadline = deadline
+
+
+_SWEEP_S = 1.0  # calls past their caller's deadline are cancelled by a sweep this often
 
 
 class Server:
@@ -46,41 +85,98 @@ class Server:
         self.node = node
         self.loop = node.loop
         self.codec = node.codec
+        self.config = node.config
         self.serving: dict[tuple[bytes, int], _Serving] = {}
         self.oneway: set[asyncio.Task[None]] = set()
-        self.pump = SocketPump(router, self._on_request, recheck_s=node.config.io_recheck_s, loop=self.loop, routed=True)
+        self.callers: dict[bytes, Caller] = {}  # routing id -> who it is (one per connection over TCP)
+        self._by_fd: dict[int, list[bytes]] = {}  # connection descriptor -> its routing ids
+        self.pump = SocketPump(
+            router, self._on_request, recheck_s=node.config.io_recheck_s, loop=self.loop, routed=True,
+            peers=self.callers, new_peer=self._identify, max_outbox_bytes=node.config.max_outbox_bytes,
+        )  # fmt: skip
+        self.pump.max_batch_bytes = node.config.max_body_bytes
+        self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
 
-    def forget_caller(self, node_id: str, incarnation: str | None = None) -> None:
-        """Stop serving the calls of a dead process (None: any process of that rank)."""
-        exact = f"{node_id}:{incarnation}".encode() if incarnation else None
-        prefix = f"{node_id}:".encode()
+    # -- who calls ------------------------------------------------------------------------
+    def _identify(self, ident: bytes, frame: zmq.Frame) -> None:
+        try:
+            key = frame.get("User-Id")
+        except zmq.ZMQError:  # no handshake (ipc): no key
+            key = ""
+        try:
+            fd = int(frame.get(zmq.SRCFD))
+        except (zmq.ZMQError, TypeError, ValueError):
+            fd = -1
+        caller = Caller(key or "", "" if key else ident.decode(errors="replace"), fd)
+        caller.dead = self.node.is_dead_caller(caller)
+        self.callers[ident] = caller
+        if fd >= 0:
+            self._by_fd.setdefault(fd, []).append(ident)
+
+    def disconnected(self, fd: int) -> None:
+        """A connection closed: its callers are gone, and so is any point in their calls."""
+        for ident in self._by_fd.pop(fd, ()):
+            if self.callers.pop(ident, None) is not None:
+                self._cancel_calls(lambda key, ident=ident: key[0] == ident)  # type: ignore[misc]
+
+    def forget(self, info: NodeInfo) -> None:
+        """The process ``info`` was declared dead: stop serving its calls and refuse new ones."""
+        for caller in self.callers.values():
+            if caller.is_node(info):
+                caller.dead = True
+        self._cancel_calls(lambda key: self.callers.get(key[0]) is None or self.callers[key[0]].dead)
+
+    def _cancel_calls(self, which: Any) -> None:
         for key, serving in list(self.serving.items()):
-            ident = key[0]
-            if (ident == exact if exact else ident.startswith(prefix)) and serving.task is not None:
+            if which(key) and serving.task is not None:
                 serving.task.cancel()
+
+    def _sweep(self) -> None:
+        """Cancel calls past their caller's deadline: the caller gave up, or is gone without a word."""
+        now = self.loop.time()
+        for serving in [s for s in self.serving.values() if s.deadline <= now and s.task is not None]:
+            assert serving.task is not None
+            serving.task.cancel()
+        self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
 
     async def stop(self, timeout: float) -> None:
         """Cancel every call in progress and wait up to ``timeout`` s for them to unwind."""
+        self._sweeper.cancel()
         tasks = [s.task for s in self.serving.values() if s.task is not None] + list(self.oneway)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
 
+    # -- input ----------------------------------------------------------------------------
     def _on_request(self, frames: list[Any]) -> None:
+        stats = self.node.stats_
         if len(frames) < 2:
-            self.node.stats_.malformed_frames += 1
+            stats.malformed_frames += 1
             return
-        ident = frames[0] if type(frames[0]) is bytes else frames[0].bytes
+        ident = frames[0]
+        if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
+            self.node.deferred.append((self._on_request, frames))
+            return
         try:
             msg = self.codec.decode(frames[1:])
+        except NeedsTorch:
+            self.node.defer_until_torch(self._on_request, frames)
+            return
+        except OversizedBody as exc:
+            stats.oversized_bodies += 1
+            log.warning("refused a message from %s: %s", self.callers.get(ident), exc)
+            return
         except DecodeError as exc:
-            self.node.stats_.malformed_frames += 1
+            stats.malformed_frames += 1
             log.debug("dropped malformed request from %r: %s", ident[:32], exc)
             return
         kind = type(msg)
+        caller = self.callers.get(ident)
+        if caller is None:  # cannot happen: the pump identifies every routing id first
+            caller = self.callers[ident] = Caller("", ident.decode(errors="replace"))
         if kind is Call:
-            self._serve(ident, msg)
+            self._serve(ident, caller, msg)
         elif kind is Cancel:
             serving = self.serving.get((ident, msg.id))
             if serving is not None and serving.task is not None:
@@ -88,18 +184,33 @@ class Server:
         elif kind is StreamAck:
             serving = self.serving.get((ident, msg.id))
             if serving is not None:
-                serving.credit += msg.n
+                window = self.config.stream_window
+                if not 0 <= msg.n <= window or serving.credit + msg.n > window:
+                    stats.credit_refused += 1  # more than it was ever sent: forged, or a bug
+                serving.credit = min(serving.credit + max(msg.n, 0), window)
                 if serving.more is not None:
                     serving.more.set()
         else:
-            self.node.stats_.malformed_frames += 1
+            stats.malformed_frames += 1
 
-    def _serve(self, ident: bytes, call: Call) -> None:
+    def _serve(self, ident: bytes, caller: Caller, call: Call) -> None:
+        stats = self.node.stats_
+        if caller.dead:
+            stats.calls_fenced += 1
+            message = f"{self.node.node_id} serves no calls from {caller}: the head declared that process dead"
+            return self._fail(ident, call.id, "gone", NodeLostError, message)
         if call.to and call.to != self.node.info.incarnation:
             # The caller means a process that used to listen at this address (same rank,
             # restarted): that process is gone, whatever actor of the same name lives here now.
             message = f"the process of {self.node.node_id} that was called ({call.to}) is gone; {self.node.info.incarnation} listens there now"
             return self._fail(ident, call.id, "gone", NodeLostError, message)
+        if caller.running >= self.config.max_calls_per_caller:
+            stats.calls_refused += 1
+            message = (
+                f"{self.node.node_id} is already running runtime.max_calls_per_caller={self.config.max_calls_per_caller} "
+                f"calls for this caller; keep runtime.max_inflight_per_peer below it"
+            )
+            return self._fail(ident, call.id, "busy", CallRefused, message)
         actor = self.node._actors.get(call.actor)
         if actor is None:
             detail = "it was never spawned here, or it stopped"
@@ -108,15 +219,21 @@ class Server:
         if ep is None or ep.streaming != call.stream:
             what = "a streaming" if call.stream else "a unary"
             return self._fail(ident, call.id, "no_endpoint", NotAnEndpoint, f"{call.method!r} is not {what} endpoint of actor {call.actor!r}")
-        self.node.stats_.calls_served += 1
-        serving = _Serving(self.node.config.stream_window)
+        stats.calls_served += 1
+        timeout = call.timeout if call.timeout > 0 else self.config.call_timeout_s
+        serving = _Serving(self.config.stream_window, caller, self.loop.time() + timeout + _SWEEP_S)
         if call.id:  # registered first: on 3.12+ the task may run (and end) before _task returns
             self.serving[(ident, call.id)] = serving
-        run = self._run_stream(ident, call, ep, actor, serving) if call.stream else self._run_unary(ident, call, ep, actor)
+        caller.running += 1
+        run = self._run_stream(ident, call, ep, actor, serving) if call.stream else self._run_unary(ident, call, ep, actor, caller)
         # Every endpoint runs in a task of its own, so asyncio.timeout, TaskGroup and
         # contextvars behave as in any coroutine; on 3.12+ the task starts eagerly, and an
         # endpoint that answers without waiting finishes before this returns.
-        serving.task = task = _task(self.loop, run)
+        token = current_caller.set(caller)  # the task's context is a copy of this one
+        try:
+            serving.task = task = _task(self.loop, run)
+        finally:
+            current_caller.reset(token)
         if not call.id and not task.done():  # one-way: nobody waits, but stop() must cancel it
             self.oneway.add(task)
             task.add_done_callback(self.oneway.discard)
@@ -137,7 +254,7 @@ class Server:
         self.pump.send([ident, *frames], copy=False)  # a caller that is gone: counted by the pump
         return ok
 
-    async def _run_unary(self, ident: bytes, call: Call, ep: Any, actor: Actor) -> None:
+    async def _run_unary(self, ident: bytes, call: Call, ep: Any, actor: Actor, caller: Caller) -> None:
         call_id = call.id
         try:
             args, kwargs = ep.convert_args(call.args, call.kwargs)
@@ -153,6 +270,7 @@ class Server:
                 self._send(ident, error_reply(call_id, exc))
             return
         finally:
+            caller.running -= 1
             if call_id:
                 self.serving.pop((ident, call_id), None)
         if call_id:
@@ -187,6 +305,7 @@ class Server:
         else:
             self._send(ident, StreamEnd(call.id))
         finally:
+            serving.caller.running -= 1
             self.serving.pop(key, None)
 
 

@@ -19,6 +19,7 @@ class NodeInfo(msgspec.Struct, frozen=True):
     incarnation: str  # changes when a node of that rank restarts
     pid: int = 0
     host: str = ""
+    key: str = ""  # the CURVE public key its calls authenticate with ("" on ipc: see server.Caller)
 
 
 class ActorInfo(msgspec.Struct, frozen=True):
@@ -45,6 +46,7 @@ class JoinReply(msgspec.Struct, frozen=True):
     head: NodeInfo
     epoch: int
     members: list[NodeInfo]
+    retry: str = ""  # not joined yet, and why (a live process still holds the rank): ask again
 
 
 class HeartbeatReply(msgspec.Struct, frozen=True):
@@ -67,3 +69,13 @@ class NodeStats(msgspec.Struct):
     zap_denied: int = 0
     lost_wakeups: int = 0  # socket wake-ups rescued by the safety timer (should stay 0)
     actors: int = 0
+    # Refusals: what a peer asked for past a bound (runtime.*) or beyond its rights.
+    calls_refused: int = 0  # past runtime.max_calls_per_caller (served) or max_queued_calls (sent)
+    calls_forbidden: int = 0  # a member asked for what only another may do (join as it, declare deaths)
+    calls_fenced: int = 0  # calls from a process the head declared dead
+    calls_expired_unsent: int = 0  # queued calls whose deadline passed before a slot freed: never sent
+    oversized_bodies: int = 0  # message bodies past runtime.max_body_bytes: not decoded
+    dropped_messages: int = 0  # outgoing messages dropped past runtime.max_outbox_bytes
+    credit_refused: int = 0  # stream credit past runtime.stream_window (a forged StreamAck)
+    connections: int = 0  # TCP connections open now
+    connections_refused: int = 0  # past runtime.max_connections: closed at once

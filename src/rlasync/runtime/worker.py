@@ -19,30 +19,65 @@ import sys
 import msgspec
 
 from ..config import RuntimeConfig, convert
-from .node import Node, rank_of
+from .errors import JoinError
+from .node import EX_TEMPFAIL, Node, rank_of
 from .process import die_with_parent, parent_from_env, watch_parent
 from .types import CONFIG_ENV, SECRET_ENV
 
+log = logging.getLogger(__name__)
+
 
 async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig, secret: str | None, *, node_id: str | None = None) -> int:
-    node = Node(rank, listen, head=head, config=config, secret=secret, node_id=node_id)
+    """Run a node until it stops; return the process's exit code.
+
+    A node the head fenced, or that lost the head past ``runtime.node_dead_after_s``, stops with
+    ``EX_TEMPFAIL`` (75). Started by a parent (a supervised child, a local cluster's node), it
+    exits with that code: the parent decides. Started on its own (``rlasync node``), it joins
+    again as a new process of the same rank (a new incarnation) as soon as the head answers,
+    for up to ``runtime.rejoin_timeout_s``; the head then places roles on it again.
+    """
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, node.request_stop)
     parent = parent_from_env()
     watch: asyncio.Task[None] | None = None
+    signalled = False
+    node: Node | None = None
+
+    def stop() -> None:
+        nonlocal signalled
+        signalled = True
+        if node is not None:
+            node.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
     if parent is not None:
         if not die_with_parent(parent):
-            print(f"{node.node_id}: the process that started it (pid {parent}) is gone", file=sys.stderr)
+            print(f"{node_id or f'node-{rank}'}: the process that started it (pid {parent}) is gone", file=sys.stderr)
             return 1
-        watch = asyncio.create_task(watch_parent(parent, node.request_stop), name="rlasync-parent-watch")
+        watch = asyncio.create_task(watch_parent(parent, stop), name="rlasync-parent-watch")
+    rejoin_until: float | None = None
     try:
-        await node.start()
-        await node.stopped.wait()
+        while True:
+            node = Node(rank, listen, head=head, config=config, secret=secret, node_id=node_id)
+            try:
+                await node.start()
+            except JoinError as exc:
+                if rejoin_until is None or signalled or loop.time() > rejoin_until:
+                    raise
+                log.info("%s: cannot rejoin yet (%s); trying again", node.node_id, exc)
+                await asyncio.sleep(1.0)
+                continue
+            if signalled:
+                await node.stop()
+            await node.stopped.wait()
+            rejoin = node.exit_code == EX_TEMPFAIL and parent is None and not signalled and config.rejoin_timeout_s > 0
+            if not rejoin:
+                return node.exit_code
+            log.warning("%s was cut off from the cluster; rejoining as a new process for up to runtime.rejoin_timeout_s=%gs", node.node_id, config.rejoin_timeout_s)
+            rejoin_until = loop.time() + config.rejoin_timeout_s
     finally:
         if watch is not None:
             watch.cancel()
-    return 0
 
 
 def config_from_env() -> RuntimeConfig:

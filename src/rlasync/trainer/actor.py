@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..config.train import TrainerConfig
-from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError, as_task
+from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError
 from ..runtime.address import host_of
 from .rank import RankSpec, TrainerRank
 from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
@@ -234,7 +234,7 @@ class TrainerActor:
         if self._broken:
             raise RankLostError(f"the trainer is unusable ({self._broken}): restart it from a checkpoint")
         deadline = timeout or self.config.call_timeout_s
-        calls = {r: as_task(getattr(self.ranks[r], method).options(timeout=deadline)(*args)) for r, args in per_rank.items()}
+        calls = {r: asyncio.ensure_future(getattr(self.ranks[r], method).options(timeout=deadline)(*args)) for r, args in per_rank.items()}
         first_error: tuple[int, BaseException] | None = None
         loop = asyncio.get_running_loop()
         failed_at = 0.0

@@ -1,9 +1,11 @@
 """Authenticate TCP peers with a cluster secret, through ZeroMQ CURVE.
 
-Every node derives the same two CURVE key pairs from the cluster secret: a server pair
-for its ROUTER socket and a client pair for its DEALER sockets. A peer that does not hold
-the secret cannot complete the handshake (it does not know the server's key), and a
-handshake whose client key is not the cluster's is refused by the ZAP handler below.
+Every node derives the same CURVE server key pair from the cluster secret, for its ROUTER
+socket; the server's public key never travels, so a peer that does not hold the secret
+cannot complete a handshake (CURVE needs the server's key to start one). Each process makes
+a client key pair of its own for its DEALER sockets: the key a caller authenticated with is
+who it is (ZAP hands it to the ROUTER as each message's ``User-Id``), and membership binds
+every node to its key, so no member can speak for another by naming it.
 ZeroMQ drops the frames of a peer whose handshake failed; ``AuthCounters`` counts them
 from the socket monitor, so an operator can see an intruder or a misconfigured node.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -48,8 +50,13 @@ class CurveKeys:
             return zmq.curve_public(secret_key), secret_key
 
         server_public, server_secret = derive(b"server")
-        client_public, client_secret = derive(b"client")
+        client_public, client_secret = zmq.curve_keypair()  # this process's own identity
         return cls(server_public, server_secret, client_public, client_secret)
+
+    @property
+    def identity(self) -> str:
+        """This process's public client key, as ZAP reports it (``User-Id``) to the nodes it calls."""
+        return self.client_public.decode()
 
     def make_server(self, sock: zmq.Socket) -> None:  # type: ignore[type-arg]
         sock.curve_server = True
@@ -68,24 +75,27 @@ class AuthCounters:
     """What the authentication layer refused since the node started."""
 
     handshakes_failed: int = 0  # bad handshakes: wrong secret, garbage bytes, plain ZMTP
-    zap_denied: int = 0  # handshakes that reached ZAP with a key that is not the cluster's
-    _client_public: bytes = field(default=b"", repr=False)
+    zap_denied: int = 0  # handshakes that reached ZAP without a CURVE key (another mechanism)
 
     def on_zap_request(self, frames: list[Any]) -> list[bytes]:
-        """Answer one ZAP request (RFC 27): allow only the cluster's CURVE client key."""
+        """Answer one ZAP request (RFC 27). A CURVE handshake that got this far knew the
+        server's key, so the peer holds the secret: allow it, and name it by its client key
+        (the User-Id its messages then carry)."""
         parts = [bytes(f.buffer) if hasattr(f, "buffer") else bytes(f) for f in frames]
         version, request_id = parts[0], parts[1] if len(parts) > 1 else b""
         mechanism = parts[5] if len(parts) > 5 else b""
         key = parts[6] if len(parts) > 6 else b""
-        if version == b"1.0" and mechanism == b"CURVE" and key == z85.decode(self._client_public):
-            return [b"1.0", request_id, b"200", b"OK", b"rlasync", b""]
+        if version == b"1.0" and mechanism == b"CURVE" and len(key) == 32:
+            return [b"1.0", request_id, b"200", b"OK", z85.encode(key), b""]
         self.zap_denied += 1
         return [b"1.0", request_id, b"400", b"not a member of this cluster", b"", b""]
 
-    def on_monitor_event(self, frames: list[Any]) -> None:
+    def on_monitor_event(self, frames: list[Any]) -> tuple[int, int]:
+        """Count a failed handshake; return the event and its value (a descriptor, for most)."""
         event = parse_monitor_message([bytes(f.buffer) if hasattr(f, "buffer") else f for f in frames])
         if event["event"] & _HANDSHAKE_FAILURES:
             self.handshakes_failed += 1
+        return int(event["event"]), int(event["value"])
 
 
 def monitor_events() -> int:

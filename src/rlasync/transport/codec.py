@@ -39,6 +39,18 @@ class DecodeError(ValueError):
     """A frame list is not a valid message; it is dropped and counted, never fatal."""
 
 
+class OversizedBody(DecodeError):
+    """A body past the codec's ``max_body_bytes``: refused before decoding (decoding holds the loop)."""
+
+
+class NeedsTorch(Exception):
+    """The message holds a tensor and torch is not imported yet. Importing it takes seconds:
+    the receiver does that off the event loop (``asyncio.to_thread``), then decodes again."""
+
+
+MAX_TENSOR_DIMS = 32
+
+
 class TensorMeta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     dtype: str
     shape: list[int]
@@ -56,8 +68,9 @@ def _torch() -> Any:
 class Codec:
     """Turns messages into ``[kind, body, *side]`` frames and back."""
 
-    def __init__(self, zero_copy_threshold: int = 65536) -> None:
+    def __init__(self, zero_copy_threshold: int = 65536, max_body_bytes: int = 2**62) -> None:
         self.threshold = zero_copy_threshold
+        self.max_body_bytes = max_body_bytes
         self._side: list[Any] = []
         self._rx_side: Sequence[Any] = ()
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
@@ -143,6 +156,8 @@ class Codec:
         if not frames:
             raise DecodeError("expected at least one frame (the body), got none")
         body = memoryview(_as_buffer(frames[0]))
+        if body.nbytes > self.max_body_bytes:
+            raise OversizedBody(f"a body of {body.nbytes} bytes is past runtime.max_body_bytes={self.max_body_bytes}")
         kind = bytes(body[:1])
         decoder = self._decoders.get(kind)
         if decoder is None:
@@ -150,6 +165,8 @@ class Codec:
         self._rx_side = frames[1:]
         try:
             return decoder.decode(body[1:])
+        except NeedsTorch:
+            raise
         except Exception as exc:  # garbage may fail in any way; none of it may escape
             raise DecodeError(f"malformed {TYPE_OF[kind].__name__}: {exc}") from None
         finally:
@@ -167,7 +184,11 @@ class Codec:
         raise DecodeError(f"unknown extension type {code}")
 
     def _decode_tensor(self, meta: TensorMeta) -> Any:
-        torch = _torch()
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise NeedsTorch()
+        if len(meta.shape) > MAX_TENSOR_DIMS:
+            raise DecodeError(f"a tensor of {len(meta.shape)} dimensions (at most {MAX_TENSOR_DIMS})")
         dtype = getattr(torch, meta.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise DecodeError(f"unknown tensor dtype {meta.dtype!r}")
@@ -180,6 +201,8 @@ class Codec:
             if size < 0:
                 raise DecodeError(f"negative tensor size in shape {meta.shape}")
             numel *= size
+            if numel > 2**48:  # the byte count below cannot match: stop before the product grows
+                raise DecodeError(f"tensor shape {meta.shape} is too large")
         itemsize = dtype.itemsize
         if numel * itemsize != len(buffer):
             raise DecodeError(f"tensor of shape {meta.shape} and dtype {meta.dtype} needs {numel * itemsize} bytes, frame has {len(buffer)}")

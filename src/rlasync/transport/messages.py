@@ -22,6 +22,7 @@ class Call(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     kwargs: dict[str, Any] = {}
     stream: bool = False  # the endpoint is an async generator: reply with items
     to: str = ""  # the callee process (incarnation) the caller means; "" = whichever listens
+    timeout: float = 0.0  # the caller's deadline in seconds: the callee gives up after it too
 
 
 class Reply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -67,7 +68,7 @@ class StreamAck(msgspec.Struct, array_like=True, gc=False):
     n: int
 
 
-ERROR_CODES = ("raised", "no_actor", "no_endpoint", "bad_request", "timeout", "gone")
+ERROR_CODES = ("raised", "no_actor", "no_endpoint", "bad_request", "timeout", "gone", "busy", "forbidden")
 
 # One byte per kind; the decoder for each is built once for its exact type.
 KIND_OF: dict[type[msgspec.Struct], bytes] = {

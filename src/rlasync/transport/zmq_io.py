@@ -31,9 +31,12 @@ log = logging.getLogger(__name__)
 
 BATCH_MARK = b"\x00"  # first byte of a batch frame; message kinds start at 1
 _BATCH_MAX_BODY = 16384  # bodies at least this large go alone (copying them into a batch costs more)
-_DRAIN_LIMIT = 512
+_BATCH_MAX_COUNT = 256  # bodies per batch: at most 4 MiB, far below runtime.max_body_bytes
+_DRAIN_LIMIT = 512  # ZeroMQ messages handled per reader callback before yielding to the loop
+_DRAIN_BYTES = 32 * 2**20  # ... and bodies decoded per callback (decoding holds the loop)
 _ON_TIME_S = 0.005  # a re-check later than this found a busy loop, not (provably) a lost wake-up
-_OUTBOX_LIMIT = 100_000  # messages waiting for one destination before the oldest are dropped  # ZeroMQ messages handled per reader callback before yielding to the loop
+_OUTBOX_LIMIT = 100_000  # messages waiting for one destination before the oldest are dropped
+_OUTBOX_BYTES = 512 * 2**20  # bytes waiting for all destinations (runtime.max_outbox_bytes)
 
 
 # ZeroMQ-level heartbeats only clear out connections to peers that are stuck for good. libzmq
@@ -58,7 +61,10 @@ class SocketPump:
     ``on_message(frames)`` runs synchronously inside the drain and must not block: it
     resolves futures or starts tasks. ``routed`` means a ROUTER socket: every message
     starts with the peer's identity frame. ``batch=False`` turns batching off both ways
-    (for ZAP and monitor sockets, whose frames are not ours).
+    (for ZAP and monitor sockets, whose frames are not ours). ``peers`` and ``new_peer``
+    (ROUTER only): the first message from a routing id not in ``peers`` calls
+    ``new_peer(routing_id, frame)`` with ZeroMQ's frame, whose metadata says who sent it
+    (``User-Id``, the connection's descriptor) before ``on_message`` sees the message.
     """
 
     def __init__(
@@ -70,6 +76,9 @@ class SocketPump:
         loop: asyncio.AbstractEventLoop | None = None,
         routed: bool = False,
         batch: bool = True,
+        peers: dict[bytes, Any] | None = None,
+        new_peer: Callable[[bytes, zmq.Frame], None] | None = None,
+        max_outbox_bytes: int = _OUTBOX_BYTES,
     ) -> None:
         self.sock = sock
         self.on_message = on_message
@@ -81,7 +90,12 @@ class SocketPump:
         # Messages ZeroMQ could not take yet (its queue to that peer is full), per destination:
         # one peer that stops reading must not hold up the replies owed to the others.
         self._outboxes: dict[Any, collections.deque[tuple[list[Any], bool]]] = {}
-        self.dropped = 0  # messages dropped because one destination's outbox passed its limit
+        self.dropped = 0  # messages dropped because the outboxes passed their limits
+        self._outbox_bytes = 0
+        self._max_outbox_bytes = max_outbox_bytes
+        self._peers = peers
+        self.max_batch_bytes = 2**62  # batches past this are refused like an oversized body
+        self._new_peer = new_peer
         self._batches: dict[Any, list[Any]] = {}  # destination -> bodies waiting for the flush
         self._batch_encoder = msgspec.msgpack.Encoder()
         self._batch_decoder = msgspec.msgpack.Decoder(list[bytes])
@@ -113,6 +127,8 @@ class SocketPump:
         if self._outboxes:
             self._flush_outbox()
         body_at = 1 if self.routed else 0
+        peers = self._peers
+        budget = _DRAIN_BYTES
         for handled in range(_DRAIN_LIMIT):
             try:
                 # Most wake-ups find zero or one message: asking ZeroMQ first spares the EAGAIN
@@ -120,15 +136,24 @@ class SocketPump:
                 # skip the question and stop at EAGAIN instead (measured on the pipelined path).
                 if handled < 2 and not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     return
-                # Copying receive: measured faster than Frame objects for the small messages
-                # that dominate; a large tensor is still decoded without a second copy.
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                if peers is None:
+                    # Copying receive: measured faster than Frame objects for the small messages
+                    # that dominate; a large tensor is still decoded without a second copy.
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                else:  # the routing id as a Frame: its metadata names the sender
+                    first = sock.recv(zmq.NOBLOCK, copy=False)
+                    ident = first.bytes
+                    if ident not in peers and self._new_peer is not None:
+                        self._new_peer(ident, first)
+                    frames = [ident, *sock.recv_multipart(zmq.NOBLOCK, copy=True)] if first.more else [ident]
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:
                 if self._closed or exc.errno == zmq.ENOTSOCK:
                     return
                 raise
+            if len(frames) > body_at:
+                budget -= len(frames[body_at])
             try:
                 if self.batch and len(frames) == body_at + 1 and frames[body_at][:1] == BATCH_MARK:
                     self._unbatch(frames, body_at)
@@ -136,10 +161,15 @@ class SocketPump:
                     self.on_message(frames)
             except Exception:  # a handler bug must not kill the pump
                 log.exception("message handler failed; message dropped")
+            if budget <= 0:
+                break
         # Limit reached: the socket may still hold messages and no new edge will come for them.
         self._schedule_drain()
 
     def _unbatch(self, frames: list[Any], body_at: int) -> None:
+        if len(frames[body_at]) > self.max_batch_bytes:  # ours never are: let the handler count it
+            self.on_message(frames)
+            return
         try:
             bodies = self._batch_decoder.decode(memoryview(frames[body_at])[1:])
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -215,6 +245,9 @@ class SocketPump:
                 self._batches[dest] = [frames[body_at]]
             else:
                 queued.append(frames[body_at])
+                if len(queued) >= _BATCH_MAX_COUNT:  # a batch stays far below any receiver's body limit
+                    frame = self._batch_frame(self._batches.pop(dest))
+                    self._send_now([dest, frame] if self.routed else [frame], True)
             return
         if self._batches:
             self._flush_batches()  # what was batched before this message leaves before it
@@ -245,12 +278,15 @@ class SocketPump:
     def _flush_batches(self) -> None:
         batches, self._batches = self._batches, {}
         for dest, bodies in batches.items():
-            if len(bodies) == 1:
-                frame = bodies[0]
-            else:
-                frame = bytearray(BATCH_MARK)
-                self._batch_encoder.encode_into(bodies, frame, 1)
+            frame = self._batch_frame(bodies)
             self._send_now([dest, frame] if self.routed else [frame], True)
+
+    def _batch_frame(self, bodies: list[Any]) -> Any:
+        if len(bodies) == 1:
+            return bodies[0]
+        frame = bytearray(BATCH_MARK)
+        self._batch_encoder.encode_into(bodies, frame, 1)
+        return frame
 
     def _send_now(self, frames: list[Any], copy: bool) -> None:
         dest = frames[0] if self.routed else None
@@ -268,13 +304,20 @@ class SocketPump:
             log.debug("dropping message for a peer that is gone: %s", exc)
 
     def _park(self, dest: Any, waiting: collections.deque[tuple[list[Any], bool]], frames: list[Any], copy: bool) -> None:
-        if len(waiting) >= _OUTBOX_LIMIT:
-            # A peer that reads nothing while this much piles up is stuck; ZeroMQ's own
-            # heartbeats normally drop its connection long before (then sends fail fast).
-            waiting.popleft()
+        size = _size(frames)
+        # A peer that reads nothing while this much piles up is stuck (or asks for more than it
+        # reads: forged stream credit): its oldest messages go, never the process's memory.
+        while waiting and (len(waiting) >= _OUTBOX_LIMIT or self._outbox_bytes + size > self._max_outbox_bytes):
+            self._outbox_bytes -= _size(waiting.popleft()[0])
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
-                log.error("peer %r reads nothing: dropped %d queued messages", dest, self.dropped)
+                log.error("peer %r reads too slowly: dropped %d queued messages", dest, self.dropped)
+        if self._outbox_bytes + size > self._max_outbox_bytes:  # other peers hold the room: this one waits no more
+            self.dropped += 1
+            if not waiting:
+                del self._outboxes[dest]
+            return
+        self._outbox_bytes += size
         waiting.append((frames, copy))
 
     def _flush_outbox(self) -> None:
@@ -289,9 +332,15 @@ class SocketPump:
                 except zmq.ZMQError as exc:
                     self.unroutable += 1
                     log.debug("dropping queued message: %s", exc)
+                self._outbox_bytes -= _size(frames)
                 waiting.popleft()
             if not waiting:
                 del self._outboxes[dest]
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes waiting for peers that read too slowly."""
+        return self._outbox_bytes
 
     def close(self) -> None:
         """Stop reading and close the socket at once (linger 0). Idempotent.
@@ -312,3 +361,8 @@ class SocketPump:
         except (RuntimeError, ValueError):  # loop already closed
             pass
         self.sock.close(linger=0)
+
+
+def _size(frames: list[Any]) -> int:
+    """Bytes in a message's frames (bytes, bytearray, memoryview or numpy arrays)."""
+    return sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)

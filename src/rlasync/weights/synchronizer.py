@@ -35,7 +35,7 @@ from typing import Any, Iterable, Protocol
 import msgspec
 
 from ..config.weights import WeightsConfig
-from ..runtime import ActorRef, NodeLostError, as_task
+from ..runtime import ActorRef, NodeLostError
 from .group import SyncError
 from .sink import EngineWeights
 
@@ -301,7 +301,7 @@ async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
     """Every result (or exception) of the send and the stages, as ``gather`` gives them; but if
     the sending side is lost, its error at once: the engines would only wait for it until
     their deadline (``weights.timeout_s``; their calls are cancelled)."""
-    calls = [as_task(call) for call in [send, *stages]]
+    calls = [asyncio.ensure_future(call) for call in [send, *stages]]
     try:
         pending = set(calls)
         while pending:
