@@ -158,3 +158,45 @@ class Tasky(Actor):
     @endpoint
     async def cancels_itself(self) -> None:
         raise asyncio.CancelledError()
+
+
+class Ticker(Actor):
+    """Measures its node's event loop: the longest gap between ticks meant to be 10 ms apart."""
+
+    def __init__(self) -> None:
+        self.max_gap = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def on_start(self) -> None:
+        self._task = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.01)
+            now = loop.time()
+            self.max_gap = max(self.max_gap, now - last)
+            last = now
+
+    @endpoint
+    async def report(self) -> dict[str, Any]:
+        import sys
+
+        return {"max_gap": self.max_gap, "torch": "torch" in sys.modules}
+
+
+class Pumper(Actor):
+    """Calls another actor every few milliseconds without waiting, until stopped."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    @endpoint
+    async def start(self, counter: Any) -> None:
+        async def pump() -> None:
+            while True:
+                asyncio.ensure_future(counter.add(1)).add_done_callback(lambda f: f.cancelled() or f.exception())
+                await asyncio.sleep(0.005)
+
+        self._task = asyncio.create_task(pump())

@@ -130,3 +130,16 @@ def test_an_encoded_tensor_does_not_see_later_changes(pair) -> None:
     a.send_multipart(frames, copy=False)
     got = codec.decode(b.recv_multipart(copy=False))
     assert torch.equal(got.value, torch.zeros(1000))  # type: ignore[union-attr]
+
+
+def test_decoded_tensors_are_bounded() -> None:
+    """Defect 9: a tensor's rank and element count had no bound."""
+    codec = Codec()
+    frames = codec.encode(Call(1, "a", "m", [torch.zeros(2, 3)]))
+    ok = codec.decode(frames)
+    assert isinstance(ok, Call) and ok.args[0].shape == (2, 3)
+    for shape in ([1] * 40, [2**40, 2**40, 0]):
+        meta = msgspec.msgpack.encode(["float32", shape, -1, b""])
+        body = bytearray(b"\x01") + msgspec.msgpack.encode([1, "a", "m", [msgspec.msgpack.Ext(1, meta)]])
+        with pytest.raises(DecodeError):
+            codec.decode([bytes(body)])

@@ -58,8 +58,11 @@ T = TypeVar("T")
 R_co = TypeVar("R_co", covariant=True)
 T_co = TypeVar("T_co", covariant=True)
 
-# Annotations whose values msgspec already decodes as the right type: no conversion needed.
-_NATIVE = {Any, int, float, str, bool, bytes, type(None), None, dict, list, inspect.Parameter.empty}
+# Annotations that accept whatever arrives: no conversion, no check.
+_ANYTHING = {Any, inspect.Parameter.empty}
+# Plain types: a value of exactly this type passes as it is (the common case costs one type
+# check); anything else goes through msgspec, which turns an int into a float and refuses the rest.
+_PLAIN = {int, float, str, bool, bytes, dict, list, type(None), None}
 
 
 class BoundEndpoint(Protocol[P, R_co]):
@@ -234,8 +237,17 @@ def _passthrough(kind: type, value: Any) -> Any:
 
 def converter_for(hint: Any) -> Callable[[Any], Any] | None:
     """A function turning a decoded wire value into ``hint``, or None if nothing to do."""
-    if hint in _NATIVE or isinstance(hint, TypeVar):
+    if hint in _ANYTHING or isinstance(hint, TypeVar):
         return None
+    if hint in _PLAIN:
+        kind = type(None) if hint is None else hint
+
+        def check(value: Any) -> Any:
+            if type(value) is kind:
+                return value
+            return msgspec.convert(value, kind)
+
+        return check
     module = getattr(hint, "__module__", "")
     if module.startswith("torch") or getattr(hint, "__name__", "") == "ActorRef":
         return None

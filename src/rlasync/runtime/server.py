@@ -184,10 +184,10 @@ class Server:
         elif kind is StreamAck:
             serving = self.serving.get((ident, msg.id))
             if serving is not None:
-                window = self.config.stream_window
-                if not 0 <= msg.n <= window or serving.credit + msg.n > window:
-                    stats.credit_refused += 1  # more than it was ever sent: forged, or a bug
-                serving.credit = min(serving.credit + max(msg.n, 0), window)
+                unacked = self.config.stream_window - serving.credit  # items sent and not yet acknowledged
+                if not 0 <= msg.n <= unacked:
+                    stats.credit_refused += 1  # more than it was sent: forged, or a bug
+                serving.credit += min(max(msg.n, 0), unacked)
                 if serving.more is not None:
                     serving.more.set()
         else:
