@@ -194,6 +194,14 @@ class AgentLoopManager:
             self.outstanding[worker.name] -= len(rows)
         return [t if isinstance(t, Trajectory) else msgspec.convert(t, Trajectory) for t in reply]
 
+    def add_worker(self, worker: ActorRef, local: list[str] | None = None) -> None:
+        """Take a worker (back) in, e.g. one restarted on a node that rejoined; it replaces any
+        worker of its name. ``local``: the engines on its node."""
+        self.workers = [w for w in self.workers if w.name != worker.name] + [worker]
+        self.outstanding.setdefault(worker.name, 0)
+        if local is not None:
+            self.local[worker.name] = set(local)
+
     # -- rotation: the synchroniser takes engines out (and brings them back) --------------------
     def engine_removed(self, name: str) -> None:
         self.removed.add(name)

@@ -24,6 +24,7 @@ from ..config.cluster import NODE_MODULES
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
+from ..runtime.node import rank_of
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
 from ..tools import build_tools
 from .placement import Placement
@@ -201,7 +202,7 @@ class Run:
     async def _compose(self, simulated: Simulated | None) -> None:
         """Nodes, engines, agent-loop workers, router, trainer, synchroniser: made in that order,
         each registered to be closed in the reverse one."""
-        from ..agents import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec
+        from ..agents import AgentLoopManager, AgentLoopWorker
         from ..engines import EngineActor, Router
         from ..trainer import TrainerActor
         from ..weights import ParameterSynchronizer
@@ -221,17 +222,13 @@ class Run:
                 raise ConfigError("a simulated run lives on the head: leave cluster.* at its defaults (rlasync.modes.sim.simulated_config)")
             self.engines = [await head.spawn(EngineActor, engine=engine, name=engine.name) for engine in simulated.engines]
             plan, prefer, kwargs = {0: list(range(len(self.engines)))}, False, {"tokenizer": self.tokenizer}
-        synthetic = not config.data.train_files
+        self._plan, self._prefer = plan, prefer
         local: dict[str, list[str]] = {}
         workers = []
         for node, replicas in plan.items():
             name = f"agent-loops-{node}"
             local[name] = [self.engines[r].name for r in replicas] if prefer else []
-            spec = AgentWorkerSpec(
-                model=str(self.model_dir), engines=self.engines, local=local[name], agent=config.agent, router=config.router,
-                task=config.train.task if synthetic else "", reward="" if synthetic else config.data.reward,
-            )  # fmt: skip
-            workers.append(await head.spawn(AgentLoopWorker, spec, node=node, name=name, **kwargs))
+            workers.append(await head.spawn(AgentLoopWorker, self._worker_spec(local[name]), node=node, name=name, **kwargs))
         self.router = Router(self.engines, config.router)
         self._closers.append(self.router.close)
         self.engine = EngineGroup(self.router)
@@ -241,11 +238,74 @@ class Run:
             devices = placement.trainer_devices(config)
             self.trainer = TrainerActor(config.trainer, node=head, hosts=placement.trainer, devices=devices)
             self._closers.append(self.trainer.close)
-            self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, self.engines, router=Rotation(self.router, self.rollouts))
+            self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts))
             self._closers.append(self.synchronizer.close)
+            if placement.nodes > 1:
+                self._take_back_rejoined()
         else:
             self.trainer = simulated.trainer
             self.synchronizer = simulated.synchronizer(self.engine)
+
+    def _worker_spec(self, local: list[str]) -> Any:
+        from ..agents import AgentWorkerSpec
+
+        config, synthetic = self.config, not self.config.data.train_files
+        return AgentWorkerSpec(
+            model=str(self.model_dir), engines=self.engines, local=local, agent=config.agent, router=config.router,
+            task=config.train.task if synthetic else "", reward="" if synthetic else config.data.reward,
+        )  # fmt: skip
+
+    def _take_back_rejoined(self) -> None:
+        """Watch for nodes that were lost and join again (``rlasync node`` rejoins after a
+        partition, as a new process): their engines and agent-loop worker start there again."""
+        head = self.cluster.head
+        self.rejoins = 0
+        self._rejoining: set[asyncio.Task[None]] = set()
+
+        def joined(info: Any) -> None:
+            if "." in info.node_id:  # a supervised child (a trainer rank): the trainer decides
+                return
+            task = asyncio.ensure_future(self._take_back(rank_of(info.node_id)))
+            self._rejoining.add(task)
+            task.add_done_callback(self._rejoining.discard)
+
+        head.join_listeners.append(joined)
+
+        async def stop_watching() -> None:
+            head.join_listeners.remove(joined)
+            for task in list(self._rejoining):
+                task.cancel()
+            if self._rejoining:
+                await asyncio.wait(self._rejoining)
+
+        self._closers.append(stop_watching)
+
+    async def _take_back(self, rank: int) -> None:
+        """Node ``rank`` joined again: its engines start from their config, join the weight group
+        and enter rotation at the next sync (the late-join path); its agent-loop worker starts
+        again and takes rows. The run goes on without them if any of that fails."""
+        from ..agents import AgentLoopWorker
+        from ..engines import EngineActor
+
+        replicas = [r for r, node in enumerate(self.placement.engines) if node == rank]
+        head = self.cluster.head
+        try:
+            fresh = await asyncio.gather(*[
+                head.spawn(EngineActor, self._engine_config(r), node=rank, name=f"engine-{r}") for r in replicas
+            ])  # fmt: skip
+            for replica, ref in zip(replicas, fresh):
+                self.engines[replica] = ref
+            if rank in self._plan:
+                name = f"agent-loops-{rank}"
+                local = [self.engines[r].name for r in self._plan[rank]] if self._prefer else []
+                self.rollouts.add_worker(await head.spawn(AgentLoopWorker, self._worker_spec(local), node=rank, name=name), local)
+            for ref in fresh:
+                await self.synchronizer.replace_engine(ref)
+        except Exception as exc:  # a node that rejoins badly is a node still lost
+            log.warning("node-%d joined again, but its roles could not start there (%s); the run goes on without it", rank, exc)
+            return
+        self.rejoins += 1
+        log.warning("node-%d joined again: %s start there and enter rotation at the next weight sync", rank, ", ".join(r.name for r in fresh) or "no engines")
 
     def _engine_config(self, replica: int) -> EngineConfig:
         config = self.config
@@ -286,6 +346,7 @@ class Run:
         record.setdefault("elapsed_s", round(time.perf_counter() - self.started, 3))
         record.setdefault("cluster/engines", len(self.router.engines))
         record.setdefault("cluster/rows_retried", self.rollouts.retried)
+        record.setdefault("cluster/rejoins", getattr(self, "rejoins", 0))
         write_record(self.metrics, record)
         if on_step is not None:
             on_step(record)

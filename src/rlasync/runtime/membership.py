@@ -73,6 +73,11 @@ class Membership(Actor):
         self.last_seen[info.node_id] = time.monotonic()
         self._bump()
         log.info("%s joined from %s (pid %d on %s)", info.node_id, info.address, info.pid, info.host)
+        for listener in list(self.node.join_listeners):
+            try:
+                listener(info)
+            except Exception:  # one listener's bug must not refuse the node
+                log.exception("a join listener failed for %s", info.node_id)
         return JoinReply(self.node.info, self.epoch, list(self.members.values()))
 
     @endpoint

@@ -95,6 +95,9 @@ class Node:
         self.deferred: list[tuple[Any, list[Any]]] | None = None  # messages waiting for torch to load
         self.exit_code = 0  # for the process: 75 (EX_TEMPFAIL) when fenced or cut off from the head
         self._head_stopped = False  # the head said the cluster ends: no rejoining
+        # On the head: called with each node that joins (a rejoining node is a new incarnation),
+        # e.g. to place its roles on it again. Must not block.
+        self.join_listeners: list[Any] = []
         self.stopped = asyncio.Event()
         self.info: NodeInfo
         self.address = ""

@@ -34,11 +34,11 @@ _RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
 }
 
 
-class CallTask(asyncio.Task):  # type: ignore[type-arg]
+class CallTask(asyncio.Task):
     """A call that needs a task (a call to an actor of this node)."""
 
 
-class CallFuture(asyncio.Future):  # type: ignore[type-arg]
+class CallFuture(asyncio.Future):
     """The answer to one remote call. Cancelling it (or the task awaiting it) tells the callee.
 
     A subclass rather than a done-callback: the hot path then schedules nothing extra.
@@ -348,11 +348,11 @@ def accept_calls_as_tasks(loop: asyncio.AbstractEventLoop) -> None:
         if isinstance(coro, asyncio.Future):
             coro = _awaiting(coro)
         if previous is not None:
-            return previous(loop, coro, **kwargs)  # type: ignore[call-arg]
+            return previous(loop, coro, **kwargs)
         return asyncio.Task(coro, loop=loop, **kwargs)
 
     factory.accepts_calls = True  # type: ignore[attr-defined]
-    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    loop.set_task_factory(factory)
 
 
 async def _awaiting(future: asyncio.Future[Any]) -> Any:

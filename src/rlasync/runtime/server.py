@@ -107,7 +107,7 @@ class Server:
             fd = int(frame.get(zmq.SRCFD))
         except (zmq.ZMQError, TypeError, ValueError):
             fd = -1
-        caller = Caller(key or "", "" if key else ident.decode(errors="replace"), fd)
+        caller = Caller(str(key or ""), "" if key else ident.decode(errors="replace"), fd)
         caller.dead = self.node.is_dead_caller(caller)
         self.callers[ident] = caller
         if fd >= 0:
@@ -117,7 +117,7 @@ class Server:
         """A connection closed: its callers are gone, and so is any point in their calls."""
         for ident in self._by_fd.pop(fd, ()):
             if self.callers.pop(ident, None) is not None:
-                self._cancel_calls(lambda key, ident=ident: key[0] == ident)  # type: ignore[misc]
+                self._cancel_calls(lambda key, ident=ident: key[0] == ident)
 
     def forget(self, info: NodeInfo) -> None:
         """The process ``info`` was declared dead: stop serving its calls and refuse new ones."""
@@ -181,7 +181,7 @@ class Server:
             serving = self.serving.get((ident, msg.id))
             if serving is not None and serving.task is not None:
                 serving.task.cancel()
-        elif kind is StreamAck:
+        elif isinstance(msg, StreamAck):
             serving = self.serving.get((ident, msg.id))
             if serving is not None:
                 unacked = self.config.stream_window - serving.credit  # items sent and not yet acknowledged

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 import msgspec
@@ -58,6 +59,16 @@ async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig,
     rejoin_until: float | None = None
     try:
         while True:
+            if rejoin_until is not None and head is not None:
+                reach = await asyncio.to_thread(head_listens, head)
+                if reach is False:  # its host answers and nothing listens: the head is gone, not cut off
+                    log.error("%s: nothing listens at the head's address %s any more; not rejoining", node_id or f"node-{rank}", head)
+                    return EX_TEMPFAIL
+                if reach is None:  # still cut off
+                    if signalled or loop.time() > rejoin_until:
+                        return EX_TEMPFAIL
+                    await asyncio.sleep(1.0)
+                    continue
             node = Node(rank, listen, head=head, config=config, secret=secret, node_id=node_id)
             try:
                 await node.start()
@@ -78,6 +89,25 @@ async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig,
     finally:
         if watch is not None:
             watch.cancel()
+
+
+def head_listens(address: str, timeout: float = 1.0) -> bool | None:
+    """Whether something listens at the head's address: True, False (refused: its host is up and
+    the head is not), or None (no answer: cut off)."""
+    try:
+        if address.startswith("ipc://"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(address.removeprefix("ipc://"))
+        else:
+            host, port = address.removeprefix("tcp://").rsplit(":", 1)
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                pass
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return None
+    return True
 
 
 def config_from_env() -> RuntimeConfig:

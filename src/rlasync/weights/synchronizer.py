@@ -283,14 +283,27 @@ class ParameterSynchronizer:
         if self.config.on_engine_failure == "stop":
             raise SyncError(f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run") from failed[out[0]]
         for sink in out:
-            self._sinks.remove(sink)
-            self.removed.append(sink.name)
-            sink.close()
-            if self.router is not None:
-                self.router.remove_engine(sink.name)
-            log.warning("engine %s is out of rotation: it failed while %s and serves version %d", sink.name, during, sink.version)
+            self._take_out(sink, f"it failed while {during}")
         if not self._sinks:
             raise SyncError(f"weight sync failed while {during} and no engine is left ({reasons})") from failed[out[0]]
+
+    def _take_out(self, sink: _Sink, why: str) -> None:
+        if sink not in self._sinks:  # taken out already (replaced while a sync was failing on it)
+            return
+        self._sinks.remove(sink)
+        self.removed.append(sink.name)
+        sink.close()
+        if self.router is not None:
+            self.router.remove_engine(sink.name)
+        log.warning("engine %s is out of rotation: %s; it serves version %d", sink.name, why, sink.version)
+
+    async def replace_engine(self, engine: Any) -> None:
+        """A restarted engine (its node was lost and joined again) takes the place of the one of
+        its name: that one leaves rotation now, if no sync has taken it out yet, and the new one
+        joins as ``add_engine`` does (in rotation once it serves the next version)."""
+        for sink in [s for s in self._sinks if s.name == engine.name]:
+            self._take_out(sink, "its node was lost and a new process of it joined")
+        await self.add_engine(engine)
 
     def close(self) -> None:
         for sink in self._sinks:
