@@ -9,7 +9,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup test demo bench clean setup-vllm test-vllm
+.PHONY: setup test demo bench clean setup-vllm test-vllm soak
 
 setup: $(STAMP)
 
@@ -46,6 +46,12 @@ $(VLLM_STAMP): pyproject.toml
 # The engine contract suite and a quickstart rollout, on vLLM for real.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest tests/engines/test_contract.py tests/engines/test_vllm.py
+
+# Ten minutes of hostile peers (a fuzzing member, an outsider holding connections, a member
+# flooding a slow endpoint) against a 3-node cluster that trains: tests/soak/test_soak.py.
+SOAK_S ?= 600
+soak: setup
+	RLASYNC_SOAK_S=$(SOAK_S) $(PY) -m pytest tests/soak -s -q
 
 demo: setup
 	$(PY) -m rlasync train configs/quickstart.yaml

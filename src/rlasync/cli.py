@@ -81,6 +81,8 @@ def train(
     # (a background job without job control inherits "ignore"; then uvloop.run would not
     # install its handler, and `kill -INT` would do nothing).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGTERM (a scheduler, `kill`) stops it the same way: the nodes are told, not left to find out.
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     from .modes import train
 
     import time

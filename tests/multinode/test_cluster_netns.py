@@ -132,8 +132,8 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(tw
         assert cluster.processes[3].wait(timeout=30) == 0  # told by the head that the run ended
         records = [r for r in cluster.records() if r["step"] > 0]
         assert [r["step"] for r in records] == list(range(1, steps + 1))
-        assert min(r["cluster/engines"] for r in records[:2]) == 3 and min(r["cluster/engines"] for r in records) == 1
-        assert records[-1]["cluster/engines"] == 2 and records[-1]["cluster/rejoins"] == 1, records[-1]
+        assert min(r["cluster/engines"] for r in records[:2]) == 3
+        assert records[-1]["cluster/engines"] == 2 and records[-1]["cluster/rejoins"] == 1, records[-1]  # engine-2 serves again
         assert max(r["async/staleness_max"] for r in records) <= 1  # the bound held through both losses
         last = records[-1]
         assert last["async/consumed"] == steps * 4 and last["async/version"] == steps

@@ -82,12 +82,13 @@ async def test_members_cannot_join_leave_or_declare_deaths_for_others() -> None:
                 out["node_dead"] = peer.ask("_node", "node_dead", head.node_id, head.incarnation, "lies")
                 out["shutdown"] = peer.ask("_node", "shutdown")
                 out["spawn _"] = peer.ask("_node", "spawn", {"module": "sample_actors", "qualname": "Counter", "name": "_membership"})
+                out["start_child"] = peer.ask("_node", "start_child", [])
             return out
 
         out = await asyncio.to_thread(attack)
         for what in ("join as the head", "join made up"):
             assert isinstance(out[what], Error) and "node-<rank>" in out[what].message, (what, out[what])  # type: ignore[attr-defined]
-        for what in ("join with its key", "leave", "heartbeat", "register", "unregister", "head shutdown", "node_dead", "shutdown", "spawn _"):
+        for what in ("join with its key", "leave", "heartbeat", "register", "unregister", "head shutdown", "node_dead", "shutdown", "spawn _", "start_child"):
             assert _forbidden(out[what]), (what, out[what])
         joined = out["join its rank"]  # its own key, node-1's rank: it waits, node-1 stays
         assert isinstance(joined, Reply) and "still held" in joined.value["retry"], joined

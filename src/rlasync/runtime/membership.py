@@ -223,7 +223,9 @@ class NodeService(Actor):
 
     @endpoint
     async def start_child(self, preload: list[str]) -> NodeInfo:
-        """Start a process this node supervises, joined to the cluster (``Node.start_child``)."""
+        """Start a process this node supervises, joined to the cluster (``Node.start_child``).
+        Only the head places processes: another member cannot make a node start any."""
+        self._only_from(HEAD, "start a process on another node")
         return await self.node.start_child(preload=tuple(preload))
 
     @endpoint
