@@ -94,7 +94,6 @@ class Node:
         self._dead_callers: set[str] = set()  # keys (TCP) and claims (ipc) of processes declared dead
         self.deferred: list[tuple[Any, list[Any]]] | None = None  # messages waiting for torch to load
         self.exit_code = 0  # for the process: 75 (EX_TEMPFAIL) when fenced or cut off from the head
-        self._head_stopped = False  # the head said the cluster ends: no rejoining
         # On the head: called with each node that joins (a rejoining node is a new incarnation),
         # e.g. to place its roles on it again. Must not block.
         self.join_listeners: list[Any] = []
@@ -229,6 +228,8 @@ class Node:
             ) from None
         except RuntimeErrorBase as exc:
             await self.stop()
+            if isinstance(exc, JoinError):
+                raise
             raise JoinError(f"{self.node_id} was refused by the head: {exc}") from None
         placeholder = self._peers.pop("unknown", None)
         if placeholder is not None:  # the connection made for the join now knows whom it reaches
@@ -662,8 +663,8 @@ class Node:
             await asyncio.gather(*calls, return_exceptions=True)
 
     def on_cluster_end(self) -> None:
-        """The head stops the cluster: stop too, and do not try to rejoin."""
-        self._head_stopped = True
+        """The head stops the cluster: stop too (exit code 0: nothing to rejoin)."""
+        self.exit_code = 0
         self.request_stop()
 
     # -- actor refs on the wire -------------------------------------------------------------
