@@ -224,3 +224,33 @@ async def test_a_call_meant_for_a_dead_process_is_refused_by_its_successor(tmp_p
         finally:
             successor.kill()
             successor.wait(timeout=10)
+
+
+async def test_sigterm_of_the_head_tells_the_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A head stopped by SIGTERM tells every node, which exits 0 at once, long before the
+    heartbeat deadline (30 s here) would have told it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG='{"heartbeat_interval_s": 0.2, "node_dead_after_s": 30}')
+    head_address = f"ipc://{tmp_path}/head.sock"
+    worker = [sys.executable, "-m", "rlasync.runtime.worker"]
+    head = subprocess.Popen([*worker, "--rank", "0", "--listen", head_address], env=env)
+    node = subprocess.Popen([*worker, "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head_address], env=env)
+    try:
+        async with Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address) as probe:
+            for _ in range(200):
+                if len(await probe.members()) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(await probe.members()) == 3
+        head.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert await asyncio.to_thread(head.wait, 15) == 0
+        assert await asyncio.to_thread(node.wait, 15) == 0  # told: a clean end, nothing to rejoin
+        assert time.monotonic() - stopped < 10
+    finally:
+        for proc in (head, node):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)

@@ -580,6 +580,7 @@ class Node:
         """Hold ``frames`` (they carry a tensor) and every later message until torch is
         imported, in a thread: importing it takes seconds that the loop (heartbeats) cannot
         spare. Then hand them to their handlers in the order they came."""
+        self.stats_.held_for_torch += 1
         if self.deferred is not None:
             self.deferred.append((handler, frames))
             return

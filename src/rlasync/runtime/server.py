@@ -156,6 +156,7 @@ class Server:
             return
         ident = frames[0]
         if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
+            self.node.stats_.held_for_torch += 1
             self.node.deferred.append((self._on_request, frames))
             return
         try:

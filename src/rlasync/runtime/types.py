@@ -79,3 +79,4 @@ class NodeStats(msgspec.Struct):
     credit_refused: int = 0  # stream credit past runtime.stream_window (a forged StreamAck)
     connections: int = 0  # TCP connections open now
     connections_refused: int = 0  # past runtime.max_connections: closed at once
+    held_for_torch: int = 0  # messages held while torch was imported off the loop (a node's first tensor)
