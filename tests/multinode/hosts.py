@@ -22,6 +22,14 @@ class Hosts(msgspec.Struct, frozen=True):
     def ip(self, host: str) -> str:
         return f"{self.subnet}.{1 if host == self.a else 2}"
 
+    def node_command(self, host: str, rank: int, port: int, head: str, *settings: str) -> list[str]:
+        """``rlasync node`` of ``rank`` run on ``host`` (its namespace), listening on ``port``;
+        ``settings``: ``runtime.x=y`` overrides."""
+        import sys
+
+        return ["ip", "netns", "exec", host, sys.executable, "-m", "rlasync", "node", "--rank", str(rank), "--listen",
+                f"tcp://{self.ip(host)}:{port}", "--head", head, "--log-level", "WARNING", *[f"--set={s}" for s in settings]]  # fmt: skip
+
     def link(self, up: bool) -> None:
         """Cut (or restore) the only link between the two hosts."""
         subprocess.run(["ip", "-n", self.a, "link", "set", self.veth_a, "up" if up else "down"], check=True, capture_output=True, timeout=30)

@@ -5,16 +5,13 @@ Prints one JSON line per phase; waits for a line on stdin between them."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 
+from netns_driver import say
+
 import rlasync
 from rlasync.runtime.types import SECRET_ENV
-
-
-def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 async def main(listen: str) -> None:

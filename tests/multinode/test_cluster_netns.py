@@ -45,15 +45,13 @@ class Cluster:
             "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16", "train.val_size=8", "train.validate_every=1000",
             "weights.transport=broadcast", "weights.timeout_s=10", *RUNTIME, *overrides,
         ]  # fmt: skip
-        self.processes: dict[int, subprocess.Popen[str]] = {0: self._start(hosts.a, command, tmp_path / "head.log")}
+        self.processes: dict[int, subprocess.Popen[str]] = {0: self._start(["ip", "netns", "exec", hosts.a, *command], tmp_path / "head.log")}
         for rank, host in nodes.items():
-            node = [sys.executable, "-m", "rlasync", "node", "--rank", str(rank), "--listen", f"tcp://{hosts.ip(host)}:{29700 + rank}",
-                    "--head", self.head, "--log-level", "WARNING", *[f"--set={o}" for o in RUNTIME]]  # fmt: skip
-            self.processes[rank] = self._start(host, node, tmp_path / f"node-{rank}.log")
+            self.processes[rank] = self._start(hosts.node_command(host, rank, 29700 + rank, self.head, *RUNTIME), tmp_path / f"node-{rank}.log")
 
-    def _start(self, namespace: str, command: list[str], log: Path) -> subprocess.Popen[str]:
+    def _start(self, command: list[str], log: Path) -> subprocess.Popen[str]:
         # `ip netns exec` execs the command: the process is the node itself.
-        return subprocess.Popen(["ip", "netns", "exec", namespace, *command], env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(command, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
 
     def records(self) -> list[dict[str, object]]:
         path = self.run_dir / "metrics.jsonl"

@@ -37,12 +37,7 @@ def test_a_member_on_another_host_taking_a_nodes_identity_gets_nothing(two_hosts
     head_address = f"tcp://{two_hosts.ip(two_hosts.a)}:29650"
     driver = subprocess.Popen(["ip", "netns", "exec", two_hosts.a, sys.executable, str(HERE / "takeover_driver.py"), head_address],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)  # fmt: skip
-    node = subprocess.Popen(
-        ["ip", "netns", "exec", two_hosts.b, sys.executable, "-m", "rlasync", "node", "--rank", "1", "--listen",
-         f"tcp://{two_hosts.ip(two_hosts.b)}:29650", "--head", head_address, "--log-level", "WARNING",
-         "--set", "runtime.heartbeat_interval_s=0.2", "--set", "runtime.node_dead_after_s=1.5"],
-        env=env,
-    )  # fmt: skip
+    node = subprocess.Popen(two_hosts.node_command(two_hosts.b, 1, 29650, head_address, "runtime.heartbeat_interval_s=0.2", "runtime.node_dead_after_s=1.5"), env=env)
     try:
         assert driver.stdout is not None and driver.stdin is not None
         ready = json.loads(driver.stdout.readline())

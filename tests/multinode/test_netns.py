@@ -33,12 +33,7 @@ def test_two_hosts_call_stream_and_detect_a_dead_host(two_hosts: Hosts) -> None:
         ["ip", "netns", "exec", head_ns, sys.executable, str(HERE / "netns_driver.py"), head_address],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
     )  # fmt: skip
-    node = subprocess.Popen(
-        ["ip", "netns", "exec", node_ns, sys.executable, "-m", "rlasync", "node", "--rank", "1",
-         "--listen", f"tcp://{SUBNET}.2:29600", "--head", head_address, "--log-level", "WARNING",
-         "--set", "runtime.heartbeat_interval_s=0.2", "--set", "runtime.node_dead_after_s=1.5"],
-        env=env,
-    )  # fmt: skip
+    node = subprocess.Popen(two_hosts.node_command(node_ns, 1, 29600, head_address, "runtime.heartbeat_interval_s=0.2", "runtime.node_dead_after_s=1.5"), env=env)
     try:
         assert driver.stdout is not None and driver.stdin is not None
         calls = json.loads(driver.stdout.readline())

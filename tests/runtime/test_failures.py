@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -108,35 +109,52 @@ async def test_no_lost_wakeups_without_the_safety_timer() -> None:
 
 
 
-async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Kill the head: the other node must not linger (or hang) but exit within the deadline,
-    with EX_TEMPFAIL (75) so a supervisor restarts it (rejoining is off here)."""
+@contextlib.asynccontextmanager
+async def _head_and_node(tmp_path, runtime: str):  # type: ignore[no-untyped-def]
+    """A head and node-1 as worker processes (``runtime``: their config as JSON), both joined."""
     import subprocess
     import sys
 
-    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG='{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5, "rejoin_timeout_s": 0}')
+    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=runtime)
     head_address = f"ipc://{tmp_path}/head.sock"
     worker = [sys.executable, "-m", "rlasync.runtime.worker"]
     head = subprocess.Popen([*worker, "--rank", "0", "--listen", head_address], env=env)
     node = subprocess.Popen([*worker, "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head_address], env=env)
     try:
-        probe = Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address)
-        await probe.start()  # a third node: when it sees node-1 as a member, node-1 has joined
-        for _ in range(200):
-            if len(await probe.members()) == 3:
-                break
-            await asyncio.sleep(0.05)
-        assert len(await probe.members()) == 3
-        await probe.stop()
-        head.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        assert await asyncio.to_thread(node.wait, 15) == 75  # EX_TEMPFAIL: not a crash, and not "done"
-        assert time.monotonic() - killed < 1.5 + 0.2 + 2.0
+        # A third node: when it sees node-1 as a member, node-1 has joined. It leaves again.
+        async with Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address) as probe:
+            for _ in range(200):
+                if len(await probe.members()) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(await probe.members()) == 3
+        yield head, node
     finally:
         for proc in (head, node):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Kill the head: the other node must not linger (or hang) but exit within the deadline,
+    with EX_TEMPFAIL (75) so a supervisor restarts it (rejoining is off here)."""
+    async with _head_and_node(tmp_path, '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5, "rejoin_timeout_s": 0}') as (head, node):
+        head.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        assert await asyncio.to_thread(node.wait, 15) == 75  # EX_TEMPFAIL: not a crash, and not "done"
+        assert time.monotonic() - killed < 1.5 + 0.2 + 2.0
+
+
+async def test_sigterm_of_the_head_tells_the_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A head stopped by SIGTERM tells every node, which exits 0 at once, long before the
+    heartbeat deadline (30 s here) would have told it."""
+    async with _head_and_node(tmp_path, '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 30}') as (head, node):
+        head.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert await asyncio.to_thread(head.wait, 15) == 0
+        assert await asyncio.to_thread(node.wait, 15) == 0  # told: a clean end, nothing to rejoin
+        assert time.monotonic() - stopped < 10
 
 
 async def test_heartbeats_do_not_queue_behind_a_full_call_window() -> None:
@@ -224,33 +242,3 @@ async def test_a_call_meant_for_a_dead_process_is_refused_by_its_successor(tmp_p
         finally:
             successor.kill()
             successor.wait(timeout=10)
-
-
-async def test_sigterm_of_the_head_tells_the_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A head stopped by SIGTERM tells every node, which exits 0 at once, long before the
-    heartbeat deadline (30 s here) would have told it."""
-    import subprocess
-    import sys
-
-    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG='{"heartbeat_interval_s": 0.2, "node_dead_after_s": 30}')
-    head_address = f"ipc://{tmp_path}/head.sock"
-    worker = [sys.executable, "-m", "rlasync.runtime.worker"]
-    head = subprocess.Popen([*worker, "--rank", "0", "--listen", head_address], env=env)
-    node = subprocess.Popen([*worker, "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head_address], env=env)
-    try:
-        async with Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address) as probe:
-            for _ in range(200):
-                if len(await probe.members()) == 3:
-                    break
-                await asyncio.sleep(0.05)
-            assert len(await probe.members()) == 3
-        head.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        assert await asyncio.to_thread(head.wait, 15) == 0
-        assert await asyncio.to_thread(node.wait, 15) == 0  # told: a clean end, nothing to rejoin
-        assert time.monotonic() - stopped < 10
-    finally:
-        for proc in (head, node):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
