@@ -14,17 +14,18 @@ from rlasync.transport.auth import CurveKeys
 
 class RawPeer:
     """A DEALER that speaks our messages. ``secret``: a member (it holds the cluster secret);
-    None over TCP: an outsider. ``identity``: a routing id of its choosing (another member's)."""
+    None over TCP: an outsider. ``identity``: a routing id of its choosing (another member's).
+    ``keys``: the member's keys, to be the same member on several connections."""
 
-    def __init__(self, address: str, *, secret: str | None = None, identity: bytes | None = None) -> None:
+    def __init__(self, address: str, *, secret: str | None = None, identity: bytes | None = None, keys: CurveKeys | None = None) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if identity is not None:
             self.sock.setsockopt(zmq.IDENTITY, identity)
         self.key = ""  # its CURVE public key (what the nodes it calls know it as)
-        if secret is not None and address.startswith("tcp://"):
-            keys = CurveKeys.from_secret(secret)
+        if (secret is not None or keys is not None) and address.startswith("tcp://"):
+            keys = keys or CurveKeys.from_secret(secret or "")  # ``keys``: one member on many connections
             keys.make_client(self.sock)
             self.key = keys.identity
         self.sock.connect(address)

@@ -122,10 +122,20 @@ async def test_one_caller_runs_a_bounded_number_of_calls_that_end_with_it() -> N
         address = (await cluster.members())[1].address
 
         def flood() -> list[object]:
-            with RawPeer(address, secret=cluster.secret) as peer:
-                for _ in range(300):
+            """300 calls over three connections made with one key: one limit for all three."""
+            from rlasync.transport.auth import CurveKeys
+
+            keys = CurveKeys.from_secret(cluster.secret)
+            peers = [RawPeer(address, keys=keys) for _ in range(3)]
+            answers: list[object] = []
+            for peer in peers:
+                for _ in range(100):
                     peer.call("slow", "sleep", 60.0, timeout=60.0)
-                return peer.replies(5.0, want=250)  # then it closes: its calls are pointless now
+            for peer in peers:
+                answers += peer.replies(2.0, want=100)
+            for peer in peers:  # then it closes: its calls are pointless now
+                peer.close()
+            return answers
 
         answers = await asyncio.to_thread(flood)
         assert sum(isinstance(m, Error) and m.code == "busy" for m in answers) == 250

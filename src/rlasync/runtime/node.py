@@ -5,9 +5,14 @@ calls to its actors (``server.Server``) and keeps one DEALER per peer for its ow
 (``peer.Peer``). Calls between actors of the same node skip sockets and serialisation.
 
 Start-up is a handshake: a node binds, joins the head (``join_timeout_s``), then
-heartbeats. Shutdown order (``stop``): stop heartbeating and leave the head; run each
-actor's ``on_stop``; cancel the calls still being served; fail this node's own pending
-calls; close every socket with linger 0. ``stop`` is idempotent.
+heartbeats. Shutdown order (``stop``): stop the processes it supervises; the head tells every
+node the cluster ends, any other node leaves the head; run each actor's ``on_stop``; cancel
+the calls still being served; fail this node's own pending calls; close every socket with
+linger 0. ``stop`` is idempotent. ``exit_code`` says how it ended for its process: 0, or 75
+(EX_TEMPFAIL) when the head declared it dead or it lost the head (``runtime.worker`` rejoins).
+
+What a peer can make a node spend is bounded by ``runtime.*`` (see ``server`` and
+``transport.zmq_io``); who a peer is comes from the key it authenticated with (``server.Caller``).
 """
 
 from __future__ import annotations

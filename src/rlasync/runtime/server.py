@@ -36,14 +36,14 @@ class Caller:
     """Who sent a call. Over TCP, the CURVE key it authenticated with (``key``): no peer can
     speak as another by naming it. Over ``ipc://`` (a socket folder only this user can enter)
     there is no handshake, and the identity the peer set (``claim``, ``node-1:<incarnation>``)
-    is taken at its word. ``running``: its calls being served now."""
+    is taken at its word. One ``Caller`` per principal, however many connections it opens:
+    ``running`` counts its calls being served now, over all of them."""
 
-    __slots__ = ("key", "claim", "fd", "running", "dead")
+    __slots__ = ("key", "claim", "running", "dead")
 
-    def __init__(self, key: str, claim: str, fd: int = -1) -> None:
+    def __init__(self, key: str, claim: str) -> None:
         self.key = key
         self.claim = claim
-        self.fd = fd
         self.running = 0
         self.dead = False  # its process was declared dead: it is served no more
 
@@ -88,7 +88,8 @@ class Server:
         self.config = node.config
         self.serving: dict[tuple[bytes, int], _Serving] = {}
         self.oneway: set[asyncio.Task[None]] = set()
-        self.callers: dict[bytes, Caller] = {}  # routing id -> who it is (one per connection over TCP)
+        self.callers: dict[bytes, Caller] = {}  # routing id (one per connection over TCP) -> who it is
+        self._principals: dict[str, Caller] = {}  # key or claim -> its Caller, while it has a connection
         self._by_fd: dict[int, list[bytes]] = {}  # connection descriptor -> its routing ids
         self.pump = SocketPump(
             router, self._on_request, recheck_s=node.config.io_recheck_s, loop=self.loop, routed=True,
@@ -107,17 +108,25 @@ class Server:
             fd = int(frame.get(zmq.SRCFD))
         except (zmq.ZMQError, TypeError, ValueError):
             fd = -1
-        caller = Caller(str(key or ""), "" if key else ident.decode(errors="replace"), fd)
-        caller.dead = self.node.is_dead_caller(caller)
+        key, claim = str(key or ""), "" if key else ident.decode(errors="replace")
+        caller = self._principals.get(key or claim)
+        if caller is None:  # its first connection (a member opening many shares one limit)
+            caller = self._principals[key or claim] = Caller(key, claim)
+            caller.dead = self.node.is_dead_caller(caller)
         self.callers[ident] = caller
         if fd >= 0:
             self._by_fd.setdefault(fd, []).append(ident)
 
     def disconnected(self, fd: int) -> None:
-        """A connection closed: its callers are gone, and so is any point in their calls."""
+        """A connection closed: its callers are gone, and so is any point in their calls.
+        (Should the descriptor be reused by a new connection before this news arrives, that
+        connection's first calls end too; its caller then times out. Rare, and bounded.)"""
         for ident in self._by_fd.pop(fd, ()):
-            if self.callers.pop(ident, None) is not None:
+            caller = self.callers.pop(ident, None)
+            if caller is not None:
                 self._cancel_calls(lambda key, ident=ident: key[0] == ident)
+                if caller not in self.callers.values():  # its last connection
+                    self._principals.pop(caller.key or caller.claim, None)
 
     def forget(self, info: NodeInfo) -> None:
         """The process ``info`` was declared dead: stop serving its calls and refuse new ones."""
