@@ -288,6 +288,8 @@ class Run:
         from ..engines import EngineActor
 
         replicas = [r for r, node in enumerate(self.placement.engines) if node == rank]
+        if not replicas and rank not in self._plan:  # a node with no role here (an extra one)
+            return
         head = self.cluster.head
         try:
             fresh = await asyncio.gather(*[
