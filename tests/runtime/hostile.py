@@ -82,6 +82,18 @@ class RawPeer:
         self.close()
 
 
+def rss_mb(pid: int | str = "self") -> float:
+    """The resident memory of process ``pid`` (default: this one), in MB; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 # -- attackers that run for a while (the soak test), each in a thread of its own -------------------
 
 

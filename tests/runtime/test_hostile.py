@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hostile import RawPeer
+from hostile import RawPeer, rss_mb
 from sample_actors import Counter, PingPong, Pumper, Slow, Streamer, Ticker
 
 from rlasync import ActorError, CallRefused, CallTimeout, JoinError, LocalCluster, Node, NodeLostError, RuntimeConfig
@@ -184,7 +184,7 @@ async def test_outsiders_get_bounded_connections_time_and_memory() -> None:
     async with LocalCluster(nodes=2, config=config) as cluster:
         counter = await cluster.spawn(Counter, node=1)
         host, port = cluster.head.address.removeprefix("tcp://").rsplit(":", 1)
-        rss_before = _rss_mb()
+        rss_before = rss_mb()
 
         def outsiders() -> tuple[int, bool]:
             idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
@@ -215,7 +215,7 @@ async def test_outsiders_get_bounded_connections_time_and_memory() -> None:
         assert closed == 41  # every stranger's connection ended: cap, handshake deadline, frame limit
         stats = cluster.head.stats()
         assert stats.connections_refused >= 10 and stats.handshakes_failed >= 1
-        assert _rss_mb() - rss_before < 100
+        assert rss_mb() - rss_before < 100
         assert await counter.add(1) == 1
         async with Node(7, "tcp://127.0.0.1:0", head=cluster.head.address, secret=cluster.secret, config=TCP):
             assert len(await cluster.members()) == 3  # a member still gets in
@@ -347,11 +347,3 @@ async def _wait_gone(node: Node, node_id: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{node_id} was not declared dead")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-from hostile import Flooder, Fuzzer, Outsider, RawPeer  # noqa: E402
+from hostile import Flooder, Fuzzer, Outsider, RawPeer, rss_mb  # noqa: E402
 
 from rlasync import new_secret  # noqa: E402
 from rlasync.runtime.types import SECRET_ENV  # noqa: E402
@@ -64,12 +64,12 @@ def test_attacks_on_a_training_cluster_cost_nothing(tmp_path: Path, nano_model_d
         with RawPeer(head_address, secret=secret) as peer:
             members = peer.ask("_membership", "members_list").value
         addresses = [m["address"] for m in members]
-        baseline = _rss_mb(head.pid)
+        baseline = rss_mb(head.pid)
         started = time.monotonic()
         attacks = [Fuzzer(addresses, secret).start(), Outsider(head_address).start(), Flooder(head_address, secret).start()]
         peak = baseline
         while head.poll() is None and time.monotonic() - started < 3 * SOAK_S + 600:
-            peak = max(peak, _rss_mb(head.pid))
+            peak = max(peak, rss_mb(head.pid))
             time.sleep(2.0)
         attacked_s = time.monotonic() - started
         for attack in attacks:
@@ -107,17 +107,6 @@ def _wait_for_step(run_dir: Path, head: subprocess.Popen[bytes], step: int, tmp_
             return
         time.sleep(0.5)
     raise AssertionError(f"no step {step} within 600 s")
-
-
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def _free_port() -> int:

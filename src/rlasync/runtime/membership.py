@@ -170,11 +170,7 @@ class Membership(Actor):
 
     def _only(self, info: NodeInfo, action: str) -> None:
         """Refuse the running call unless it comes from the process ``info`` describes."""
-        caller = current_caller.get()
-        if caller is not None and not caller.is_node(info):
-            self.node.stats_.calls_forbidden += 1
-            log.warning("refused a caller (%s) that tried to %s %s", caller, action, info.node_id)
-            raise Forbidden(f"a node may only {action} itself, not {info.node_id}")
+        _refuse_unless(self.node, [info], f"{action} {info.node_id}", f"a node may only {action} itself, not {info.node_id}")
 
     def declare_dead(self, node_id: str, reason: str) -> None:
         """Declare ``node_id`` dead now (its process is known to have exited), without waiting
@@ -256,15 +252,20 @@ class NodeService(Actor):
         asyncio.get_running_loop().call_soon(self.node.on_cluster_end)
 
     def _only_from(self, node_ids: str | tuple[str, ...], action: str) -> None:
-        caller = current_caller.get()
-        if caller is None:
-            return
         allowed = (node_ids,) if isinstance(node_ids, str) else node_ids
-        if any((info := self.node._members.get(n)) is not None and caller.is_node(info) for n in allowed):
-            return
-        self.node.stats_.calls_forbidden += 1
-        log.warning("refused a caller (%s) that tried to %s", caller, action)
-        raise Forbidden(f"only {' or '.join(allowed)} may {action}")
+        members = [info for n in allowed if (info := self.node._members.get(n)) is not None]
+        _refuse_unless(self.node, members, action, f"only {' or '.join(allowed)} may {action}")
+
+
+def _refuse_unless(node: Any, allowed: list[NodeInfo], action: str, message: str) -> None:
+    """Raise ``Forbidden(message)`` (counted) unless the running call comes from this process or
+    from one of the processes ``allowed`` describes (``server.current_caller``)."""
+    caller = current_caller.get()
+    if caller is None or any(caller.is_node(info) for info in allowed):
+        return
+    node.stats_.calls_forbidden += 1
+    log.warning("refused a caller (%s) that tried to %s", caller, action)
+    raise Forbidden(message)
 
 
 def import_actor_class(spec: SpawnSpec) -> type[Actor]:

@@ -594,16 +594,17 @@ class Node:
         async def load() -> None:
             try:
                 await asyncio.to_thread(importlib.import_module, "torch")
-            finally:
-                waiting, self.deferred = self.deferred or [], None
-                for handle, held in waiting:
-                    if self.deferred is not None:  # cannot happen once torch is loaded; keep order anyway
-                        self.deferred.append((handle, held))
-                        continue
-                    try:
-                        handle(held)
-                    except Exception:
-                        log.exception("message handler failed; message dropped")
+            except ImportError as exc:  # without torch, a tensor cannot be decoded here: drop them
+                log.error("messages carry tensors and torch cannot be imported on %s (%s): %d dropped", self.node_id, exc, len(self.deferred or []))
+                self.stats_.malformed_frames += len(self.deferred or [])
+                self.deferred = None
+                return
+            waiting, self.deferred = self.deferred or [], None
+            for handle, held in waiting:  # torch is loaded now: none of them is held again
+                try:
+                    handle(held)
+                except Exception:
+                    log.exception("message handler failed; message dropped")
 
         self._tasks.append(self.loop.create_task(load(), name="rlasync-import-torch"))
 

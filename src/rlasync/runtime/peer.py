@@ -240,8 +240,7 @@ class Peer:
     # -- input ------------------------------------------------------------------------------
     def _on_message(self, frames: list[Any]) -> None:
         if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
-            self.node.stats_.held_for_torch += 1
-            self.node.deferred.append((self._on_message, frames))
+            self.node.defer_until_torch(self._on_message, frames)
             return
         try:
             msg = self.codec.decode(frames)

@@ -39,12 +39,13 @@ class Caller:
     is taken at its word. One ``Caller`` per principal, however many connections it opens:
     ``running`` counts its calls being served now, over all of them."""
 
-    __slots__ = ("key", "claim", "running", "dead")
+    __slots__ = ("key", "claim", "running", "connections", "dead")
 
     def __init__(self, key: str, claim: str) -> None:
         self.key = key
         self.claim = claim
         self.running = 0
+        self.connections = 0  # routing ids it speaks through now
         self.dead = False  # its process was declared dead: it is served no more
 
     def is_node(self, info: NodeInfo) -> bool:
@@ -113,6 +114,7 @@ class Server:
         if caller is None:  # its first connection (a member opening many shares one limit)
             caller = self._principals[key or claim] = Caller(key, claim)
             caller.dead = self.node.is_dead_caller(caller)
+        caller.connections += 1
         self.callers[ident] = caller
         if fd >= 0:
             self._by_fd.setdefault(fd, []).append(ident)
@@ -125,7 +127,8 @@ class Server:
             caller = self.callers.pop(ident, None)
             if caller is not None:
                 self._cancel_calls(lambda key, ident=ident: key[0] == ident)
-                if caller not in self.callers.values():  # its last connection
+                caller.connections -= 1
+                if not caller.connections:
                     self._principals.pop(caller.key or caller.claim, None)
 
     def forget(self, info: NodeInfo) -> None:
@@ -165,8 +168,7 @@ class Server:
             return
         ident = frames[0]
         if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
-            self.node.stats_.held_for_torch += 1
-            self.node.deferred.append((self._on_request, frames))
+            self.node.defer_until_torch(self._on_request, frames)
             return
         try:
             msg = self.codec.decode(frames[1:])
@@ -183,8 +185,8 @@ class Server:
             return
         kind = type(msg)
         caller = self.callers.get(ident)
-        if caller is None:  # cannot happen: the pump identifies every routing id first
-            caller = self.callers[ident] = Caller("", ident.decode(errors="replace"))
+        if caller is None:  # its connection closed while torch loaded for this message: nobody to answer
+            return
         if kind is Call:
             self._serve(ident, caller, msg)
         elif kind is Cancel:
