@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from .config import Config, RuntimeConfig
 
 app = typer.Typer(help="rlasync: asynchronous RL post-training without Ray.", no_args_is_help=True, add_completion=False)
 
@@ -24,33 +27,37 @@ def node(
     roles on it (the cluster section of the run's config)."""
     import logging
 
-    import uvloop
-
     from .config import ConfigError, load_config
-    from .runtime.errors import RuntimeErrorBase
     from .runtime.types import SECRET_ENV
-    from .runtime.worker import serve
 
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s node-{rank} %(name)s %(levelname)s %(message)s")
-    import msgspec
-
     try:
         cfg = load_config(config, override)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
-    # A node of a training run hosts engines and agent loops: torch and the engines load before it
-    # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
-    from .config.cluster import NODE_MODULES
-
-    runtime = msgspec.structs.replace(cfg.runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *cfg.runtime.preload_modules))))
     secret = os.environ.get(SECRET_ENV)
     if listen.startswith("tcp://") and not secret:
         raise typer.BadParameter(f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)")
+    raise typer.Exit(_serve_node(rank, listen, head, cfg.runtime, secret))
+
+
+def _serve_node(rank: int, listen: str, head: str | None, runtime: RuntimeConfig, secret: str | None) -> int:
+    """Run a node of a training run until it stops; its exit code (2: it could not start)."""
+    import msgspec
+    import uvloop
+
+    from .config.cluster import NODE_MODULES
+    from .runtime.errors import RuntimeErrorBase
+    from .runtime.worker import serve
+
+    # A node of a training run hosts engines and agent loops: torch and the engines load before it
+    # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
+    runtime = msgspec.structs.replace(runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *runtime.preload_modules))))
     try:
-        raise typer.Exit(uvloop.run(serve(rank, listen, head, runtime, secret)))
+        return int(uvloop.run(serve(rank, listen, head, runtime, secret)))
     except RuntimeErrorBase as exc:
         typer.echo(f"node-{rank}: {exc}", err=True)
-        raise typer.Exit(2) from None
+        return 2
 
 
 @app.command()
@@ -61,12 +68,6 @@ def train(
 ) -> None:
     """Train with the schedule ``train.mode`` names (sync, one_step_off, fully_async); ends
     with one JSON line of the result."""
-    import json
-    import logging
-
-    import msgspec
-    import uvloop
-
     from .config import ConfigError, load_config
 
     try:
@@ -74,9 +75,24 @@ def train(
     except ConfigError as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    import signal
+    raise typer.Exit(_train(cfg, resume=resume))
 
+
+def _train(cfg: Config, *, resume: bool = False) -> int:
+    """Run ``cfg`` to its end in this process (the head); the exit code, after one JSON line of
+    the result (0), a one-line reason (1: the run stopped, 2: it could not start) or an
+    interruption (130)."""
+    import json
+    import logging
+    import signal
+    import time
+
+    import msgspec
+    import uvloop
+
+    from .config import ConfigError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # Ctrl-C (SIGINT) stops a run cleanly, also when the shell that started it ignores SIGINT
     # (a background job without job control inherits "ignore"; then uvloop.run would not
     # install its handler, and `kill -INT` would do nothing).
@@ -84,8 +100,6 @@ def train(
     # SIGTERM (a scheduler, `kill`) stops it the same way: the nodes are told, not left to find out.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     from .modes import train
-
-    import time
 
     steps = cfg.train.steps
     clock: dict[str, float] = {}  # when and at which step this process's first RL step began
@@ -113,15 +127,159 @@ def train(
         result = uvloop.run(train(cfg, resume=resume, on_step=progress))
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
-        raise typer.Exit(2) from None
+        return 2
     except (RuntimeErrorBase, EngineError, SyncError, NoWorkerError) as exc:  # a lost node, a dead rank, no engine left
         typer.echo(f"rlasync train: the run stopped: {type(exc).__name__}: {exc}", err=True)
-        raise typer.Exit(1) from None
+        return 1
     except KeyboardInterrupt:  # the run's tasks were cancelled and its parts closed on the way out
         typer.echo(f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
-        raise typer.Exit(130) from None
+        return 130
     typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")
     typer.echo(json.dumps(msgspec.to_builtins(result)))
+    return 0
+
+
+@app.command()
+def launch(
+    config: Optional[str] = typer.Argument(None, help="YAML experiment config, e.g. configs/quickstart_cluster.yaml."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides: train.steps=100 launch.start_timeout_s=600 ..."),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="Hosts file: one machine per line, the head first (launch/hosts.example.txt)."),
+    via: Optional[str] = typer.Option(None, "--via", help="Command template that runs a command on {host} (launch.via; default 'ssh {host}')."),
+    from_env: bool = typer.Option(False, "--from-env", help="Be the node torchrun's or Slurm's environment names (RANK/MASTER_ADDR, SLURM_PROCID)."),
+    from_stdin: bool = typer.Option(False, "--from-stdin", hidden=True, help="Be the node the launcher's ticket on stdin names."),
+) -> None:
+    """Start a run on many machines: `--nodes hosts.txt` starts a node on every host (the first
+    one is the head, which runs the controller) and relays their output; `--from-env` is one
+    node of a torchrun or Slurm start. The cluster secret comes from RLASYNC_CLUSTER_SECRET (a
+    fresh one when unset) and reaches the hosts on stdin, never on a command line."""
+    from .config import ConfigError, load_config
+
+    if from_stdin:
+        raise typer.Exit(_launched_from_stdin())
+    if (nodes is None) == (not from_env) or config is None:
+        typer.echo("rlasync launch: give a CONFIG and one of --nodes hosts.txt or --from-env (under torchrun or srun)", err=True)
+        raise typer.Exit(2)
+    try:
+        if nodes is not None:
+            code = _launch_hosts(config, overrides or [], nodes, via)
+        else:
+            code = _launched_from_env(load_config(config, overrides or []))
+    except ConfigError as exc:
+        typer.echo(f"rlasync launch: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def _launch_hosts(path: str, overrides: list[str], hosts_file: str, via: str | None) -> int:
+    import uvloop
+
+    from .config import load_config
+    from .launcher import Launch, read_hosts
+    from .launcher.hosts import listen_addresses, placement_overrides
+    from .modes.placement import Placement
+    from .runtime.types import SECRET_ENV
+    from .transport.auth import new_secret
+
+    hosts = read_hosts(hosts_file)
+    head = listen_addresses(hosts, load_config(path, overrides).launch.port)[0]
+    extra = [*placement_overrides(hosts), f"cluster.nodes={len(hosts)}", "cluster.start=external", f"cluster.listen={head}"]
+    cfg = load_config(path, [*overrides, *extra, *([f"launch.via={via}"] if via else [])])
+    Placement.of(cfg)  # a placement that does not fit the hosts fails here, before anything starts
+    secret = os.environ.get(SECRET_ENV) or new_secret()
+    return int(uvloop.run(Launch(hosts, cfg, secret=secret).run()))
+
+
+def _launched_from_stdin() -> int:
+    """One host's process of `rlasync launch --nodes`: its ticket on stdin says which node."""
+    from .config import Config, ConfigError, convert
+    from .launcher.ticket import read_ticket, stop_when_stdin_closes
+    from .runtime.events import print_events
+    from .runtime.types import SECRET_ENV, VERSION
+
+    try:
+        ticket = read_ticket(version=VERSION)
+        cfg = convert(ticket.config, Config)
+    except ConfigError as exc:
+        typer.echo(f"rlasync launch: {exc}", err=True)
+        return 2
+    os.environ[SECRET_ENV] = ticket.secret  # for the processes this one starts, never their command lines
+    print_events()
+    stop_when_stdin_closes()
+    if ticket.rank == 0:
+        return _train(cfg)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node-{ticket.rank} %(name)s %(levelname)s %(message)s")
+    return _serve_node(ticket.rank, ticket.listen, ticket.head, cfg.runtime, ticket.secret)
+
+
+def _launched_from_env(cfg: Config) -> int:
+    """One node of a torchrun or Slurm start (``launcher.environment``)."""
+    import logging
+
+    import msgspec
+
+    from .launcher.environment import from_env
+    from .launcher.rendezvous import find_head, publish_head
+    from .runtime.types import SECRET_ENV
+
+    me = from_env()
+    if not me.is_node:
+        typer.echo(f"rlasync launch: local rank {me.local_rank} of {me.local_world_size}: node {me.rank}'s process is local rank 0, "
+                   "which starts this machine's per-device processes itself; nothing to do here")  # fmt: skip
+        return 0
+    secret = os.environ.get(SECRET_ENV)
+    if me.nodes > 1 and not secret:
+        typer.echo(f"rlasync launch: the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)", err=True)
+        return 2
+    # torch.distributed groups meet where the launcher's rendezvous is (runtime.rendezvous).
+    os.environ.setdefault("MASTER_ADDR", me.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(me.master_port))
+    os.environ.setdefault("RANK", "0" if me.rank == 0 else str(me.rank))
+    timeout = max(cfg.launch.start_timeout_s, cfg.runtime.join_timeout_s)
+    if me.rank == 0:
+        head = publish_head(me, timeout)
+        cluster = msgspec.structs.replace(cfg.cluster, start="external", listen=head, nodes=me.nodes)
+        return _train(msgspec.structs.replace(cfg, cluster=cluster))
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node-{me.rank} %(name)s %(levelname)s %(message)s")
+    head = find_head(me, timeout)
+    runtime = msgspec.structs.replace(cfg.runtime, join_timeout_s=timeout)
+    return _serve_node(me.rank, "tcp://[::]:0", head, runtime, secret)
+
+
+@app.command()
+def status(
+    head: Optional[str] = typer.Option(None, "--head", help="The head's address, e.g. tcp://10.0.0.1:29600."),
+    config: Optional[str] = typer.Option(None, "--config", help="Or the run's config: its cluster.listen."),
+    timeout: float = typer.Option(5.0, help="Seconds to wait for the head and each engine."),
+) -> None:
+    """The live nodes of a running cluster: roles, the weight version each engine serves,
+    heartbeat age. Needs the cluster secret (RLASYNC_CLUSTER_SECRET)."""
+    import uvloop
+
+    from .config import ConfigError, load_config
+    from .launcher.status import StatusError, cluster_status, render
+    from .runtime.types import SECRET_ENV
+
+    if head is None and config is not None:
+        try:
+            head = load_config(config, []).cluster.listen or None
+        except ConfigError as exc:
+            typer.echo(f"rlasync status: {exc}", err=True)
+            raise typer.Exit(2) from None
+    if not head:
+        typer.echo("rlasync status: give --head tcp://HOST:PORT (or --config with cluster.listen)", err=True)
+        raise typer.Exit(2)
+    secret = os.environ.get(SECRET_ENV)
+    if head.startswith("tcp://") and not secret:
+        typer.echo(f"rlasync status: export {SECRET_ENV} (the cluster's secret) to ask its head", err=True)
+        raise typer.Exit(2)
+    try:
+        nodes = uvloop.run(cluster_status(head, secret, timeout=timeout))
+    except StatusError as exc:
+        typer.echo(f"rlasync status: {exc}", err=True)
+        raise typer.Exit(1) from None
+    render(nodes)
 
 
 @app.command()

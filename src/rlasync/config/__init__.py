@@ -5,9 +5,10 @@ from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
 from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
+from .launch import LaunchConfig
 from .loader import Config, ConfigError, convert, load_config
 from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
 
-__all__ = ["AgentConfig", "AsyncTrainingConfig", "ClusterConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]
+__all__ = ["AgentConfig", "AsyncTrainingConfig", "ClusterConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "LaunchConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]

@@ -18,6 +18,7 @@ from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
 from .data import DataConfig
 from .engine import EngineConfig, RouterConfig
+from .launch import LaunchConfig
 from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
@@ -42,6 +43,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
     async_training: AsyncTrainingConfig = msgspec.field(default_factory=AsyncTrainingConfig)
+    launch: LaunchConfig = msgspec.field(default_factory=LaunchConfig)
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

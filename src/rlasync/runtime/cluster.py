@@ -27,6 +27,7 @@ from ..config import RuntimeConfig
 from ..transport.auth import new_secret
 from .actor import Actor
 from .errors import ClusterStartError
+from .events import emit
 from .node import Node
 from .process import start_node_process
 from .types import SECRET_ENV, NodeInfo
@@ -189,7 +190,9 @@ class ExternalCluster(_Cluster):
             raise ClusterStartError(f"the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)")
         self.head = Node(0, self.listen, config=self.config, secret=self.secret or None)
         await self.head.start()
+        emit("listening", node=self.head.node_id, address=self.head.address)
         await self._wait_for_nodes()
+        emit("ready", nodes=self.size)
 
     async def _wait_for_nodes(self) -> None:
         timeout = self.config.join_timeout_s

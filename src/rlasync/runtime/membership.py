@@ -22,7 +22,7 @@ from typing import Any
 from .actor import Actor, endpoint
 from .errors import ActorNotFound, Forbidden
 from .server import current_caller
-from .types import ActorInfo, HeartbeatReply, JoinReply, NodeInfo, NodeStats, SpawnSpec
+from .types import ActorInfo, HeartbeatReply, JoinReply, MemberStatus, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
 HEAD = "node-0"
@@ -60,6 +60,11 @@ class Membership(Actor):
         if not _NODE_ID.fullmatch(info.node_id) or info.node_id == self.node.node_id:
             raise ValueError(f"cannot join as {info.node_id!r}: a node id is node-<rank> (rank 1 or more) or node-<rank>.<child>")
         self._only(info, "join as")
+        if info.version != self.node.info.version:
+            raise ValueError(
+                f"{info.node_id} ({info.host}) runs rlasync {info.version or 'of an unknown version'} and the head runs "
+                f"{self.node.info.version}: install the same version on every machine"
+            )
         old = self.members.get(info.node_id)
         if old is not None and old.incarnation != info.incarnation:
             # Another process holds the rank and still heartbeats: the newcomer waits until that
@@ -137,6 +142,20 @@ class Membership(Actor):
     @endpoint
     async def members_list(self) -> list[NodeInfo]:
         return sorted(self.members.values(), key=lambda m: _order(m.node_id))
+
+    @endpoint
+    async def status(self) -> list[MemberStatus]:
+        """Every live node, how long since its last heartbeat, and its named actors (those of
+        the processes it supervises, ``node-1.0``, counted as its own)."""
+        now = time.monotonic()
+        placed: dict[str, list[ActorInfo]] = {}
+        for info in self.names.values():
+            placed.setdefault(info.node.node_id.split(".")[0], []).append(info)
+        return [
+            MemberStatus(m, 0.0 if m.node_id == self.node.node_id else now - self.last_seen.get(m.node_id, now), sorted(placed.get(m.node_id, []), key=lambda a: a.name))
+            for m in sorted(self.members.values(), key=lambda m: _order(m.node_id))
+            if "." not in m.node_id
+        ]  # fmt: skip
 
     @endpoint
     async def wait_node(self, node_id: str, timeout: float) -> NodeInfo:

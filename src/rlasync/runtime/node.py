@@ -41,7 +41,7 @@ from .membership import Membership, NodeService
 from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
 from .server import Caller, Server, _cancelled_from_outside, error_reply
-from .types import ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
+from .types import VERSION, ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,10 @@ class Node:
         config: RuntimeConfig | None = None,
         secret: str | bytes | None = None,
         node_id: str | None = None,
+        member: bool = True,
     ) -> None:
         self.rank = rank
+        self.member = member  # False: a client that calls actors without joining (``rlasync status``)
         self.node_id = node_id or f"node-{rank}"  # a supervised child: "node-<rank>.<index>"
         if self.node_id != HEAD_ID and head is None:
             raise ValueError(f"{self.node_id} needs the head's address (head=...); only node-0 is the head")
@@ -143,6 +145,8 @@ class Node:
         # (with it, a peer reusing a member's id took that member's replies, and libzmq aborted).
         router.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
         router.setsockopt(zmq.HANDSHAKE_IVL, int(self.config.handshake_timeout_s * 1000))
+        if self.listen.startswith("tcp://["):  # IPv6 (and "[::]", both families); not for IPv4, whose
+            router.setsockopt(zmq.IPV6, 1)  # endpoint would then read back as [::ffff:a.b.c.d]
         keep_alive(router)
         keys = self.require_keys() if self.listen.startswith("tcp://") else self._keys
         if self.listen.startswith("tcp://"):
@@ -163,7 +167,7 @@ class Node:
         self._pumps.append(self._server.pump)
         self._watch_connections(router)
         key = keys.identity if keys is not None else ""
-        self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key)
+        self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key, VERSION)
         self._known[self.info.incarnation] = self.info
         self._members[self.node_id] = self.info
         await self.spawn_here(NodeService, [], {}, "_node")
@@ -172,7 +176,8 @@ class Node:
         else:
             head_info = NodeInfo(HEAD_ID, self.head_address or "", "unknown")
             self._membership = ActorRef(self, _service_info("_membership", Membership, head_info), Membership)
-            await self._join()
+            if self.member:
+                await self._join()
         return self
 
     def _secure(self, router: zmq.Socket[Any]) -> None:

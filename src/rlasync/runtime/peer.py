@@ -86,6 +86,8 @@ class Peer:
         sock = node.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, node.config.max_frame_bytes)
+        if info.address.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)  # ZeroMQ dials IPv6 only when told
         keep_alive(sock)
         if info.address.startswith("tcp://"):
             # Over TCP this process is its CURVE key (server.Caller); the callee names the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 import msgspec
@@ -9,6 +10,16 @@ import msgspec
 # How a node process gets what must not be on its command line (``ps`` shows that).
 SECRET_ENV = "RLASYNC_CLUSTER_SECRET"
 CONFIG_ENV = "RLASYNC_RUNTIME_CONFIG"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("rlasync")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+VERSION = _version()  # what a node tells the head it runs (NodeInfo.version)
 
 
 class NodeInfo(msgspec.Struct, frozen=True):
@@ -20,6 +31,7 @@ class NodeInfo(msgspec.Struct, frozen=True):
     pid: int = 0
     host: str = ""
     key: str = ""  # the CURVE public key its calls authenticate with ("" on ipc: see server.Caller)
+    version: str = ""  # its rlasync version: the head refuses a node of another one
 
 
 class ActorInfo(msgspec.Struct, frozen=True):
@@ -40,6 +52,14 @@ class SpawnSpec(msgspec.Struct, frozen=True):
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     file: str = ""  # for classes defined in a script's __main__: the script's path
+
+
+class MemberStatus(msgspec.Struct, frozen=True):
+    """One live node as ``rlasync status`` shows it."""
+
+    info: NodeInfo
+    heartbeat_age_s: float  # since the head last heard from it (0 for the head)
+    actors: list[ActorInfo]  # the named actors on it (and on the processes it supervises)
 
 
 class JoinReply(msgspec.Struct, frozen=True):

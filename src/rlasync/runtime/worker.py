@@ -21,6 +21,7 @@ import msgspec
 
 from ..config import RuntimeConfig, convert
 from .errors import JoinError
+from .events import emit
 from .node import EX_TEMPFAIL, Node, rank_of
 from .process import die_with_parent, parent_from_env, watch_parent
 from .types import CONFIG_ENV, SECRET_ENV
@@ -78,6 +79,7 @@ async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig,
                 log.info("%s: cannot rejoin yet (%s); trying again", node.node_id, exc)
                 await asyncio.sleep(1.0)
                 continue
+            emit("joined", node=node.node_id, address=node.address)
             if signalled:
                 await node.stop()
             await node.stopped.wait()

@@ -35,6 +35,8 @@ from typing import Any, Sequence
 from ..config.train import TrainerConfig
 from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError
 from ..runtime.address import host_of
+from ..runtime.events import emit
+from ..runtime.rendezvous import master_address, master_store
 from .rank import RankSpec, TrainerRank
 from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
 
@@ -113,24 +115,25 @@ class TrainerActor:
         except TimeoutError:
             raise CallTimeout(f"the trainer's {self.world_size} rank processes did not start within trainer.start_timeout_s={cfg.start_timeout_s:g}s") from None
         hellos = await self._call_all("join", [[]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
+        emit("trainer", ranks=self.world_size, backend=hellos[0]["backend"], nodes=self.processes)  # the group did its first collective
         loaded = await self._call_all("load", [[str(model_dir), total_steps]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
         self.info = {"backend": hellos[0]["backend"], "pids": [h["pid"] for h in hellos], "nodes": self.processes, **loaded[0]}
         log.info("trainer: %d rank(s) on %s (%s, %s), %d parameters", self.world_size, ", ".join(self.processes), self.info["device"], self.info["backend"], self.info["parameters"])
 
     def _rendezvous(self, node: Node) -> tuple[str, int]:
         """Where the ranks meet: ``MASTER_ADDR:MASTER_PORT`` when set (torchrun's agent hosts the
-        store there; otherwise this process does), else a store hosted here at the head's address."""
+        store there, or the head's process does: ``runtime.rendezvous``), else a store hosted
+        here at the head's address."""
         import torch.distributed as dist
 
+        master = master_address()
+        if master is not None:
+            try:
+                self._store = master_store(self.config.start_timeout_s)
+            except RuntimeError as exc:
+                raise RuntimeError(f"the trainer's rendezvous: {exc}") from None
+            return master
         timeout = datetime.timedelta(seconds=self.config.start_timeout_s)
-        master, master_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if master and master_port:
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-                try:
-                    self._store = dist.TCPStore("127.0.0.1", int(master_port), is_master=True, wait_for_workers=False, timeout=timeout)
-                except RuntimeError as exc:
-                    raise RuntimeError(f"cannot host the trainer's rendezvous store on MASTER_PORT={master_port}: {exc}") from None
-            return master, int(master_port)
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
         return host_of(node.address), int(self._store.port)
 

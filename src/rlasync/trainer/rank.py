@@ -184,6 +184,9 @@ class TrainerRank(Actor):
             backend, store=dist.PrefixStore(self.spec.group, store), rank=self.rank, world_size=self.world_size,
             timeout=datetime.timedelta(seconds=cfg.call_timeout_s),
         )  # fmt: skip
+        # A first collective: a group that cannot talk (a firewall, a wrong interface) fails now,
+        # within trainer.start_timeout_s, not at the first step.
+        dist.all_reduce(torch.zeros(1, device=self.device))
         return {"rank": self.rank, "pid": os.getpid(), "backend": backend, "node": self.node.node_id}
 
     @endpoint
