@@ -58,3 +58,57 @@ def make_hosts(subnet: str) -> Iterator[Hosts]:
     finally:
         for ns in (hosts.a, hosts.b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+class Lan(msgspec.Struct, frozen=True):
+    """``n`` host namespaces, each joined by a veth pair to a bridge in a switch namespace:
+    host ``i`` is ``subnet.(i+1)`` and ``v6prefix::(i+1)`` (IPv6 without duplicate-address
+    detection, so it works at once)."""
+
+    names: list[str]
+    switch: str
+    subnet: str
+    v6prefix: str
+
+    def ip(self, i: int) -> str:
+        return f"{self.subnet}.{i + 1}"
+
+    def ip6(self, i: int) -> str:
+        return f"{self.v6prefix}::{i + 1}"
+
+    def pids(self) -> list[int]:
+        """Every process in any host namespace (this test's only)."""
+        found = []
+        for name in self.names:
+            out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30).stdout
+            found += [int(p) for p in out.split()]
+        return found
+
+
+def make_lan(n: int, subnet: str, v6prefix: str) -> Iterator[Lan]:
+    tag = uuid.uuid4().hex[:6]
+    lan = Lan([f"rl{i}-{tag}" for i in range(n)], f"rls-{tag}", subnet, v6prefix)
+    setup = [["ip", "netns", "add", lan.switch], ["ip", "-n", lan.switch, "link", "add", "br0", "type", "bridge"], ["ip", "-n", lan.switch, "link", "set", "br0", "up"]]
+    for i, name in enumerate(lan.names):
+        here, there = f"h{i}{tag}", f"s{i}{tag}"
+        setup += [
+            ["ip", "netns", "add", name],
+            ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+            ["ip", "link", "set", here, "netns", name],
+            ["ip", "link", "set", there, "netns", lan.switch],
+            ["ip", "-n", lan.switch, "link", "set", there, "master", "br0"],
+            ["ip", "-n", lan.switch, "link", "set", there, "up"],
+            ["ip", "-n", name, "addr", "add", f"{lan.ip(i)}/24", "dev", here],
+            ["ip", "-n", name, "addr", "add", f"{lan.ip6(i)}/64", "dev", here, "nodad"],
+            ["ip", "-n", name, "link", "set", here, "up"],
+            ["ip", "-n", name, "link", "set", "lo", "up"],
+        ]
+    try:
+        for cmd in setup:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+        yield lan
+    finally:
+        for pid in lan.pids():  # a test that failed half-way must not leave processes behind
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True, timeout=30)
+        for ns in (*lan.names, lan.switch):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)

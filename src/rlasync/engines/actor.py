@@ -172,7 +172,9 @@ class EngineActor(Actor):
     async def weight_join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo") -> None:
         from ..runtime.address import host_of
 
-        await self._weights_side().join(host, port, rank, size, timeout_s, generation, backend, local_host=host_of(self.node.address))
+        # Gloo listens at this node's address on the route to the group's store (trainer rank 0):
+        # of the store's family, so an IPv6 node and IPv4 ones still form one group.
+        await self._weights_side().join(host, port, rank, size, timeout_s, generation, backend, local_host=_towards(host) or host_of(self.node.address))
 
     @endpoint
     async def weight_stage(self, version: int, timeout_s: float) -> float:
@@ -196,3 +198,12 @@ class EngineActor(Actor):
     @endpoint
     async def stats(self) -> EngineStats:
         return self._engine().stats()
+
+
+def _towards(host: str) -> str:
+    from ..runtime.address import source_address
+
+    try:
+        return source_address(host)
+    except OSError:
+        return ""

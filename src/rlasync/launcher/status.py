@@ -83,6 +83,7 @@ async def cluster_status(head: str, secret: str | None, *, timeout: float = 5.0)
 def render(rows: list[NodeRow]) -> None:
     """The rows as one table on stdout."""
     from rich.console import Console
+    from rich.markup import escape  # "[fd00::2]" is an address, not a style
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
@@ -90,5 +91,5 @@ def render(rows: list[NodeRow]) -> None:
         table.add_column(column)
     for row in rows:
         beat = "-" if row.node == "node-0" else f"{row.heartbeat_age_s:.1f} s"
-        table.add_row(row.node, row.host, row.address, str(row.pid), beat, ", ".join(row.roles) or "-")
+        table.add_row(*[escape(cell) for cell in (row.node, row.host, row.address, str(row.pid), beat, ", ".join(row.roles) or "-")])
     Console(width=200).print(table)

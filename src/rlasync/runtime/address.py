@@ -43,14 +43,23 @@ def advertised(bound: str, towards: str | None) -> str:
     port = bound.rsplit(":", 1)[1]
     try:
         if towards and towards.startswith("tcp://"):
-            with socket.socket(socket.AF_INET6 if ":" in host_of(towards) else socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((host_of(towards), int(towards.rsplit(":", 1)[1])))  # UDP: no packet is sent
-                host = probe.getsockname()[0]
+            host = source_address(host_of(towards), int(towards.rsplit(":", 1)[1]))
         else:
             host = socket.gethostbyname(socket.gethostname())
     except OSError:
         return bound
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def source_address(host: str, port: int = 9) -> str:
+    """This machine's address on the route to ``host``, of ``host``'s family (IPv4 or IPv6):
+    where to listen for a peer that dials from there (a UDP connect sends no packet)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return str(probe.getsockname()[0])
 
 
 def child_address(parent: str, child_id: str) -> str:

@@ -1,0 +1,147 @@
+"""``rlasync launch`` on three hosts: network namespaces on one bridge, the third host given by
+its IPv6 address. The launcher runs outside them and reaches each through ``--via 'ip netns
+exec {host}'``, as it would through ssh.
+
+- the quickstart cluster trains across the three (held-out accuracy rises), and ``rlasync
+  status`` lists the three nodes while it runs;
+- the same run started by real torchrun (c10d rendezvous) in each namespace;
+- a host that cannot start is an error naming it within ``launch.start_timeout_s``, and nothing
+  is left running in any namespace;
+- Ctrl-C: every namespace's processes are gone within 30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hosts import Lan
+
+from rlasync import new_secret
+from rlasync.runtime.types import SECRET_ENV
+
+pytestmark = pytest.mark.multinode
+ROOT = Path(__file__).parents[2]
+CLUSTER = ROOT / "configs" / "quickstart_cluster.yaml"
+RUN = ["weights.transport=broadcast", "runtime.heartbeat_interval_s=0.3", "launch.port=29800"]
+
+
+def _hosts_file(lan: Lan, path: Path, *extra: str) -> Path:
+    lines = [f"{lan.names[0]} addr={lan.ip(0)}", f"{lan.names[1]} addr={lan.ip(1)}", f"{lan.names[2]} addr={lan.ip6(2)}"]
+    comments = ["  # the head", "", "  # by its IPv6 address"]
+    path.write_text("".join(f"{line} {more}{comment}\n" for line, more, comment in zip(lines, [*extra, "", "", ""], comments)))
+    return path
+
+
+def _launch(lan: Lan, tmp_path: Path, model: Path, *overrides: str, hosts_extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+    env = dict(os.environ, **{SECRET_ENV: new_secret()})
+    log = tmp_path / "launch.log"
+    command = [sys.executable, "-m", "rlasync", "launch", "--nodes", str(_hosts_file(lan, tmp_path / "hosts.txt", *hosts_extra)), "--via", "ip netns exec {host}",
+               str(CLUSTER), f"train.run_dir={tmp_path / 'run'}", f"train.model_dir={model}", *RUN, *overrides]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True), log, env
+
+
+def _records(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "run" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _wait_for_step(proc: subprocess.Popen[str], tmp_path: Path, log: Path, step: int, timeout: float = 240) -> None:
+    ends = time.monotonic() + timeout
+    while not any(int(r["step"]) >= step for r in _records(tmp_path)):  # type: ignore[call-overload]
+        assert proc.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < ends, log.read_text()[-4000:]
+        time.sleep(0.3)
+
+
+def _gone(lan: Lan, timeout: float) -> list[int]:
+    ends = time.monotonic() + timeout
+    while lan.pids() and time.monotonic() < ends:
+        time.sleep(0.2)
+    return lan.pids()
+
+
+@pytest.mark.timeout(500)
+def test_launch_trains_across_three_hosts_one_by_ipv6_and_status_lists_them(three_hosts: Lan, tmp_path: Path, reverse_model: Path) -> None:
+    lan = three_hosts
+    proc, log, env = _launch(lan, tmp_path, reverse_model, "train.steps=100", "train.validate_every=50")
+    try:
+        _wait_for_step(proc, tmp_path, log, 3)
+        status = subprocess.run(["ip", "netns", "exec", lan.names[1], sys.executable, "-m", "rlasync", "status", "--head", f"tcp://{lan.ip(0)}:29800"],
+                                env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        table = status.stdout
+        for node, address in (("node-0", lan.ip(0)), ("node-1", lan.ip(1)), ("node-2", f"[{lan.ip6(2)}]")):
+            assert node in table and address in table, table
+        assert "controller" in table and "engine-0 (weights v" in table and "engine-1 (weights v" in table and "trainer rank 1" in table, table
+        assert proc.wait(timeout=400) == 0, log.read_text()[-4000:]
+    finally:
+        proc.kill()
+    out = log.read_text()
+    result = json.loads(out.strip().splitlines()[-1].split("| ", 1)[1])
+    assert result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
+    assert [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 101))
+    assert f"{lan.names[2]} |" in out and f"{lan.names[1]} |" in out  # every host's output, prefixed with its name
+    assert SECRET_ENV not in out and env[SECRET_ENV] not in out
+    assert not _gone(lan, 30)
+
+
+@pytest.mark.timeout(500)
+def test_the_same_run_started_by_torchrun_in_each_namespace(three_hosts: Lan, tmp_path: Path, reverse_model: Path) -> None:
+    lan = three_hosts
+    env = dict(os.environ, **{SECRET_ENV: new_secret()})
+    addresses = [lan.ip(0), lan.ip(1), lan.ip6(2)]
+    procs = []
+    for i, (name, address) in enumerate(zip(lan.names, addresses)):
+        command = ["ip", "netns", "exec", name, sys.executable, "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=1",
+                   "--rdzv-backend=c10d", f"--rdzv-endpoint={lan.ip(0)}:29400", f"--rdzv-conf=is_host={int(i == 0)}", f"--local-addr={address}",
+                   "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}", f"train.model_dir={reverse_model}",
+                   "train.steps=100", "train.validate_every=50", *RUN]  # fmt: skip
+        procs.append(subprocess.Popen(command, env=env, stdout=(tmp_path / f"torchrun-{i}.log").open("w"), stderr=subprocess.STDOUT, text=True))
+    try:
+        codes = [p.wait(timeout=420) for p in procs]
+        logs = "\n".join((tmp_path / f"torchrun-{i}.log").read_text()[-3000:] for i in range(3))
+        assert codes == [0, 0, 0], logs
+    finally:
+        for p in procs:
+            p.kill()
+    head_log = next((tmp_path / f"torchrun-{i}.log").read_text() for i in range(3) if '"final_accuracy"' in (tmp_path / f"torchrun-{i}.log").read_text())
+    result = json.loads(next(line for line in reversed(head_log.splitlines()) if '"final_accuracy"' in line).split(" ", 1)[-1] if not head_log.splitlines()[-1].startswith("{") else head_log.splitlines()[-1])
+    assert result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
+    assert "cluster: 3 node(s)" in head_log
+    assert not _gone(lan, 30)
+
+
+@pytest.mark.timeout(200)
+def test_a_host_that_cannot_start_is_named_within_the_deadline_and_nothing_is_left(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path) -> None:
+    lan = three_hosts
+    started = time.monotonic()
+    proc, log, _ = _launch(lan, tmp_path, nano_model_dir, "launch.start_timeout_s=60", hosts_extra=("", "", "python=/opt/no-such-python/bin/python3"))
+    code = proc.wait(timeout=120)
+    took = time.monotonic() - started
+    out = log.read_text()
+    assert code == 2, out[-3000:]
+    assert f"rlasync launch: {lan.names[2]} (node-2) stopped with exit code" in out and "no-such-python" in out, out[-3000:]
+    assert took < 60, took
+    assert not _gone(lan, 30)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_every_host_within_30_s(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path) -> None:
+    lan = three_hosts
+    proc, log, _ = _launch(lan, tmp_path, nano_model_dir, "train.steps=500", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16", "train.val_size=8")
+    try:
+        _wait_for_step(proc, tmp_path, log, 2)
+        assert len(lan.pids()) >= 5  # three nodes and the two trainer ranks' processes
+        proc.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        assert proc.wait(timeout=40) == 130, log.read_text()[-3000:]
+        assert not _gone(lan, 30 - (time.monotonic() - stopped)), log.read_text()[-3000:]
+    finally:
+        proc.kill()
