@@ -79,7 +79,7 @@ def test_launch_trains_across_three_hosts_one_by_ipv6_and_status_lists_them(thre
         table = status.stdout
         for node, address in (("node-0", lan.ip(0)), ("node-1", lan.ip(1)), ("node-2", f"[{lan.ip6(2)}]")):
             assert node in table and address in table, table
-        assert "controller" in table and "engine-0 (weights v" in table and "engine-1 (weights v" in table and "trainer rank 1" in table, table
+        assert "head" in table and "engine-0 (weights v" in table and "engine-1 (weights v" in table and "trainer rank 1" in table, table
         assert proc.wait(timeout=400) == 0, log.read_text()[-4000:]
     finally:
         proc.kill()

@@ -2,7 +2,7 @@
 
     $ RLASYNC_CLUSTER_SECRET=... rlasync status --head tcp://10.0.0.1:29600
     node    host    address              heartbeat  roles
-    node-0  gpu-1   tcp://10.0.0.1:29600 -          controller, trainer rank 0
+    node-0  gpu-1   tcp://10.0.0.1:29600 -          head, trainer rank 0
     node-1  gpu-2   tcp://10.0.0.2:29600 0.2 s      engine-0 (weights v12), agent loops, trainer rank 1
 
 It runs a node that does not join (a client: no rank, no heartbeats), asks the head's
@@ -74,7 +74,7 @@ async def cluster_status(head: str, secret: str | None, *, timeout: float = 5.0)
             shutil.rmtree(folder, ignore_errors=True)
     rows = []
     for m in members:
-        roles = (["controller"] if m.info.node_id == "node-0" else []) + [_role(a, versions) for a in m.actors if not a.name.startswith("_")]
+        roles = (["head"] if m.info.node_id == "node-0" else []) + [_role(a, versions) for a in m.actors if not a.name.startswith("_")]
         mine = {a.name: versions[a.name] for a in m.actors if a.name in versions}
         rows.append(NodeRow(m.info.node_id, m.info.host, m.info.address, m.info.pid, m.heartbeat_age_s, roles, mine))
     return rows

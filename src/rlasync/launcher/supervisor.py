@@ -148,7 +148,10 @@ class Launch:
             event = parse(line)
             if event is not None:
                 hp.events.setdefault(event["event"], event)
-                self.ready_s.setdefault(event["event"], time.perf_counter() - self.started_at)
+                if event["event"] not in self.ready_s:
+                    self.ready_s[event["event"]] = took = time.perf_counter() - self.started_at
+                    if event["event"] == "trainer":
+                        self.write(f"launch: the trainer's {event.get('ranks')} rank(s) did their first collective {took:.1f} s after the launch began")
                 hp.changed.set()
                 continue
             hp.last.append(line)

@@ -6,19 +6,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import Config, ConfigError
-from .fully_async import train_fully_async
-from .one_step_off import train_one_step_off
-from .parts import TrainResult
-from .queue import SampleQueue, StalenessError
-from .sync import train_sync
+
+if TYPE_CHECKING:
+    from .fully_async import train_fully_async
+    from .one_step_off import train_one_step_off
+    from .parts import TrainResult
+    from .queue import SampleQueue, StalenessError
+    from .sync import train_sync
+
+# Loaded when first named (PEP 562): ``rlasync.modes.placement`` checks a config without the
+# schedules' torch and engines (``rlasync launch`` places a run before starting anything).
+_LAZY = {"train_fully_async": ".fully_async", "train_one_step_off": ".one_step_off", "TrainResult": ".parts", "SampleQueue": ".queue",
+         "StalenessError": ".queue", "train_sync": ".sync"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``); ``resume`` continues the sync mode from its
     newest checkpoint."""
+    from .fully_async import train_fully_async
+    from .one_step_off import train_one_step_off
+    from .sync import train_sync
+
     mode = config.train.mode
     if mode == "sync":
         return await train_sync(config, resume=resume, on_step=on_step)

@@ -188,7 +188,6 @@ class Run:
             run.metrics = open_metrics(run.run_dir / "metrics.jsonl", upto=metrics_upto)
             run._closers.append(run.metrics.close)
             if simulated is None:
-                await run.trainer.start(run.model_dir, total_steps=config.train.steps * _updates_per_step(config))
                 await run.synchronizer.start()
         except BaseException:
             await run.close()
@@ -200,10 +199,8 @@ class Run:
         return run
 
     async def _compose(self, simulated: Simulated | None) -> None:
-        """Nodes, engines, agent-loop workers, router, trainer, synchroniser: made in that order,
-        each registered to be closed in the reverse one."""
-        from ..agents import AgentLoopManager, AgentLoopWorker
-        from ..engines import EngineActor, Router
+        """Nodes, then the trainer (its ranks starting) beside the engines, agent-loop workers and
+        router, then the synchroniser; each registered to be closed in the reverse order."""
         from ..trainer import TrainerActor
         from ..weights import ParameterSynchronizer
 
@@ -211,6 +208,36 @@ class Run:
         self.cluster = await open_cluster(config, placement)
         self._closers.append(self.cluster.close)
         head = self.cluster.head
+        starting: asyncio.Future[None] | None = None
+        if simulated is None:
+            # The trainer's ranks start (a process each, torch to import) while the engines and
+            # agent loops are made: the two do not wait on each other.
+            self.trainer = TrainerActor(config.trainer, node=head, hosts=placement.trainer, devices=placement.trainer_devices(config))
+            self._closers.append(self.trainer.close)
+            starting = asyncio.ensure_future(self.trainer.start(self.model_dir, total_steps=config.train.steps * _updates_per_step(config)))
+        try:
+            await self._compose_rollouts(simulated, head)
+        except BaseException:
+            if starting is not None:
+                starting.cancel()
+                await asyncio.wait([starting])
+            raise
+        if starting is not None:
+            await starting
+            self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts))
+            self._closers.append(self.synchronizer.close)
+            if placement.nodes > 1:
+                self._take_back_rejoined()
+        else:
+            self.trainer = simulated.trainer  # type: ignore[union-attr]
+            self.synchronizer = simulated.synchronizer(self.engine)  # type: ignore[union-attr]
+
+    async def _compose_rollouts(self, simulated: Simulated | None, head: Any) -> None:
+        """The engine replicas, the agent-loop workers beside them, the router over them."""
+        from ..agents import AgentLoopManager, AgentLoopWorker
+        from ..engines import EngineActor, Router
+
+        config, placement = self.config, self.placement
         if simulated is None:
             self.engines = list(await asyncio.gather(*[
                 head.spawn(EngineActor, self._engine_config(replica), node=node, name=f"engine-{replica}")
@@ -234,17 +261,6 @@ class Run:
         self.engine = EngineGroup(self.router)
         self.rollouts = AgentLoopManager(workers, local=local, pad_token_id=self.pad, timeout_s=config.agent.rollout_timeout_s)
         self._closers.append(self.rollouts.close)
-        if simulated is None:
-            devices = placement.trainer_devices(config)
-            self.trainer = TrainerActor(config.trainer, node=head, hosts=placement.trainer, devices=devices)
-            self._closers.append(self.trainer.close)
-            self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts))
-            self._closers.append(self.synchronizer.close)
-            if placement.nodes > 1:
-                self._take_back_rejoined()
-        else:
-            self.trainer = simulated.trainer
-            self.synchronizer = simulated.synchronizer(self.engine)
 
     def _worker_spec(self, local: list[str]) -> Any:
         from ..agents import AgentWorkerSpec

@@ -157,8 +157,15 @@ class Node:
         try:
             router.bind(self.listen)
         except zmq.ZMQError as exc:
+            # The pumps first (the ZAP socket's is on the loop): a context destroyed under a
+            # socket a pump still polls makes libzmq abort the process.
+            for pump in self._pumps:
+                pump.close()
+            self._pumps.clear()
             router.close(linger=0)
             self.ctx.destroy(linger=0)
+            self._stopping = True
+            self.stopped.set()
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
         if self.listen.startswith("ipc://"):
             os.chmod(self.listen.removeprefix("ipc://"), 0o600)

@@ -20,13 +20,6 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
@@ -201,7 +194,8 @@ class PolicyTrainer:
             if not copy:
                 return {name: p.detach() for name, p in self.model.named_parameters()}
             return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
-        full: dict[str, Any] = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        sd = _state_dict()
+        full: dict[str, Any] = sd.get_model_state_dict(self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: full[name] for name, _ in self.model.named_parameters() if name in full}
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -210,9 +204,10 @@ class PolicyTrainer:
         state by parameter name, scheduler, step count). Gathered whole when sharded, so a
         checkpoint loads into any ``world_size`` and strategy; every rank calls it, ``write``
         on one."""
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = get_model_state_dict(self.model, options=full)
-        optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+        sd = _state_dict()
+        full = sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = sd.get_model_state_dict(self.model, options=full)
+        optimizer_state = sd.get_optimizer_state_dict(self.model, self.optimizer, options=full)
         if not write:
             return
         folder = Path(folder)
@@ -229,9 +224,10 @@ class PolicyTrainer:
         missing = [name for name, _ in self.model.named_parameters() if name not in state]
         if missing or unexpected:
             raise ValueError(f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}")
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        sd = _state_dict()
+        sd.set_model_state_dict(self.model, state, options=sd.StateDictOptions(full_state_dict=True, strict=False))
         saved = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved["optimizer"], options=StateDictOptions(full_state_dict=True))
+        sd.set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved["optimizer"], options=sd.StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(saved["scheduler"])
         self.steps = int(saved["steps"])
 
@@ -270,3 +266,11 @@ def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Paramet
             bucket, size = [], 0
     if bucket:
         yield bucket
+
+
+def _state_dict() -> Any:
+    """``torch.distributed.checkpoint.state_dict``, imported when first used: it pulls in DTensor
+    (0.6 s), which a rank's start (and a launch's first collective) does not need."""
+    import torch.distributed.checkpoint.state_dict as state_dict
+
+    return state_dict
