@@ -41,18 +41,25 @@ def node(
     raise typer.Exit(_serve_node(rank, listen, head, cfg.runtime, secret))
 
 
-def _serve_node(rank: int, listen: str, head: str | None, runtime: RuntimeConfig, secret: str | None) -> int:
-    """Run a node of a training run until it stops; its exit code (2: it could not start)."""
+def _serve_node(rank: int, listen: str, head: str | None, runtime: RuntimeConfig, secret: str | None, *, watch_stdin: bool = False) -> int:
+    """Run a node of a training run until it stops; its exit code (2: it could not start).
+    ``watch_stdin``: stop when stdin closes (a launched node: its launcher is gone)."""
     import msgspec
     import uvloop
 
     from .config.cluster import NODE_MODULES
     from .runtime.errors import RuntimeErrorBase
+    from .runtime.spawner import fork_children
     from .runtime.worker import serve
 
     # A node of a training run hosts engines and agent loops: torch and the engines load before it
     # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
     runtime = msgspec.structs.replace(runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *runtime.preload_modules))))
+    fork_children(runtime)  # before any thread or event loop: the processes it supervises are forked
+    if watch_stdin:
+        from .launcher.ticket import stop_when_stdin_closes
+
+        stop_when_stdin_closes()
     try:
         return int(uvloop.run(serve(rank, listen, head, runtime, secret)))
     except RuntimeErrorBase as exc:
@@ -78,10 +85,10 @@ def train(
     raise typer.Exit(_train(cfg, resume=resume))
 
 
-def _train(cfg: Config, *, resume: bool = False) -> int:
+def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> int:
     """Run ``cfg`` to its end in this process (the head); the exit code, after one JSON line of
     the result (0), a one-line reason (1: the run stopped, 2: it could not start) or an
-    interruption (130)."""
+    interruption (130). ``watch_stdin``: stop when stdin closes (a launched head)."""
     import json
     import logging
     import signal
@@ -99,8 +106,14 @@ def _train(cfg: Config, *, resume: bool = False) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # SIGTERM (a scheduler, `kill`) stops it the same way: the nodes are told, not left to find out.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-    from .modes import train
+    from .modes import fully_async, one_step_off, sync, train  # noqa: F401  (the schedules, torch with them: loaded before the fork below)
+    from .runtime.spawner import fork_children
 
+    fork_children(cfg.runtime)  # the nodes and trainer ranks this process starts are forked, modules loaded
+    if watch_stdin:
+        from .launcher.ticket import stop_when_stdin_closes
+
+        stop_when_stdin_closes()
     steps = cfg.train.steps
     clock: dict[str, float] = {}  # when and at which step this process's first RL step began
 
@@ -192,7 +205,7 @@ def _launch_hosts(path: str, overrides: list[str], hosts_file: str, via: str | N
 def _launched_from_stdin() -> int:
     """One host's process of `rlasync launch --nodes`: its ticket on stdin says which node."""
     from .config import Config, ConfigError, convert
-    from .launcher.ticket import read_ticket, stop_when_stdin_closes
+    from .launcher.ticket import read_ticket
     from .runtime.events import print_events
     from .runtime.types import SECRET_ENV, VERSION
 
@@ -204,13 +217,12 @@ def _launched_from_stdin() -> int:
         return 2
     os.environ[SECRET_ENV] = ticket.secret  # for the processes this one starts, never their command lines
     print_events()
-    stop_when_stdin_closes()
     if ticket.rank == 0:
-        return _train(cfg)
+        return _train(cfg, watch_stdin=True)
     import logging
 
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node-{ticket.rank} %(name)s %(levelname)s %(message)s")
-    return _serve_node(ticket.rank, ticket.listen, ticket.head, cfg.runtime, ticket.secret)
+    return _serve_node(ticket.rank, ticket.listen, ticket.head, cfg.runtime, ticket.secret, watch_stdin=True)
 
 
 def _launched_from_env(cfg: Config) -> int:

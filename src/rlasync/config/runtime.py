@@ -94,6 +94,12 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     for this long (0: it exits, for a supervisor to restart). Nodes started by a parent (a
     local cluster's, a trainer rank) exit and leave the decision to it."""
 
+    fork_children: bool = True
+    """A node process forks the processes it supervises (trainer ranks, a local cluster's nodes)
+    from a copy of itself made once its modules are loaded (``runtime.spawner``), so they start
+    in a fraction of a second instead of importing torch again; false: each starts from nothing
+    (``python -m rlasync.runtime.worker``)."""
+
     preload_modules: tuple[str, ...] = ()
     """Modules every node imports before joining the cluster, e.g. ``["rlasync.engines"]``.
     Loading a large C extension such as torch holds the GIL for up to seconds on a busy

@@ -25,6 +25,7 @@ from typing import Callable
 import msgspec
 
 from ..config import RuntimeConfig
+from .spawner import current_spawner
 from .types import CONFIG_ENV, SECRET_ENV
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,22 @@ async def start_node_process(
     full_env[CONFIG_ENV] = msgspec.json.encode(config).decode()
     # Actor classes are imported by module name: give the child this process's path.
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    argv = ["--node-id", node_id, "--listen", listen, "--head", head]
+    spawner = current_spawner()
+    if spawner is not None:  # forked with this process's modules loaded (runtime.spawner)
+        if parent is not None:
+            full_env[PARENT_ENV] = str(spawner.pid)  # the child's parent process is the spawner, which dies with this one
+        else:
+            full_env.pop(PARENT_ENV, None)
+        try:
+            return await spawner.spawn(argv, full_env)  # type: ignore[return-value]
+        except OSError as exc:
+            log.warning("forking %s failed (%s); starting it from nothing", node_id, exc)
     if parent is not None:
         full_env[PARENT_ENV] = str(parent)
     else:
         full_env.pop(PARENT_ENV, None)
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlasync.runtime.worker", "--node-id", node_id, "--listen", listen, "--head", head,
-        env=full_env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "rlasync.runtime.worker", *argv, env=full_env, stdin=subprocess.DEVNULL)
 
 
 def parent_from_env() -> int | None:
@@ -67,14 +76,19 @@ def parent_from_env() -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
-def die_with_parent(parent: int) -> bool:
-    """Ask the kernel for SIGTERM when the parent exits (Linux); False if the parent is gone already."""
+def set_death_signal(sig: int) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only)."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):  # no prctl: the watch below still notices
+            libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: watch_parent still notices
             log.debug("prctl(PR_SET_PDEATHSIG) is unavailable; polling the parent instead")
+
+
+def die_with_parent(parent: int) -> bool:
+    """Ask the kernel for SIGTERM when the parent exits (Linux); False if the parent is gone already."""
+    set_death_signal(signal.SIGTERM)
     return os.getppid() == parent  # checked after prctl: a parent that died just before is seen here
 
 

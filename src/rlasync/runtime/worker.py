@@ -131,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s")
     import uvloop
 
+    from .spawner import fork_children
+
+    config = config_from_env()
+    fork_children(config)  # before the event loop: its children are forked from a copy of this process
     try:
-        return uvloop.run(serve(rank, args.listen, args.head, config_from_env(), os.environ.get(SECRET_ENV), node_id=args.node_id))
+        return uvloop.run(serve(rank, args.listen, args.head, config, os.environ.get(SECRET_ENV), node_id=args.node_id))
     except Exception as exc:  # a clean, one-line reason instead of a traceback for known failures
         from .errors import RuntimeErrorBase
 

@@ -1,0 +1,286 @@
+"""Child node processes forked from a copy of this process, instead of started from nothing.
+
+A node process imports torch (and the engines) before it joins; a child it starts the usual way
+(``python -m rlasync.runtime.worker``) imports them all again: 2 s of CPU per trainer rank on a
+small machine, while the others wait. So a node process, once its modules are imported and
+before its event loop, sockets or threads exist, forks a *spawner*: a plain, single-threaded
+copy of itself that only forks children on request. A child forked from it starts with every
+module loaded and runs the worker's ``main``, as an exec'd one would.
+
+    spawner = Spawner.start()                  # before the event loop (runtime.worker, rlasync node)
+    use_spawner(spawner)
+    proc = await start_node_process(...)       # forked from it now, exec'd when there is none
+
+Its children are the spawner's: it reaps them and reports each exit to the node, which sees a
+``ForkedProcess`` (``pid``, ``returncode``, ``wait()``, signals) like an asyncio subprocess.
+The spawner dies with its node (``PR_SET_PDEATHSIG``, and end of file on its socket), and its
+children die with it (their parent), so nothing outlives the node. ``runtime.fork_children:
+false`` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+
+class _Request(msgspec.Struct, frozen=True):
+    id: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+class _Report(msgspec.Struct, frozen=True):
+    id: int = 0  # the request a "started" report answers
+    pid: int = 0
+    code: int | None = None  # set: the process exited with it (-N: killed by signal N)
+    error: str = ""
+
+
+class ForkedProcess:
+    """A child the spawner forked, seen as an ``asyncio.subprocess.Process`` is."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._exited = asyncio.get_running_loop().create_future()
+
+    def _exit(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return int(await asyncio.shield(self._exited))
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # not reaped yet, so the pid is still this process's
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Spawner:
+    """The node's side of its spawner process."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid, self._sock = pid, sock
+        self._buffer = b""
+        self._next = 0
+        self._asked: dict[int, asyncio.Future[_Report]] = {}
+        self._children: dict[int, ForkedProcess] = {}
+        self._early: dict[int, int] = {}  # exits reported before the node saw the start
+        self._reading = False
+        self.alive = True
+
+    @classmethod
+    def start(cls) -> Spawner | None:
+        """Fork the spawner; call before any event loop, socket or thread exists in this process.
+        None where there is no fork."""
+        if not hasattr(os, "fork"):
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        node = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the spawner: it never returns
+            ours.close()
+            code = 1
+            try:
+                code = _serve(theirs, node)
+            finally:
+                os._exit(code)
+        theirs.close()
+        return cls(pid, ours)
+
+    async def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedProcess:
+        """Fork a child that runs ``rlasync.runtime.worker.main(argv)`` with ``env`` as its
+        environment. ``OSError`` if the spawner is gone."""
+        loop = asyncio.get_running_loop()
+        if not self._reading:
+            self._sock.setblocking(False)
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._reading = True
+        if not self.alive:
+            raise OSError("the spawner process is gone")
+        self._next += 1
+        asked = self._asked[self._next] = loop.create_future()
+        self._sock.sendall(msgspec.json.encode(_Request(self._next, argv, env)) + b"\n")
+        report = await asked
+        if report.error:
+            raise OSError(f"the spawner could not fork: {report.error}")
+        proc = self._children[report.pid] = ForkedProcess(report.pid)
+        if report.pid in self._early:
+            proc._exit(self._early.pop(report.pid))
+        return proc
+
+    def _on_readable(self) -> None:
+        try:
+            data = self._sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._gone()
+            return
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            report = msgspec.json.decode(line, type=_Report)
+            if report.code is None:
+                future = self._asked.pop(report.id, None)
+                if future is not None and not future.done():
+                    future.set_result(report)
+            elif report.pid in self._children:
+                self._children.pop(report.pid)._exit(report.code)
+            else:
+                self._early[report.pid] = report.code
+
+    def _gone(self) -> None:
+        """The spawner died: its children died with it (they are its own)."""
+        self.alive = False
+        asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        for future in self._asked.values():
+            if not future.done():
+                future.set_result(_Report(error="the spawner process is gone"))
+        for proc in self._children.values():
+            proc._exit(-signal.SIGKILL)
+        self._children.clear()
+
+
+_spawner: Spawner | None = None
+
+
+def use_spawner(spawner: Spawner | None) -> None:
+    """Fork this process's children from ``spawner`` (see ``process.start_node_process``)."""
+    global _spawner
+    _spawner = spawner
+
+
+def current_spawner() -> Spawner | None:
+    return _spawner if _spawner is not None and _spawner.alive else None
+
+
+# -- the spawner process ---------------------------------------------------------------------
+def _serve(sock: socket.socket, node: int) -> int:
+    """Fork children on request, reap them, report both; return when the node is gone."""
+    from .process import set_death_signal
+
+    set_death_signal(signal.SIGKILL)  # the node is gone: so is the spawner, and with it its children
+    if os.getppid() != node:
+        return 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the node and its children
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+    buffer = b""
+    while True:
+        try:
+            readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        except InterruptedError:
+            readable = []
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        for pid, code in _reap():
+            _send(sock, _Report(pid=pid, code=code))
+        if sock not in readable:
+            continue
+        data = sock.recv(65536)
+        if not data:
+            return 0
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            request = msgspec.json.decode(line, type=_Request)
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                _send(sock, _Report(id=request.id, error=str(exc)))
+                continue
+            if pid == 0:
+                os.close(wake_r)
+                os.close(wake_w)
+                sock.close()
+                _child(request)  # never returns
+            _send(sock, _Report(id=request.id, pid=pid))
+
+
+def _reap() -> list[tuple[int, int]]:
+    exited = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return exited
+        if pid == 0:
+            return exited
+        exited.append((pid, os.waitstatus_to_exitcode(status)))
+
+
+def _send(sock: socket.socket, report: _Report) -> None:
+    try:
+        sock.sendall(msgspec.json.encode(report) + b"\n")
+    except OSError:
+        pass  # the node is gone; end of file on the next read ends the spawner
+
+
+def _child(request: _Request) -> None:
+    """In a forked child: become ``python -m rlasync.runtime.worker ARGV`` and exit with its code."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.environ.clear()
+        os.environ.update(request.env)
+        root = logging.getLogger()
+        for handler in list(root.handlers):  # the worker configures logging under its own name
+            root.removeHandler(handler)
+        sys.argv = ["python -m rlasync.runtime.worker", *request.argv]
+        from .worker import main
+
+        code = main(request.argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def fork_children(config: Any) -> None:
+    """Start this process's spawner when ``config.fork_children`` (a ``RuntimeConfig``) allows,
+    after importing ``config.preload_modules`` so its children start with them loaded."""
+    import importlib
+
+    if not getattr(config, "fork_children", False) or current_spawner() is not None:
+        return
+    for module in config.preload_modules:
+        importlib.import_module(module)
+    use_spawner(Spawner.start())
