@@ -136,3 +136,19 @@ async def test_status_lists_the_live_nodes_with_heartbeat_age(transport: str) ->
         assert [r.node for r in rows] == ["node-0", "node-1", "node-2"]
         assert rows[0].roles == ["head"] and all(r.heartbeat_age_s < 2 for r in rows)
         assert [m.node_id for m in await cluster.members()] == ["node-0", "node-1", "node-2"]  # the client did not join
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_with_two_processes_per_machine_makes_one_node_with_two_ranks(tmp_path: Path, nano_model_dir: Path) -> None:
+    """``--nproc-per-node=2``: local rank 0 is the node (the head: one machine) and starts both
+    trainer ranks itself; local rank 1 exits at once. The ranks meet at torchrun's store."""
+    secret_env = dict(os.environ, RLASYNC_CLUSTER_SECRET=new_secret())
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+               "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.model_dir={nano_model_dir}", f"train.run_dir={tmp_path / 'run'}",
+               "cluster.engines=[0]", "cluster.trainer=[0, 0]", "trainer.world_size=2", "train.steps=2", "train.prompts_per_step=2",
+               "train.group_size=2", "train.max_new_tokens=8", "train.val_size=4"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=200, env=secret_env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "local rank 1 of 2: node 0's process is local rank 0" in out
+    assert "trainer: 2 rank(s) on node-0.0, node-0.1" in out and '"steps": 2' in out, out[-3000:]

@@ -73,18 +73,25 @@ async def test_one_step_off_trains_on_data_exactly_one_version_old(tmp_path: Pat
 
 
 def _rank_pids(parent: int) -> list[int]:
-    """The trainer rank processes among ``parent``'s children (the head's supervised processes)."""
-    pids = []
+    """The trainer rank processes among ``parent``'s descendants (the head's supervised processes,
+    forked by its spawner: their parent is the spawner, and ps shows their worker command)."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, bytes] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes()
+                commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\x00", b" ")
             except OSError:
                 continue
-            # A trainer rank runs in a node process its node supervises: "--node-id node-0.<k>".
-            if int(stat[1]) == parent and b"rlasync.runtime.worker\x00--node-id\x00node-0." in cmdline:
-                pids.append(int(entry.name))
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
+    pids, todo = [], list(children.get(parent, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        # A trainer rank runs in a node process its node supervises: "--node-id node-0.<k>".
+        if b"rlasync.runtime.worker --node-id node-0." in commands.get(pid, b""):
+            pids.append(pid)
     return pids
 
 

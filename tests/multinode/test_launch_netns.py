@@ -145,3 +145,29 @@ def test_ctrl_c_stops_every_host_within_30_s(three_hosts: Lan, tmp_path: Path, n
         assert not _gone(lan, 30 - (time.monotonic() - stopped)), log.read_text()[-3000:]
     finally:
         proc.kill()
+
+
+@pytest.mark.timeout(300)
+def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path) -> None:
+    """What ``launch/slurm.sbatch``'s ``srun`` starts on each host: ``--from-env`` with Slurm's
+    variables; node 0 hosts the store at MASTER_ADDR:MASTER_PORT (no torchrun agent here)."""
+    lan = three_hosts
+    env = dict(os.environ, **{SECRET_ENV: new_secret()}, MASTER_ADDR=lan.ip(0), MASTER_PORT="29450", SLURM_NTASKS="3", SLURM_NNODES="3")
+    procs = []
+    for i, name in enumerate(lan.names):
+        task = dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0")
+        command = ["ip", "netns", "exec", name, sys.executable, "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}",
+                   f"train.model_dir={nano_model_dir}", "train.steps=4", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16",
+                   "train.val_size=8", *RUN]  # fmt: skip
+        procs.append(subprocess.Popen(command, env=task, stdout=(tmp_path / f"task-{i}.log").open("w"), stderr=subprocess.STDOUT, text=True))
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+        logs = "\n".join((tmp_path / f"task-{i}.log").read_text()[-3000:] for i in range(3))
+        assert codes == [0, 0, 0], logs
+    finally:
+        for p in procs:
+            p.kill()
+    head = (tmp_path / "task-0.log").read_text()
+    assert "cluster: 3 node(s)" in head and '"steps": 4' in head, head[-3000:]
+    assert [r["step"] for r in _records(tmp_path)[1:]] == [1, 2, 3, 4]
+    assert not _gone(lan, 30)

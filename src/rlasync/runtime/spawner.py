@@ -253,12 +253,15 @@ def _child(request: _Request) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+        sys.argv = [sys.executable, "-m", "rlasync.runtime.worker", *request.argv]
+        _name_process(sys.argv)  # before the environment changes: setproctitle finds its memory beside it
         os.environ.clear()
         os.environ.update(request.env)
-        root = logging.getLogger()
-        for handler in list(root.handlers):  # the worker configures logging under its own name
-            root.removeHandler(handler)
-        sys.argv = ["python -m rlasync.runtime.worker", *request.argv]
+        for name in ("", "rlasync.events"):  # the worker configures logging under its own name;
+            logger = logging.getLogger(name)  # milestones are printed by a launched node only
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.propagate = True
         from .worker import main
 
         code = main(request.argv)
@@ -272,6 +275,15 @@ def _child(request: _Request) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _name_process(argv: list[str]) -> None:
+    """Show the worker's command line in ``ps`` (as an exec'd child would), not the parent's."""
+    try:
+        import setproctitle
+    except ImportError:  # an install without it: ps shows the parent's command line
+        return
+    setproctitle.setproctitle(" ".join(argv))
 
 
 def fork_children(config: Any) -> None:
