@@ -81,15 +81,18 @@ async def _run(config: Any, schedule: Callable[..., Any], on_step: Callable[[Run
 @pytest.mark.parametrize("mode", ["sync", "fully_async"])
 async def test_the_quickstart_cluster_learns(tmp_path: Path, reverse_model: Path, mode: str) -> None:
     """3 node processes: 2 engine replicas with their loops on nodes 1 and 2, trainer ranks on
-    nodes 0 and 1. A short run (the README has the full one): held-out accuracy rises."""
-    command = [sys.executable, "-m", "rlasync", "train", str(CLUSTER), f"train.mode={mode}", "train.steps=100", "train.validate_every=50",
+    nodes 0 and 1. A short run (the README has the full one): held-out accuracy rises. The async
+    run learns a little slower on a loaded machine (more of its samples are a version stale):
+    it gets 140 steps (0.32-0.36 after 100 steps, with the whole suite running beside it)."""
+    steps = 100 if mode == "sync" else 140
+    command = [sys.executable, "-m", "rlasync", "train", str(CLUSTER), f"train.mode={mode}", f"train.steps={steps}", "train.validate_every=50",
                f"train.run_dir={tmp_path}", f"train.model_dir={reverse_model}"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records[1:]] == list(range(1, 101)) and all(r["cluster/engines"] == 2 for r in records)
+    assert [r["step"] for r in records[1:]] == list(range(1, steps + 1)) and all(r["cluster/engines"] == 2 for r in records)
     assert "cluster: 3 node(s); engine replicas on node-1, node-2; agent loops next to their engines; trainer ranks on node-0, node-1" in done.stderr
 
 

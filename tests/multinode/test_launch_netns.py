@@ -60,6 +60,20 @@ def _wait_for_step(proc: subprocess.Popen[str], tmp_path: Path, log: Path, step:
         time.sleep(0.3)
 
 
+def _run_on_every_host(tmp_path: Path, commands: list[tuple[list[str], dict[str, str]]], timeout: float) -> list[str]:
+    """Run one command (with its environment) per host, as torchrun or srun would start them on
+    each machine; all must exit 0 within ``timeout``. Returns their outputs."""
+    logs = [tmp_path / f"host-{i}.log" for i in range(len(commands))]
+    procs = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True) for (command, env), log in zip(commands, logs)]
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+        assert codes == [0] * len(procs), "\n".join(log.read_text()[-3000:] for log in logs)
+    finally:
+        for p in procs:
+            p.kill()
+    return [log.read_text() for log in logs]
+
+
 def _gone(lan: Lan, timeout: float) -> list[int]:
     ends = time.monotonic() + timeout
     while lan.pids() and time.monotonic() < ends:
@@ -97,22 +111,16 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(three_hosts: Lan, tm
     lan = three_hosts
     env = dict(os.environ, **{SECRET_ENV: new_secret()})
     addresses = [lan.ip(0), lan.ip(1), lan.ip6(2)]
-    procs = []
-    for i, (name, address) in enumerate(zip(lan.names, addresses)):
-        command = ["ip", "netns", "exec", name, sys.executable, "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=1",
-                   "--rdzv-backend=c10d", f"--rdzv-endpoint={lan.ip(0)}:29400", f"--rdzv-conf=is_host={int(i == 0)}", f"--local-addr={address}",
-                   "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}", f"train.model_dir={reverse_model}",
-                   "train.steps=100", "train.validate_every=50", *RUN]  # fmt: skip
-        procs.append(subprocess.Popen(command, env=env, stdout=(tmp_path / f"torchrun-{i}.log").open("w"), stderr=subprocess.STDOUT, text=True))
-    try:
-        codes = [p.wait(timeout=420) for p in procs]
-        logs = "\n".join((tmp_path / f"torchrun-{i}.log").read_text()[-3000:] for i in range(3))
-        assert codes == [0, 0, 0], logs
-    finally:
-        for p in procs:
-            p.kill()
-    head_log = next((tmp_path / f"torchrun-{i}.log").read_text() for i in range(3) if '"final_accuracy"' in (tmp_path / f"torchrun-{i}.log").read_text())
-    result = json.loads(next(line for line in reversed(head_log.splitlines()) if '"final_accuracy"' in line).split(" ", 1)[-1] if not head_log.splitlines()[-1].startswith("{") else head_log.splitlines()[-1])
+    commands = [
+        (["ip", "netns", "exec", name, sys.executable, "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=1", "--rdzv-backend=c10d",
+          f"--rdzv-endpoint={lan.ip(0)}:29400", f"--rdzv-conf=is_host={int(i == 0)}", f"--local-addr={address}",
+          "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}", f"train.model_dir={reverse_model}",
+          "train.steps=100", "train.validate_every=50", *RUN], env)
+        for i, (name, address) in enumerate(zip(lan.names, addresses))
+    ]  # fmt: skip
+    logs = _run_on_every_host(tmp_path, commands, timeout=420)
+    head_log = next(log for log in logs if '"final_accuracy"' in log)  # c10d picks which machine is rank 0
+    result = json.loads(next(line for line in reversed(head_log.splitlines()) if line.startswith('{"initial_accuracy"')))
     assert result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
     assert "cluster: 3 node(s)" in head_log
     assert not _gone(lan, 30)
@@ -153,21 +161,13 @@ def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(three_hosts: 
     variables; node 0 hosts the store at MASTER_ADDR:MASTER_PORT (no torchrun agent here)."""
     lan = three_hosts
     env = dict(os.environ, **{SECRET_ENV: new_secret()}, MASTER_ADDR=lan.ip(0), MASTER_PORT="29450", SLURM_NTASKS="3", SLURM_NNODES="3")
-    procs = []
-    for i, name in enumerate(lan.names):
-        task = dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0")
-        command = ["ip", "netns", "exec", name, sys.executable, "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}",
-                   f"train.model_dir={nano_model_dir}", "train.steps=4", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16",
-                   "train.val_size=8", *RUN]  # fmt: skip
-        procs.append(subprocess.Popen(command, env=task, stdout=(tmp_path / f"task-{i}.log").open("w"), stderr=subprocess.STDOUT, text=True))
-    try:
-        codes = [p.wait(timeout=240) for p in procs]
-        logs = "\n".join((tmp_path / f"task-{i}.log").read_text()[-3000:] for i in range(3))
-        assert codes == [0, 0, 0], logs
-    finally:
-        for p in procs:
-            p.kill()
-    head = (tmp_path / "task-0.log").read_text()
+    commands = [
+        (["ip", "netns", "exec", name, sys.executable, "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}",
+          f"train.model_dir={nano_model_dir}", "train.steps=4", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16",
+          "train.val_size=8", *RUN], dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"))
+        for i, name in enumerate(lan.names)
+    ]  # fmt: skip
+    head = _run_on_every_host(tmp_path, commands, timeout=240)[0]
     assert "cluster: 3 node(s)" in head and '"steps": 4' in head, head[-3000:]
     assert [r["step"] for r in _records(tmp_path)[1:]] == [1, 2, 3, 4]
     assert not _gone(lan, 30)

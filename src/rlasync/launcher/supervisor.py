@@ -217,8 +217,8 @@ class Launch:
 
     async def _supervise(self) -> int:
         head = self.processes[0]
-        exits = {hp.relay: hp for hp in self.processes}  # a relay ends when its process did and its output is read
-        stop = asyncio.ensure_future(self._stopping.wait())
+        exits: dict[asyncio.Future[Any], HostProcess] = {hp.relay: hp for hp in self.processes}  # a relay ends when its process did and its output is read
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self._stopping.wait())
         try:
             while True:
                 done, _ = await asyncio.wait([*exits, stop], return_when=asyncio.FIRST_COMPLETED)

@@ -194,14 +194,14 @@ def _serve(sock: socket.socket, node: int) -> int:
     buffer = b""
     while True:
         try:
-            readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
+            readable: list[int] = select.select([sock.fileno(), wake_r], [], [], 1.0)[0]
         except InterruptedError:
             readable = []
         if wake_r in readable:
             os.read(wake_r, 4096)
         for pid, code in _reap():
             _send(sock, _Report(pid=pid, code=code))
-        if sock not in readable:
+        if sock.fileno() not in readable:
             continue
         data = sock.recv(65536)
         if not data:
@@ -224,7 +224,7 @@ def _serve(sock: socket.socket, node: int) -> int:
 
 
 def _reap() -> list[tuple[int, int]]:
-    exited = []
+    exited: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
