@@ -1,5 +1,5 @@
-"""``rlasync launch`` on three hosts: network namespaces on one bridge, the third host given by
-its IPv6 address. The launcher runs outside them and reaches each through ``--via 'ip netns
+"""``rlasync launch`` on three hosts: network namespaces on one bridge, the head given by its
+IPv6 address. The launcher runs outside them and reaches each through ``--via 'ip netns
 exec {host}'``, as it would through ssh.
 
 - the quickstart cluster trains across the three (held-out accuracy rises), and ``rlasync
@@ -33,8 +33,8 @@ RUN = ["weights.transport=broadcast", "runtime.heartbeat_interval_s=0.3", "launc
 
 
 def _hosts_file(lan: Lan, path: Path, *extra: str) -> Path:
-    lines = [f"{lan.names[0]} addr={lan.ip(0)}", f"{lan.names[1]} addr={lan.ip(1)}", f"{lan.names[2]} addr={lan.ip6(2)}"]
-    comments = ["  # the head", "", "  # by its IPv6 address"]
+    lines = [f"{lan.names[0]} addr={lan.ip6(0)}", f"{lan.names[1]} addr={lan.ip(1)}", f"{lan.names[2]} addr={lan.ip(2)}"]
+    comments = ["  # the head, by its IPv6 address: the nodes join it, and the trainer's and weights' stores meet there, over IPv6", "", ""]
     path.write_text("".join(f"{line} {more}{comment}\n" for line, more, comment in zip(lines, [*extra, "", "", ""], comments)))
     return path
 
@@ -82,16 +82,16 @@ def _gone(lan: Lan, timeout: float) -> list[int]:
 
 
 @pytest.mark.timeout(500)
-def test_launch_trains_across_three_hosts_one_by_ipv6_and_status_lists_them(three_hosts: Lan, tmp_path: Path, reverse_model: Path) -> None:
+def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them(three_hosts: Lan, tmp_path: Path, reverse_model: Path) -> None:
     lan = three_hosts
     proc, log, env = _launch(lan, tmp_path, reverse_model, "train.steps=100", "train.validate_every=50")
     try:
         _wait_for_step(proc, tmp_path, log, 3)
-        status = subprocess.run(["ip", "netns", "exec", lan.names[1], sys.executable, "-m", "rlasync", "status", "--head", f"tcp://{lan.ip(0)}:29800"],
+        status = subprocess.run(["ip", "netns", "exec", lan.names[1], sys.executable, "-m", "rlasync", "status", "--head", f"tcp://[{lan.ip6(0)}]:29800"],
                                 env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert status.returncode == 0, status.stderr
         table = status.stdout
-        for node, address in (("node-0", lan.ip(0)), ("node-1", lan.ip(1)), ("node-2", f"[{lan.ip6(2)}]")):
+        for node, address in (("node-0", f"[{lan.ip6(0)}]"), ("node-1", lan.ip(1)), ("node-2", lan.ip(2))):
             assert node in table and address in table, table
         assert "head" in table and "engine-0 (weights v" in table and "engine-1 (weights v" in table and "trainer rank 1" in table, table
         assert proc.wait(timeout=400) == 0, log.read_text()[-4000:]
@@ -141,15 +141,22 @@ def test_a_host_that_cannot_start_is_named_within_the_deadline_and_nothing_is_le
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_stops_every_host_within_30_s(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path) -> None:
+@pytest.mark.parametrize("stop", ["ctrl_c", "a_node_fails"])
+def test_ctrl_c_or_a_failed_node_stops_every_host_within_30_s(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path, stop: str) -> None:
     lan = three_hosts
     proc, log, _ = _launch(lan, tmp_path, nano_model_dir, "train.steps=500", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16", "train.val_size=8")
     try:
         _wait_for_step(proc, tmp_path, log, 2)
         assert len(lan.pids()) >= 5  # three nodes and the two trainer ranks' processes
-        proc.send_signal(signal.SIGINT)
         stopped = time.monotonic()
-        assert proc.wait(timeout=40) == 130, log.read_text()[-3000:]
+        if stop == "ctrl_c":
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=40) == 130, log.read_text()[-3000:]
+        else:  # node-2 (an engine's) dies: the run could go on, the launch stops every host
+            node = [int(p) for p in subprocess.run(["ip", "netns", "pids", lan.names[2]], capture_output=True, text=True).stdout.split()]
+            os.kill(min(node), signal.SIGKILL)
+            assert proc.wait(timeout=40) == 1, log.read_text()[-3000:]
+            assert f"launch: {lan.names[2]} (node-2) failed with exit code -9; stopping every host" in log.read_text()
         assert not _gone(lan, 30 - (time.monotonic() - stopped)), log.read_text()[-3000:]
     finally:
         proc.kill()
