@@ -57,7 +57,8 @@ def _launch(tmp_path: Path, model: Path, hosts: str, via: str) -> tuple[int, str
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "rlasync", "launch", "--nodes", str(tmp_path / "hosts.txt"), "--via", via, str(CLUSTER),
-         f"train.model_dir={model}", f"train.run_dir={tmp_path / 'run'}", "launch.start_timeout_s=60"],
+         f"train.model_dir={model}", f"train.run_dir={tmp_path / 'run'}", "launch.start_timeout_s=60",
+         "cluster.engines=[1]", "cluster.trainer=[0]", "trainer.world_size=1"],  # two hosts: the head and an engine node
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr, time.monotonic() - started, tag
@@ -66,8 +67,8 @@ def _launch(tmp_path: Path, model: Path, hosts: str, via: str) -> tuple[int, str
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("failure", ["ssh_refused", "port_in_use", "other_version", "no_such_python"])
 def test_a_host_that_cannot_start_is_named_with_its_last_lines_and_nothing_is_left(tmp_path: Path, nano_model_dir: Path, failure: str) -> None:
-    head, one, two = _free_ports(3)
-    lines = [f"127.0.0.1 port={head}", f"127.0.0.1 port={one}", f"127.0.0.1 port={two}"]
+    head, one = _free_ports(2)
+    lines = [f"127.0.0.1 port={head}", f"127.0.0.1 port={one}"]
     via, expected, holder = "sh -c {command}", "", None
     if failure == "ssh_refused":
         via, expected = "ssh -p 1 {host}", "Connection refused"  # nothing listens on port 1
@@ -86,7 +87,7 @@ def test_a_host_that_cannot_start_is_named_with_its_last_lines_and_nothing_is_le
             "runpy.run_module('rlasync', run_name='__main__', alter_sys=True)\" \"$@\"\n"
         )
         other.chmod(0o755)
-        lines[2] += f" python={other}"
+        lines[1] += f" python={other}"
         expected = f"runs rlasync 0.0.0-other and the launcher (with it the head) runs {VERSION}"
     else:
         lines[1] += " python=/nonexistent/bin/python3"
@@ -96,7 +97,7 @@ def test_a_host_that_cannot_start_is_named_with_its_last_lines_and_nothing_is_le
     finally:
         if holder is not None:
             holder.close()
-    host = {"ssh_refused": "localhost/", "port_in_use": f"127.0.0.1/{one} (node-1)", "other_version": f"127.0.0.1/{two} (node-2)",
+    host = {"ssh_refused": "localhost/", "port_in_use": f"127.0.0.1/{one} (node-1)", "other_version": f"127.0.0.1/{one} (node-1)",
             "no_such_python": f"127.0.0.1/{one} (node-1)"}[failure]  # fmt: skip
     assert code == 2, out[-3000:]
     assert f"rlasync launch: {host}" in out and "stopped with exit code" in out and expected in out, out[-3000:]
