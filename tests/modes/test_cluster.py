@@ -27,6 +27,7 @@ from rlasync.agents import NoWorkerError
 from rlasync.config import load_config
 from rlasync.engines import NoEngineError
 from rlasync.modes import train_fully_async, train_one_step_off, train_sync
+from rlasync.runtime.spawner import current_spawner
 from rlasync.modes.parts import Run
 from rlasync.trainer import RankLostError
 from rlasync.weights import SyncError
@@ -53,7 +54,8 @@ def _kill(run: Run, *nodes: int) -> None:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every live (not zombie) process below ``pid``."""
+    """Every live (not zombie) process below ``pid``, but this test process's spawner (it forks
+    the nodes the tests start, and lives as long as the session: tests/conftest.py)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -63,10 +65,12 @@ def _descendants(pid: int) -> list[int]:
                 continue
             if stat[0] != "Z":
                 children.setdefault(int(stat[1]), []).append(int(entry.name))
+    spawner = current_spawner()
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            found.append(child)
+            if spawner is None or child != spawner.pid:
+                found.append(child)
             todo.append(child)
     return found
 

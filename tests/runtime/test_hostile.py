@@ -226,7 +226,8 @@ async def test_big_bodies_are_refused_and_torch_loads_off_the_loop() -> None:
     tensor a node received imported torch on its loop (1.3-2.2 s)."""
     import torch  # here, before the head (this process) has heartbeats to answer
 
-    config = msgspec.structs.replace(FAST, max_body_bytes=2**20, node_dead_after_s=2.0)
+    # fork_children=False: the node must start without torch (a forked one has it loaded already)
+    config = msgspec.structs.replace(FAST, max_body_bytes=2**20, node_dead_after_s=2.0, fork_children=False)
     async with LocalCluster(nodes=2, config=config) as cluster:
         ticker = await cluster.spawn(Ticker, node=1)
         counter = await cluster.spawn(Counter, node=1, name="counter")

@@ -53,7 +53,7 @@ async def start_node_process(
     # Actor classes are imported by module name: give the child this process's path.
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     argv = ["--node-id", node_id, "--listen", listen, "--head", head]
-    spawner = current_spawner()
+    spawner = current_spawner() if config.fork_children else None
     if spawner is not None:  # forked with this process's modules loaded (runtime.spawner)
         if parent is not None:
             full_env[PARENT_ENV] = str(spawner.pid)  # the child's parent process is the spawner, which dies with this one

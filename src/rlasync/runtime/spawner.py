@@ -58,7 +58,8 @@ class ForkedProcess:
     def _exit(self, code: int) -> None:
         if self.returncode is None:
             self.returncode = code
-            self._exited.set_result(code)
+            if not self._exited.get_loop().is_closed():  # a waiter from a loop that ended (a test's)
+                self._exited.set_result(code)
 
     async def wait(self) -> int:
         return int(await asyncio.shield(self._exited))
@@ -84,7 +85,7 @@ class Spawner:
         self._asked: dict[int, asyncio.Future[_Report]] = {}
         self._children: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits reported before the node saw the start
-        self._reading = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the reports
         self.alive = True
 
     @classmethod
@@ -112,10 +113,12 @@ class Spawner:
         """Fork a child that runs ``rlasync.runtime.worker.main(argv)`` with ``env`` as its
         environment. ``OSError`` if the spawner is gone."""
         loop = asyncio.get_running_loop()
-        if not self._reading:
+        if self._loop is not loop:  # the first loop, or a later one (a process may run several in turn)
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
             self._sock.setblocking(False)
             loop.add_reader(self._sock.fileno(), self._on_readable)
-            self._reading = True
+            self._loop = loop
         if not self.alive:
             raise OSError("the spawner process is gone")
         self._next += 1
@@ -155,7 +158,8 @@ class Spawner:
     def _gone(self) -> None:
         """The spawner died: its children died with it (they are its own)."""
         self.alive = False
-        asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        if self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
         for future in self._asked.values():
             if not future.done():
                 future.set_result(_Report(error="the spawner process is gone"))
@@ -257,6 +261,10 @@ def _child(request: _Request) -> None:
         _name_process(sys.argv)  # before the environment changes: setproctitle finds its memory beside it
         os.environ.clear()
         os.environ.update(request.env)
+        # The path the node had when it asked (as PYTHONPATH gives an exec'd child): actor classes
+        # are imported by module name, from folders the node may have added since the fork.
+        wanted = [p for p in request.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = list(dict.fromkeys([*wanted, *sys.path]))
         for name in ("", "rlasync.events"):  # the worker configures logging under its own name;
             logger = logging.getLogger(name)  # milestones are printed by a launched node only
             for handler in list(logger.handlers):
