@@ -24,6 +24,7 @@ from typing import Literal
 import msgspec
 
 from ..config import ConfigError
+from ..runtime.address import tcp_address
 
 Role = Literal["engine", "trainer"]
 ROLES: tuple[Role, ...] = ("engine", "trainer")
@@ -65,10 +66,6 @@ class Host(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def trainer_count(self) -> int:
         return (self.trainer_ranks or self.gpus or 1) if "trainer" in self.roles else 0
-
-
-def tcp_address(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def parse_hosts(text: str, source: str = "hosts file") -> list[Host]:

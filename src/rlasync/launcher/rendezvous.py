@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import socket
 
+from ..runtime.address import tcp_address
 from ..runtime.rendezvous import master_store
 from .environment import LaunchEnvError, Launched
-from .hosts import tcp_address
 
 
 def _key() -> str:

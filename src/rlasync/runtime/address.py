@@ -48,6 +48,11 @@ def advertised(bound: str, towards: str | None) -> str:
             host = socket.gethostbyname(socket.gethostname())
     except OSError:
         return bound
+    return tcp_address(host, port)
+
+
+def tcp_address(host: str, port: int | str) -> str:
+    """``tcp://host:port``, an IPv6 literal in brackets."""
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
@@ -68,7 +73,7 @@ def child_address(parent: str, child_id: str) -> str:
     if parent.startswith("ipc://"):
         return f"ipc://{os.path.join(os.path.dirname(parent[len('ipc://'):]), child_id)}.sock"
     host = _host(parent)
-    return f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"  # the parent's interface, any free port
+    return tcp_address(host, 0)  # the parent's interface, any free port
 
 
 def interface_of(host: str) -> str | None:

@@ -53,20 +53,17 @@ async def start_node_process(
     # Actor classes are imported by module name: give the child this process's path.
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     argv = ["--node-id", node_id, "--listen", listen, "--head", head]
+    full_env.pop(PARENT_ENV, None)
     spawner = current_spawner() if config.fork_children else None
     if spawner is not None:  # forked with this process's modules loaded (runtime.spawner)
-        if parent is not None:
-            full_env[PARENT_ENV] = str(spawner.pid)  # the child's parent process is the spawner, which dies with this one
-        else:
-            full_env.pop(PARENT_ENV, None)
+        if parent is not None:  # its parent process is the spawner, which dies with this one
+            full_env[PARENT_ENV] = str(spawner.pid)
         try:
             return await spawner.spawn(argv, full_env)  # type: ignore[return-value]
         except OSError as exc:
             log.warning("forking %s failed (%s); starting it from nothing", node_id, exc)
     if parent is not None:
         full_env[PARENT_ENV] = str(parent)
-    else:
-        full_env.pop(PARENT_ENV, None)
     return await asyncio.create_subprocess_exec(sys.executable, "-m", "rlasync.runtime.worker", *argv, env=full_env, stdin=subprocess.DEVNULL)
 
 
