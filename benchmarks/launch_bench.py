@@ -1,6 +1,6 @@
 """How long a launch takes to bring a cluster up, against torchrun, in one run.
 
-    .venv/bin/python benchmarks/launch_bench.py [--repeats 3] [--smoke]
+    .venv/bin/python benchmarks/launch_bench.py [--repeats 7] [--smoke]
 
 (a) ``rlasync launch --nodes hosts.txt --via 'sh -c {command}'`` with 3 local hosts (three
     ``127.0.0.1`` lines on their own ports) and the quickstart cluster placed with a trainer
@@ -96,7 +96,7 @@ def torchrun_s(folder: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--smoke", action="store_true", help="one of each (for make test): figures mean nothing")
     args = parser.parse_args()
     repeats = 1 if args.smoke else args.repeats

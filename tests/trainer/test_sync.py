@@ -149,6 +149,7 @@ def test_a_config_typo_is_a_one_line_error_naming_the_key(override: str, needle:
         ([], "train.model_dir=/nonexistent is not a model folder"),
         (["train.task=calc"], "agent.tools does not provide"),  # calc rows offer the calculator
         (["data.train_files=[x.jsonl]"], "data.val_files"),
+        (["train.val_size=100000"], "train.val_size=100000: the reverse task has"),
     ],
 )
 async def test_a_run_that_cannot_work_fails_before_it_starts(tmp_path: Path, overrides: list[str], needle: str) -> None:

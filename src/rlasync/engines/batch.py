@@ -11,11 +11,13 @@ trimmed. Runs in the engine's worker thread only.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+
+if TYPE_CHECKING:  # transformers (0.4 s to import) loads with the first prefill, not with the engines
+    from transformers import DynamicCache
 
 
 class KVBatch:
@@ -47,6 +49,8 @@ class KVBatch:
             ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask[i, width - len(prompt) :] = 1
         position = (mask.cumsum(-1) - 1).clamp(min=0)
+        from transformers import DynamicCache
+
         cache = DynamicCache(config=self.config)
         out = model(
             input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=position.to(device),

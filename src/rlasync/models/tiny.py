@@ -99,28 +99,30 @@ def save_pretrained_dir(model: Any, tokenizer: Any, path: str | os.PathLike[str]
     return out
 
 
+# transformers' loading patches torch globally (meta-device init), and its lazy module is not
+# safe to import from two threads at once (a run reads its tokenizer while an engine loads: one
+# of the two got an ImportError): imports and loads, one at a time per process.
 _LOAD_LOCK = threading.Lock()
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """The tokenizer (and chat template) of a Hugging Face folder, from disk only."""
-    from transformers import AutoTokenizer
-
     with _LOAD_LOCK:
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
 
 
 def load_pretrained_dir(path: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
     """Load any Hugging Face causal-LM folder from disk only (never the hub)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); build one with rlasync.models.build_tiny_lm")
-    # transformers' loading patches torch globally (meta-device init), so two threads loading
-    # at once (two engines on one node) corrupt each other: one load at a time per process.
-    with _LOAD_LOCK:
+    with _LOAD_LOCK:  # two engines on one node loading at once corrupted each other
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype or torch.float32)
     model.to(device)

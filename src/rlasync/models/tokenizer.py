@@ -10,10 +10,12 @@ glue letters together (``abcd`` → ``a|bc|d``), which measurably capped reversa
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # transformers (0.4 s to import) loads when a tokenizer is built, not with the models
+    from transformers import PreTrainedTokenizerFast
 
 from .chat_template import CHAT_TEMPLATE
 
@@ -58,6 +60,8 @@ def build_tokenizer(vocab_size: int = 384, extra_words: Iterable[str] = ()) -> P
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(extra_words), trainer=trainer)
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

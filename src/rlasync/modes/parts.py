@@ -140,8 +140,14 @@ class Run:
     """
 
     model_dir: Path
+    train_rows: list[Row]
+    val_rows: list[Row]
+    tools: dict[str, Any]  # agent.tools, built (checked against the rows)
+    _files: tuple[list[Row], list[Row]] | None  # the rows of data.train_files/val_files, read at once
+    sampler: RowSampler
     tokenizer: Any
     pad: int
+    _reading: asyncio.Future[None]  # the thread reading the rows and tokenizer (_compose)
     cluster: Any  # a LocalCluster or an ExternalCluster: ``cluster.head`` is this process's node
     engines: list[Any]  # EngineActor refs, one per replica
     router: Any  # the head's Router over every engine in rotation
@@ -156,9 +162,13 @@ class Run:
         self.config = config
         self.placement = Placement.of(config)  # every placement mistake before anything starts
         self.run_dir = Path(cfg.run_dir)
-        self.train_rows, self.val_rows = read_rows(config)
-        self.tools = build_run_tools(config, self.train_rows + self.val_rows)
-        self.sampler = RowSampler(self.train_rows, seed=cfg.seed, shuffle=config.data.shuffle)
+        # What would make the run fail is found here, before anything starts: the data files are
+        # read (their rows, loops and tools checked). A synthetic task's rows are all alike, so one
+        # stands for them; its 20 000 are drawn later, in a thread (``_read_inputs``).
+        self._files = read_rows(config) if config.data.train_files else None
+        if self._files is None and cfg.val_size > synthetic_capacity(cfg.task, "val"):
+            raise ConfigError(f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that")
+        self.tools = build_run_tools(config, [*self._files[0], *self._files[1]] if self._files else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val"))
         self.rng = random.Random(cfg.seed)  # the sampling seeds
         self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         self.started = time.perf_counter()
@@ -171,18 +181,14 @@ class Run:
         """Build and start everything (the warm-start first, if ``train.model_dir`` is empty).
         ``simulated``: stand-ins for the engines, trainer and weight sync (the simulator's); the
         run then validates and checkpoints nothing."""
-        from ..models.tiny import load_tokenizer
-
         run = cls(config)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
         if simulated is None:
             run.model_dir = await model_dir_for(config)
-            run.tokenizer = load_tokenizer(run.model_dir)
         else:
             run.model_dir, run.tokenizer = run.run_dir, simulated.tokenizer
             run.checkpointing = run.validating = False
-        run.pad = int(run.tokenizer.pad_token_id or 0)
         try:
             await run._compose(simulated)
             run.metrics = open_metrics(run.run_dir / "metrics.jsonl", upto=metrics_upto)
@@ -198,9 +204,22 @@ class Run:
         gc.freeze()
         return run
 
+    def _read_inputs(self, load_tokenizer: Callable[[Path], Any] | None) -> None:
+        """The rows (the synthetic task's drawn now), their sampler, and the tokenizer (``None``:
+        a simulated run's is already set) and its pad id. Blocking: runs in a thread."""
+        config = self.config
+        self.train_rows, self.val_rows = self._files or read_rows(config)
+        self.sampler = RowSampler(self.train_rows, seed=config.train.seed, shuffle=config.data.shuffle)
+        if load_tokenizer is not None:
+            self.tokenizer = load_tokenizer(self.model_dir)
+        self.pad = int(self.tokenizer.pad_token_id or 0)
+
     async def _compose(self, simulated: Simulated | None) -> None:
-        """Nodes, then the trainer (its ranks starting) beside the engines, agent-loop workers and
-        router, then the synchroniser; each registered to be closed in the reverse order."""
+        """The nodes; the trainer's group (its rank processes and a first collective: a group that
+        cannot talk fails in seconds, before anything heavy loads); then side by side the
+        trainer's model, the rows and tokenizer (a thread), and the engines, agent-loop workers
+        and router; then the synchroniser. Each is registered to be closed in the reverse order."""
+        from ..models.tiny import load_tokenizer
         from ..trainer import TrainerActor
         from ..weights import ParameterSynchronizer
 
@@ -208,22 +227,29 @@ class Run:
         self.cluster = await open_cluster(config, placement)
         self._closers.append(self.cluster.close)
         head = self.cluster.head
-        starting: asyncio.Future[None] | None = None
+        loading: asyncio.Future[None] | None = None
         if simulated is None:
-            # The trainer's ranks start (a process each, torch to import) while the engines and
-            # agent loops are made: the two do not wait on each other.
             self.trainer = TrainerActor(config.trainer, node=head, hosts=placement.trainer, devices=placement.trainer_devices(config))
             self._closers.append(self.trainer.close)
-            starting = asyncio.ensure_future(self.trainer.start(self.model_dir, total_steps=config.train.steps * _updates_per_step(config)))
+            await self.trainer.form()
+            loading = asyncio.ensure_future(self.trainer.load_model(self.model_dir, total_steps=config.train.steps * _updates_per_step(config)))
+            # The rows and the tokenizer are read now, in a thread: read before the cluster opened
+            # (~0.8 s for the quickstart's 20 000 synthetic rows), they kept the nodes, which wait
+            # for the head to listen, and the first collective waiting.
+            self._reading = asyncio.ensure_future(asyncio.to_thread(self._read_inputs, load_tokenizer))
+        else:  # in this thread: on the simulator's virtual-time loop a thread's time would pass as simulated time
+            self._read_inputs(None)
+            self._reading = asyncio.ensure_future(asyncio.sleep(0))
         try:
-            await self._compose_rollouts(simulated, head)
+            await self._compose_rollouts(simulated, head)  # it waits for the reading
         except BaseException:
-            if starting is not None:
-                starting.cancel()
-                await asyncio.wait([starting])
+            self._reading.cancel()  # its thread ends on its own; what it read is dropped
+            if loading is not None:
+                loading.cancel()
+                await asyncio.wait([loading])
             raise
-        if starting is not None:
-            await starting
+        if loading is not None:
+            await loading
             self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts))
             self._closers.append(self.synchronizer.close)
             if placement.nodes > 1:
@@ -258,6 +284,7 @@ class Run:
             workers.append(await head.spawn(AgentLoopWorker, self._worker_spec(local[name]), node=node, name=name, **kwargs))
         self.router = Router(self.engines, config.router)
         self._closers.append(self.router.close)
+        await self._reading  # the rows and the pad id, for the manager and the schedules
         self.engine = EngineGroup(self.router)
         self.rollouts = AgentLoopManager(workers, local=local, pad_token_id=self.pad, timeout_s=config.agent.rollout_timeout_s)
         self._closers.append(self.rollouts.close)

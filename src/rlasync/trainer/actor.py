@@ -89,7 +89,14 @@ class TrainerActor:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, model_dir: str | os.PathLike[str], *, total_steps: int = 1) -> None:
         """Start a process per rank on its host node, form the group, load ``model_dir`` on each
-        (deadline: ``trainer.start_timeout_s``)."""
+        (deadlines: ``trainer.start_timeout_s``): ``form()`` then ``load_model()``."""
+        await self.form()
+        await self.load_model(model_dir, total_steps=total_steps)
+
+    async def form(self) -> None:
+        """Start a process per rank on its host node and form the group: a first collective, so a
+        group that cannot talk fails here, in seconds, before anything heavy loads (deadline:
+        ``trainer.start_timeout_s``)."""
         if self.ranks or self._closed:
             raise RuntimeError("the trainer is already started" if self.ranks else "the trainer is closed")
         cfg = self.config
@@ -116,8 +123,16 @@ class TrainerActor:
             raise CallTimeout(f"the trainer's {self.world_size} rank processes did not start within trainer.start_timeout_s={cfg.start_timeout_s:g}s") from None
         hellos = await self._call_all("join", [[]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
         emit("trainer", ranks=self.world_size, backend=hellos[0]["backend"], nodes=self.processes)  # the group did its first collective
+        self.info = {"backend": hellos[0]["backend"], "pids": [h["pid"] for h in hellos], "nodes": self.processes}
+
+    async def load_model(self, model_dir: str | os.PathLike[str], *, total_steps: int = 1) -> None:
+        """Load ``model_dir`` on every rank of the formed group, with an optimiser (and schedule)
+        for ``total_steps`` updates (deadline: ``trainer.start_timeout_s``)."""
+        if not self.info:
+            raise RuntimeError("form() the trainer's group before loading a model")
+        cfg = self.config
         loaded = await self._call_all("load", [[str(model_dir), total_steps]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
-        self.info = {"backend": hellos[0]["backend"], "pids": [h["pid"] for h in hellos], "nodes": self.processes, **loaded[0]}
+        self.info.update(loaded[0])
         log.info("trainer: %d rank(s) on %s (%s, %s), %d parameters", self.world_size, ", ".join(self.processes), self.info["device"], self.info["backend"], self.info["parameters"])
 
     def _rendezvous(self, node: Node) -> tuple[str, int]:
