@@ -132,6 +132,7 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     from .agents import NoWorkerError
     from .data import DatasetError
     from .engines import EngineError
+    from .rewards import RewardError
     from .runtime import RuntimeErrorBase
     from .trainer.checkpoint import CheckpointError
     from .weights import SyncError
@@ -141,7 +142,7 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         return 2
-    except (RuntimeErrorBase, EngineError, SyncError, NoWorkerError) as exc:  # a lost node, a dead rank, no engine left
+    except (RuntimeErrorBase, EngineError, SyncError, NoWorkerError, RewardError) as exc:  # a lost node, a dead rank, no engine left, a broken reward
         typer.echo(f"rlasync train: the run stopped: {type(exc).__name__}: {exc}", err=True)
         return 1
     except KeyboardInterrupt:  # the run's tasks were cancelled and its parts closed on the way out

@@ -159,6 +159,44 @@ async def test_a_reward_that_raises_is_a_recorded_zero(tok: Any) -> None:
     assert t.reward == 0.0 and "bad reward" in t.metrics.reward_error
 
 
+def test_a_reward_with_the_wrong_signature_fails_when_handed_to_a_loop_or_registered(tok: Any) -> None:
+    from rlasync.rewards import RewardInput, register_reward
+
+    def of_input(inp: RewardInput) -> float:  # a registry reward handed to a loop
+        return 1.0
+
+    with pytest.raises(TypeError, match=r"cannot be called as reward_fn\(row, trajectory\).*registered_reward"):
+        SingleTurnAgentLoop(ScriptedEngine(tok, ["x"]), tok, reward_fn=of_input)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"register_reward\('of_row'\).*cannot be called as fn\(inp\).*reward_fn"):
+        register_reward("of_row")(lambda row, trajectory: 1.0)
+
+
+async def test_a_reward_that_raises_is_said_once_per_function(tok: Any, caplog: pytest.LogCaptureFixture) -> None:
+    def flaky(row: dict[str, Any], t: Any) -> float:
+        raise KeyError("answer")
+
+    with caplog.at_level("WARNING", logger="rlasync.agents.base"):
+        for _ in range(3):
+            t = await SingleTurnAgentLoop(ScriptedEngine(tok, ["x"]), tok, reward_fn=flaky).run(PARAMS, **ROW)
+            assert t.reward == 0.0 and t.metrics.reward_error == "KeyError: 'answer'"
+    said = [r for r in caplog.records if "flaky" in r.getMessage()]
+    assert len(said) == 1 and "KeyError" in said[0].getMessage() and said[0].exc_info is not None
+
+
+async def test_one_loop_object_cannot_roll_out_two_trajectories(tok: Any) -> None:
+    from rlasync.agents import LoopReuseError
+
+    other = {"messages": [{"role": "user", "content": "What is 2+2?"}]}
+    loop = ToolAgentLoop(ScriptedEngine(tok, ["2146", "4"]), tok, AgentConfig(), tools=build_tools(["calculator"]))
+    first, second = await asyncio.gather(loop.run(PARAMS, **ROW), loop.run(PARAMS, **other), return_exceptions=True)
+    assert not isinstance(first, BaseException) and first.messages[0]["content"] == "What is 37*58?"
+    assert isinstance(second, LoopReuseError) and "already running" in str(second) and "a loop per trajectory" in str(second)
+    with pytest.raises(LoopReuseError, match="another row .*'What is 37\\*58\\?'.*a loop per trajectory"):
+        await loop.run(PARAMS, **other)  # once it was the first row's trajectory, silently
+    again = await loop.run(PARAMS, **ROW)  # the same row: the same (finished) trajectory
+    assert again.response_ids == first.response_ids and again.metrics.interrupts == 0
+
+
 # -- interrupt and resume ------------------------------------------------------------------
 
 

@@ -158,6 +158,26 @@ async def test_a_run_that_cannot_work_fails_before_it_starts(tmp_path: Path, ove
         await train_sync(config)
 
 
+async def test_a_run_whose_rewards_all_fail_stops_and_failed_rewards_are_counted(tmp_path: Path, reverse_model: Path) -> None:
+    from rlasync.data import synthetic_rows
+    from rlasync.rewards import RewardError, RewardInput, register_reward
+
+    @register_reward("broken_for_test", replace=True)
+    def broken(inp: RewardInput) -> float:
+        raise ZeroDivisionError("the reward's own bug")
+
+    for split, n in (("train", 16), ("val", 4)):
+        rows = synthetic_rows("reverse", n, seed=0, split=split)  # type: ignore[arg-type]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"prompt": r["messages"][-1]["content"], "answer": r["ground_truth"]}) + "\n" for r in rows))
+    files = [f"data.train_files=[{tmp_path}/train.jsonl]", f"data.val_files=[{tmp_path}/val.jsonl]", "data.reward=broken_for_test"]
+    with pytest.raises(RewardError, match=r"every reward of training batch 1 failed .*ZeroDivisionError.*train.fail_on_reward_errors=0"):
+        await train_sync(load_config(CONFIG, _short_run(tmp_path / "a", reverse_model, "train.steps=2", *files)))
+    config = load_config(CONFIG, _short_run(tmp_path / "b", reverse_model, "train.steps=2", "train.fail_on_reward_errors=0", *files))
+    await train_sync(config)  # told to train on: it does, and counts what failed
+    records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["reward/errors"] == 2 * config.train.prompts_per_step * config.train.group_size
+
+
 async def test_training_rows_come_from_files_with_their_own_reward(tmp_path: Path, reverse_model: Path) -> None:
     """JSONL rows (a prompt column, an answer column) instead of the synthetic task."""
     from rlasync.data import synthetic_rows

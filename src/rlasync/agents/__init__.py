@@ -2,9 +2,12 @@
 
     loop = get_loop(row.get("agent_name", config.default_loop))(router, tokenizer, config, tools=tools)
     trajectory = await loop.run(SamplingParams(temperature=1.0, seed=7), **row)
+
+A loop object rolls out one trajectory (its state is how a cancelled ``run`` resumes): make one
+per trajectory; a second concurrent ``run``, or a ``run`` with another row, raises ``LoopReuseError``.
 """
 
-from .base import AgentLoop, Interaction, RewardFn, get_loop, register, registered_reward
+from .base import AgentLoop, Interaction, LoopReuseError, RewardFn, get_loop, register, registered_reward
 from .batch import RolloutBatch, collate
 from .loops import LoopState, SingleTurnAgentLoop, ToolAgentLoop
 from .template import ChatTurns, TemplateError
@@ -12,7 +15,7 @@ from .trajectory import Trajectory, TrajectoryMetrics
 from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, NoWorkerError
 
 __all__ = [
-    "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopState", "NoWorkerError",
+    "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopReuseError", "LoopState", "NoWorkerError",
     "RewardFn", "RolloutBatch", "SingleTurnAgentLoop", "TemplateError", "ToolAgentLoop", "Trajectory",
     "TrajectoryMetrics", "collate", "get_loop", "register", "registered_reward",
 ]  # fmt: skip

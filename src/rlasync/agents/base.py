@@ -1,4 +1,4 @@
-"""Agent loops: one instance per trajectory, picked by name from a registry.
+"""Agent loops: one instance per trajectory (``LoopReuseError`` otherwise), picked by name from a registry.
 
     @register("my_loop")
     class MyLoop(AgentLoop):
@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
+import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from ..config.agent import AgentConfig
@@ -20,8 +21,17 @@ from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, Tok
 from .template import ChatTurns
 from .trajectory import Trajectory
 
+log = logging.getLogger(__name__)
+
 RewardFn = Callable[[dict[str, Any], Trajectory], "float | Awaitable[float]"]
-"""Scores a finished trajectory given its dataset row (sync or async)."""
+"""A loop's reward: ``reward_fn(row, trajectory)`` scores a finished trajectory given its
+dataset row (sync or async). Checked when handed to a loop (``check_reward_fn``)."""
+
+
+class LoopReuseError(RuntimeError):
+    """One agent-loop object was asked for a second trajectory (a concurrent ``run``, or a
+    ``run`` with another row). A loop holds one trajectory's state, which is how a cancelled
+    ``run`` resumes: make a loop object per trajectory."""
 
 
 class Generator(Protocol):
@@ -57,7 +67,7 @@ class AgentLoop(abc.ABC):
         self.turns = ChatTurns(tokenizer)
         self.config = config or AgentConfig()
         self.tools = tools or {}
-        self.reward_fn = reward_fn
+        self.reward_fn = check_reward_fn(reward_fn) if reward_fn is not None else None
         self.interaction = interaction
         self.trajectory_id = trajectory_id or f"traj-{id(self):x}"
         # A router takes a session id (every turn of this trajectory on one engine); an engine does not.
@@ -86,9 +96,45 @@ class AgentLoop(abc.ABC):
             if inspect.isawaitable(value):
                 value = await value
             return float(value)
-        except Exception as exc:  # a reward bug is a recorded zero, not a lost trajectory
+        except Exception as exc:  # a reward bug is a recorded zero, not a lost trajectory, and said once
             trajectory.metrics.reward_error = f"{type(exc).__name__}: {exc}"
+            _warn_once(self.reward_fn, exc)
             return 0.0
+
+
+_warned: dict[tuple[int, str], Any] = {}  # (id of the function, exception type) -> the function (keeps its id its own)
+
+
+def _warn_once(fn: Any, exc: Exception) -> None:
+    """A reward function's failure in the log: once per function and exception type (it may
+    fail for thousands of trajectories), with the traceback of the first."""
+    label = getattr(fn, "__qualname__", None) or type(fn).__name__
+    key = (id(fn), type(exc).__name__)
+    if key not in _warned:
+        _warned[key] = fn
+        log.warning("reward_fn %s raised %s (the trajectory scores 0.0; later %s errors of it are counted in "
+                    "reward/errors, not logged): %s", label, type(exc).__name__, type(exc).__name__, exc, exc_info=exc)  # fmt: skip
+
+
+def check_reward_fn(fn: RewardFn) -> RewardFn:
+    """``fn`` if a loop can call it as ``fn(row, trajectory)``; else a ``TypeError`` now, rather
+    than a trajectory scored 0.0 by every call."""
+    if not callable(fn):
+        raise TypeError(f"reward_fn must be a function of (row, trajectory), got {type(fn).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: its first call tells
+        return fn
+    try:
+        signature.bind({}, None)
+    except TypeError as exc:
+        label = getattr(fn, "__qualname__", type(fn).__name__)
+        raise TypeError(
+            f"reward_fn {label}{signature} cannot be called as reward_fn(row, trajectory) ({exc}): a loop passes the "
+            "dataset row (a dict) and the finished Trajectory, and takes a float or an awaitable of one. A reward of "
+            "RewardInput (rlasync.rewards) is handed to a loop as registered_reward(name)"
+        ) from None
+    return fn
 
 
 def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> RewardFn:

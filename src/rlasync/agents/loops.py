@@ -15,9 +15,10 @@ position, the result is the trajectory an uninterrupted run would have produced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 
@@ -25,7 +26,7 @@ from ..engines.protocol import EngineError
 from ..engines.router import EngineLostError
 from ..engines.types import GenerateRequest, SamplingParams
 from ..runtime import ActorError
-from .base import AgentLoop, register
+from .base import AgentLoop, LoopReuseError, register
 from .trajectory import Trajectory, TrajectoryMetrics
 
 MAX_ENGINE_ABORTS = 64  # a turn the engine keeps aborting (it is paused again and again) gives up
@@ -55,6 +56,11 @@ class LoopState(msgspec.Struct, kw_only=True):
     metrics: TrajectoryMetrics = msgspec.field(default_factory=TrajectoryMetrics)
 
 
+def _preview(messages: list[dict[str, Any]]) -> str:
+    text = str(messages[-1].get("content", "")) if messages else ""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
 def _turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
     """The seed of one model turn: the run's seed, the trajectory and the turn all matter
     (one seed for every trajectory would draw the same random numbers for all of them)."""
@@ -66,12 +72,39 @@ def _turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
 
 class _Base(AgentLoop):
     state: LoopState
+    _prompt: list[dict[str, Any]]  # the messages of the row this loop's trajectory started from
+    _running = False
+
+    @contextlib.contextmanager
+    def _trajectory(self, row: dict[str, Any]) -> Iterator[LoopState]:
+        """The state of ``run``'s trajectory: started from ``row``, or resumed (``run`` again with
+        the same row, after a cancellation). A loop object holds one trajectory: a second
+        concurrent ``run``, or one with another row, raises ``LoopReuseError`` instead of
+        returning the first trajectory as if it were the second's."""
+        name = f"{type(self).__name__} {self.trajectory_id!r}"
+        if self._running:
+            raise LoopReuseError(f"{name} is already running a trajectory: one loop object rolls out one trajectory; make a loop per trajectory")
+        if not hasattr(self, "state") or self.state.state == "PENDING":
+            self._start(row)
+        elif list(row.get("messages") or []) != self._prompt:
+            raise LoopReuseError(
+                f"{name} rolled out the trajectory of another row ({_preview(self._prompt)}): one loop object rolls out one "
+                "trajectory (`run` again with the same row resumes it); make a loop per trajectory"
+            )
+        elif self.state.state != "TERMINATED":
+            self.state.metrics.interrupts += 1  # resumed: the state says where
+        self._running = True
+        try:
+            yield self.state
+        finally:
+            self._running = False
 
     def _start(self, row: dict[str, Any]) -> None:
         messages = list(row.get("messages") or [])
         if not messages:
             raise ValueError("a dataset row for an agent loop needs `messages` (the prompt as chat messages)")
         schemas = [tool.schema() for tool in self.tools.values()] or row.get("tools")
+        self._prompt = [dict(m) for m in messages]
         self.state = LoopState(state="GENERATING", prompt_ids=self.turns.prompt_ids(messages, schemas), messages=messages)
 
     def _budget(self) -> int:
@@ -165,22 +198,19 @@ class SingleTurnAgentLoop(_Base):
     """One model turn for the prompt."""
 
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
-        if not hasattr(self, "state") or self.state.state == "PENDING":
-            self._start(row)
-        else:
-            self.state.metrics.interrupts += 1
-        if self.state.state == "GENERATING":
-            finish = await self._generate_turn(params)
-            self._close_turn()
-            if finish is None:
-                self.state.termination = "aborted"
-            elif finish == "error":
-                self.state.termination = "error"
-            elif finish == "length":
-                self.state.termination = "response_length" if self._budget() <= 0 else "max_new_tokens"
-            else:
-                self.state.termination = "stop"
-        return await self._finish(row)
+        with self._trajectory(row) as s:
+            if s.state == "GENERATING":
+                finish = await self._generate_turn(params)
+                self._close_turn()
+                if finish is None:
+                    s.termination = "aborted"
+                elif finish == "error":
+                    s.termination = "error"
+                elif finish == "length":
+                    s.termination = "response_length" if self._budget() <= 0 else "max_new_tokens"
+                else:
+                    s.termination = "stop"
+            return await self._finish(row)
 
 
 @register("tool")
@@ -192,11 +222,10 @@ class ToolAgentLoop(_Base):
         from ..tools import get_parser
 
         parser = get_parser(self.config.tool_parser)
-        if not hasattr(self, "state") or self.state.state == "PENDING":
-            self._start(row)
-        else:
-            self.state.metrics.interrupts += 1  # resumed: the state says where
-        s = self.state
+        with self._trajectory(row) as s:
+            return await self._run(s, parser, params, row)
+
+    async def _run(self, s: LoopState, parser: Any, params: SamplingParams, row: dict[str, Any]) -> Trajectory:
         cfg = self.config
         while s.state != "TERMINATED":
             if s.state == "GENERATING":

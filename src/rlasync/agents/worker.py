@@ -156,7 +156,9 @@ class AgentLoopManager:
             for (worker, assigned), reply in zip(plan, replies):
                 if isinstance(reply, (NodeLostError, ActorNotFound)):
                     lost = sum(len(unit) for unit in assigned)
-                    log.warning("agent-loop worker %s was lost (%s); its %d rows run again on another", worker.name, reply, lost)
+                    graceful = getattr(reply, "graceful", False)  # its node shut down cleanly: nobody to warn
+                    log.log(logging.INFO if graceful else logging.WARNING, "agent-loop worker %s %s (%s); its %d rows run again on another",
+                            worker.name, "left" if graceful else "was lost", reply, lost)  # fmt: skip
                     self.retried += lost
                     if worker in self.workers:
                         self.workers.remove(worker)

@@ -106,6 +106,11 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     validate_every: PositiveInt = 25
     val_size: PositiveInt = 128
     """Held-out problems scored greedily at each validation."""
+    fail_on_reward_errors: NonNegativeInt = 5
+    """Within the first this many training batches, a batch whose every reward failed (the
+    reward raised, timed out or gave no number) stops the run with ``RewardError``: a broken
+    reward shows in seconds, not after hours of training on zeros. 0: never stop.
+    ``reward/errors`` in ``metrics.jsonl`` counts failed rewards either way."""
     checkpoint_every: NonNegativeInt = 0
     """Save a checkpoint every this many steps (and after the last); 0: only after the last.
     ``rlasync train … --resume`` continues from the newest one in ``run_dir``."""

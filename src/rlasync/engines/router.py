@@ -323,7 +323,10 @@ class Router:
         self._slots.pop(slot.ref.name, None)
         for session_id in [s for s, where in self._sessions.items() if where is slot]:
             del self._sessions[session_id]
-        log.warning("engine %s on %s was lost (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc)
+        if getattr(exc, "graceful", False):  # its node shut down cleanly (the cluster is closing)
+            log.info("engine %s on %s left (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc)
+        else:
+            log.warning("engine %s on %s was lost (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc)
         self._dispatch()
 
     def _check_move(self, slot: _Slot, request: GenerateRequest, moves: int, exc: BaseException) -> None:

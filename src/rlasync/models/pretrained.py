@@ -115,6 +115,10 @@ def _read_marker(folder: Path) -> object:
 def _convert(gguf_path: Path, out: Path) -> None:
     """Dequantize the GGUF file to an fp32 model and save it, with its tokenizer, to ``out``."""
     import torch
+
+    from .tiny import keep_temporary_folder_clean
+
+    keep_temporary_folder_clean()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name

@@ -61,9 +61,14 @@ class TinyLMConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             )
 
 
-def build_tiny_lm(config: TinyLMConfig) -> tuple[Any, Any]:
-    """A freshly initialised ``Qwen2ForCausalLM`` and its trained-in-code tokenizer."""
+def build_tiny_lm(config: TinyLMConfig | str = "nano") -> tuple[Any, Any]:
+    """A freshly initialised ``Qwen2ForCausalLM`` and its trained-in-code tokenizer, from a
+    ``TinyLMConfig`` or a preset's name (``"nano"``, ``"micro"``, ``"mini"``)."""
     import torch
+
+    if isinstance(config, str):
+        config = TinyLMConfig.preset(config)
+    keep_temporary_folder_clean()
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer(config.vocab_size)
@@ -99,6 +104,15 @@ def save_pretrained_dir(model: Any, tokenizer: Any, path: str | os.PathLike[str]
     return out
 
 
+def keep_temporary_folder_clean() -> None:
+    """transformers' model code imports ``torch._dynamo``, which makes a cache folder in the
+    temporary directory (``$TMPDIR/torchinductor_<user>``) and leaves it there: unless the user
+    chose one, torch's cache goes to ``~/.cache/rlasync/torchinductor`` (``XDG_CACHE_HOME``).
+    Call before importing a transformers model; processes started afterwards inherit it."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlasync" / "torchinductor"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+
+
 # transformers' loading patches torch globally (meta-device init), and its lazy module is not
 # safe to import from two threads at once (a run reads its tokenizer while an engine loads: one
 # of the two got an ImportError): imports and loads, one at a time per process.
@@ -121,6 +135,7 @@ def load_pretrained_dir(path: str | os.PathLike[str], *, dtype: Any = None, devi
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); build one with rlasync.models.build_tiny_lm")
     with _LOAD_LOCK:  # two engines on one node loading at once corrupted each other
+        keep_temporary_folder_clean()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

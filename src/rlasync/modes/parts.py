@@ -173,6 +173,8 @@ class Run:
         self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         self.started = time.perf_counter()
         self._closers: list[Any] = []
+        self.reward_errors = 0  # trajectories whose reward failed, over the run (reward/errors)
+        self.batches = 0  # training batches made
         self.checkpointing = True  # the sync mode saves checkpoints (not with simulated parts)
         self.validating = True  # held-out validation (not with simulated parts)
 
@@ -373,8 +375,24 @@ class Run:
         from ..agents import collate
         from ..trainer import TrainBatch
 
+        self._count_reward_errors(trajectories)
         batch = collate(trajectories, self.pad)
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
+
+    def _count_reward_errors(self, trajectories: list[Any]) -> None:
+        """Failed rewards, counted (``reward/errors``); a batch of nothing but failed rewards
+        within the first ``train.fail_on_reward_errors`` batches stops the run."""
+        from ..rewards import RewardError
+
+        failed = [t.metrics.reward_error for t in trajectories if t.metrics.reward_error]
+        self.reward_errors += len(failed)
+        self.batches += 1
+        limit = self.config.train.fail_on_reward_errors
+        if failed and len(failed) == len(trajectories) and self.batches <= limit:
+            raise RewardError(
+                f"every reward of training batch {self.batches} failed ({len(failed)} trajectories), e.g. {failed[0]}; "
+                "fix the reward (train.task, data.reward or the reward function), or set train.fail_on_reward_errors=0 to train on"
+            )
 
     async def validate(self) -> float:
         """Held-out accuracy: the validation rows, greedy, scored by the run's reward."""
@@ -392,6 +410,7 @@ class Run:
         record.setdefault("cluster/engines", len(self.router.engines))
         record.setdefault("cluster/rows_retried", self.rollouts.retried)
         record.setdefault("cluster/rejoins", getattr(self, "rejoins", 0))
+        record.setdefault("reward/errors", self.reward_errors)
         write_record(self.metrics, record)
         if on_step is not None:
             on_step(record)

@@ -30,6 +30,11 @@ DEFAULT_TIMEOUT_S = 30.0
 """Default deadline of one reward call (``compute_reward(timeout_s=...)``)."""
 
 
+class RewardError(RuntimeError):
+    """Every reward of a training batch failed (``train.fail_on_reward_errors``): the reward
+    function is broken, or is not the one the rows need."""
+
+
 class RewardInput(msgspec.Struct, frozen=True, kw_only=True):
     """What a reward function sees of one finished trajectory."""
 
@@ -74,6 +79,7 @@ def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
     def decorator(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register_reward({name!r}): {fn!r} is not callable")
+        _check_signature(name, fn)
         old = _REGISTRY.get(name)
         if old is not None and old is not fn and not replace:
             raise ValueError(f"reward {name!r} is already registered ({old!r}); pass replace=True to override it")
@@ -81,6 +87,23 @@ def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
         return fn
 
     return decorator
+
+
+def _check_signature(name: str, fn: Callable[..., Any]) -> None:
+    """A registered reward is called as ``fn(inp)``: say so now, not with a 0.0 per trajectory."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: its first call tells
+        return
+    try:
+        signature.bind(RewardInput(response_text=""))
+    except TypeError as exc:
+        label = getattr(fn, "__qualname__", type(fn).__name__)
+        raise TypeError(
+            f"register_reward({name!r}): {label}{signature} cannot be called as fn(inp) ({exc}): a registered reward "
+            "takes one RewardInput and returns a float or a RewardOutput. A function of (row, trajectory) is an "
+            "agent loop's reward_fn: hand it to the loop instead"
+        ) from None
 
 
 def get_reward(name: str) -> RewardFn:

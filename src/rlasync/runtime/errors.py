@@ -57,10 +57,14 @@ class Forbidden(RuntimeErrorBase, PermissionError):
 
 
 class NodeLostError(RuntimeErrorBase, ConnectionError):
-    """The node hosting the actor is dead (missed heartbeats, shut down, or unreachable)."""
+    """The node hosting the actor is dead (missed heartbeats, shut down, or unreachable).
+    ``graceful``: it left on purpose (a clean shutdown), which nobody needs to be warned of."""
 
-    def __init__(self, node: str, detail: str) -> None:
+    graceful = False
+
+    def __init__(self, node: str, detail: str, *, graceful: bool = False) -> None:
         self.node = node
+        self.graceful = graceful
         super().__init__(f"{node} is lost: {detail}")
 
 

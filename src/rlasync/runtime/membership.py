@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -208,10 +209,10 @@ class Membership(Actor):
         for name in [n for n, a in self.names.items() if a.node.node_id == node_id]:
             del self.names[name]
         self._bump()
-        self.node.on_node_dead(node_id, reason, info.incarnation)
+        self.node.on_node_dead(node_id, reason, info.incarnation, graceful=graceful)
         for member in self.members.values():
             if member.node_id != self.node.node_id:
-                self.node.tell_service(member, "node_dead", [node_id, info.incarnation, reason])
+                self.node.tell_service(member, "node_dead", [node_id, info.incarnation, reason, graceful])
 
 
 _NODE_ID = re.compile(r"node-[0-9]{1,6}(\.[0-9]{1,6})?")
@@ -244,9 +245,9 @@ class NodeService(Actor):
         return await self.node.start_child(preload=tuple(preload))
 
     @endpoint
-    async def node_dead(self, node_id: str, incarnation: str, reason: str) -> None:
+    async def node_dead(self, node_id: str, incarnation: str, reason: str, graceful: bool = False) -> None:
         self._only_from(HEAD, "declare a node dead")
-        self.node.on_node_dead(node_id, reason, incarnation)
+        self.node.on_node_dead(node_id, reason, incarnation, graceful=graceful)
 
     @endpoint
     async def stats(self) -> NodeStats:
@@ -297,7 +298,15 @@ def import_actor_class(spec: SpawnSpec) -> type[Actor]:
         obj: Any = module
         for part in spec.qualname.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError, OSError) as exc:
+    except ScriptImportError:
+        raise
+    except AttributeError as exc:
+        where = spec.file or spec.module
+        raise ImportError(
+            f"{where} defines no {spec.qualname} when a node imports it ({exc}): define actor classes at module "
+            'level, outside `if __name__ == "__main__":`'
+        ) from exc
+    except (ImportError, OSError) as exc:
         raise ImportError(
             f"cannot import actor class {spec.module}:{spec.qualname} on this node ({exc}); define actor "
             "classes at module level in a module every node can import (install it, or add it to PYTHONPATH)"
@@ -305,6 +314,19 @@ def import_actor_class(spec: SpawnSpec) -> type[Actor]:
     if not (isinstance(obj, type) and issubclass(obj, Actor)):
         raise TypeError(f"{spec.module}:{spec.qualname} is not an rlasync.Actor subclass")
     return obj
+
+
+class ScriptImportError(ImportError):
+    """Importing the running script on a node (for its actor classes) ran the script's work."""
+
+
+_importing = threading.local()  # .script: the script this thread is importing for its actor classes
+
+
+def importing_script() -> str:
+    """The script whose top-level code this thread runs to import its actor classes (else "").
+    A node or cluster that starts then was started by a script without a ``__main__`` guard."""
+    return str(getattr(_importing, "script", ""))
 
 
 def _import_script(path: str) -> Any:
@@ -318,12 +340,16 @@ def _import_script(path: str) -> Any:
             raise ImportError(f"cannot load script {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        _importing.script = path
         try:
             spec.loader.exec_module(module)
-        except RuntimeError as exc:
+        except (Exception, SystemExit) as exc:  # a half-run script is not kept for the next spawn
             del sys.modules[name]
-            raise ImportError(
-                f"running {path} to import its actor classes failed ({exc}); start the script's "
-                'work under `if __name__ == "__main__":` so importing it only defines classes'
-            ) from exc
+            raise ScriptImportError(
+                f"every node imports {path} to find its actor classes, and importing it ran its top-level code, which "
+                f"raised {type(exc).__name__}: {exc}. Put the script's work under "
+                '`if __name__ == "__main__":` (e.g. `if __name__ == "__main__": rlasync.run(main())`)'
+            ) from None
+        finally:
+            _importing.script = ""
     return module

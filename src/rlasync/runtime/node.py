@@ -37,7 +37,7 @@ from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
 from .address import advertised, child_address
 from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
-from .membership import Membership, NodeService
+from .membership import Membership, NodeService, importing_script
 from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
 from .server import Caller, Server, _cancelled_from_outside, error_reply
@@ -88,6 +88,7 @@ class Node:
         self._peers: dict[str, Peer] = {}  # by incarnation: one connection per process
         self._dead: dict[str, str] = {}  # node id -> reason, for ranks with no live process
         self._dead_incarnations: dict[str, str] = {}  # process (incarnation) -> why it is dead
+        self._left: set[str] = set()  # processes (incarnations) that shut down cleanly
         self._members: dict[str, NodeInfo] = {}
         self._epoch = -1
         self._pumps: list[SocketPump] = []
@@ -130,6 +131,9 @@ class Node:
         """Bind, join the head (or become it), start heartbeating. Returns self."""
         if self._started:
             return self
+        script = importing_script()
+        if script:  # a node importing the running script for its actor classes ran the script's work
+            raise RuntimeError(f'{script} starts rlasync when imported: put its work under `if __name__ == "__main__":`')
         self._started = True
         self.loop = asyncio.get_running_loop()
         accept_calls_as_tasks(self.loop)
@@ -482,7 +486,7 @@ class Node:
         """
         reason = self._dead_incarnations.get(info.incarnation)
         if reason is not None:
-            raise NodeLostError(info.node_id, f"{reason} (that process is gone; look its actors up again)")
+            raise NodeLostError(info.node_id, f"{reason} (that process is gone; look its actors up again)", graceful=info.incarnation in self._left)
         peer = self._peers.get(info.incarnation)
         if peer is not None:
             return peer
@@ -517,6 +521,9 @@ class Node:
             raise NotAnEndpoint(f"{method!r} is not a unary endpoint of actor {name!r}")
         try:
             async with asyncio.timeout(timeout) as deadline:
+                # The checks a remote call's arguments get on arrival, so that a wrong argument is
+                # the same error wherever the actor lives (and the callee gets what it annotated).
+                args, kwargs = ep.convert_args(args, kwargs)
                 return await ep.fn(actor, *args, **kwargs)
         except TimeoutError:
             if deadline.expired():
@@ -535,6 +542,10 @@ class Node:
         ep = endpoints_of(type(actor)).get(method)
         if ep is None or not ep.streaming:
             raise NotAnEndpoint(f"{method!r} is not a streaming endpoint of actor {name!r}")
+        try:
+            args, kwargs = ep.convert_args(args, kwargs)  # as a remote stream's arguments are checked
+        except Exception as exc:
+            raise _wrap(name, method, self.node_id) from exc
         items = ep.fn(actor, *args, **kwargs)
         try:
             while True:
@@ -559,11 +570,12 @@ class Node:
             self._peer(info).send_oneway("_node", method, args)
 
     # -- failure and stop -------------------------------------------------------------------
-    def on_node_dead(self, node_id: str, reason: str, incarnation: str | None = None) -> None:
+    def on_node_dead(self, node_id: str, reason: str, incarnation: str | None = None, *, graceful: bool = False) -> None:
         """Fail every call to that process of ``node_id`` and stop serving its calls.
 
         ``incarnation`` names the process; None means every process of that rank (only used
-        when the head is lost, after which this node stops). Safe to call repeatedly.
+        when the head is lost, after which this node stops). ``graceful``: it shut down
+        cleanly (the calls' ``NodeLostError`` says so). Safe to call repeatedly.
         """
         if node_id == self.node_id:
             if incarnation in (None, self.info.incarnation):
@@ -574,6 +586,8 @@ class Node:
             return
         if incarnation is not None:
             self._dead_incarnations[incarnation] = reason
+            if graceful:
+                self._left.add(incarnation)
             info = self._known.get(incarnation)
             if info is not None:
                 self._dead_callers.add(info.key or f"{info.node_id}:{info.incarnation}")
@@ -587,7 +601,7 @@ class Node:
             self._dead[node_id] = reason
         for key, peer in list(self._peers.items()):
             if peer.info.node_id == node_id and incarnation in (None, peer.info.incarnation, peer.to or None):
-                peer.mark_lost(NodeLostError(node_id, reason))
+                peer.mark_lost(NodeLostError(node_id, reason, graceful=graceful))
 
     def is_dead_caller(self, caller: Caller) -> bool:
         """Whether ``caller`` is a process the head declared dead (it is served no more)."""
@@ -640,7 +654,7 @@ class Node:
             await self._stop_politely(timeout)
         finally:  # whatever happened above (even cancellation), the sockets close and waiters wake
             for peer in self._peers.values():
-                peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped"))
+                peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped", graceful=True))
             for pump in self._pumps:
                 pump.close()
             if hasattr(self, "ctx"):
