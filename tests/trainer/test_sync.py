@@ -126,6 +126,32 @@ async def test_resume_reproduces_the_uninterrupted_runs_next_step(tmp_path: Path
     assert max(float((after[0][k] - after[1][k]).abs().max()) for k in after[0]) <= 1e-5
 
 
+async def test_resume_skips_a_torn_or_corrupt_checkpoint_naming_it(tmp_path: Path, reverse_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from rlasync.trainer.checkpoint import CheckpointError, Checkpoints, verify
+
+    overrides = _short_run(tmp_path, reverse_model, "train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=3", "train.validate_every=100")
+    await train_sync(load_config(CONFIG, overrides))
+    first, second = tmp_path / "checkpoints" / "step_000001", tmp_path / "checkpoints" / "step_000002"
+    manifest = json.loads((second / "manifest.json").read_text())["files"]
+    assert {"state.json", "optimizer.pt", "model/model.safetensors", "model/config.json"} <= set(manifest) and not verify(second)
+    weights = second / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit of the newest: its size is right, its contents are not
+    weights.write_bytes(bytes(data))
+    shutil.copytree(first, tmp_path / "checkpoints" / "step_000003.partial")  # a save cut short: never a candidate
+    with caplog.at_level("WARNING", logger="rlasync.trainer.checkpoint"):
+        assert Checkpoints(tmp_path, keep=3).latest() == first
+    assert any("step_000002 is torn or corrupt (model/model.safetensors does not match its checksum)" in r.getMessage() for r in caplog.records)
+    await train_sync(load_config(CONFIG, overrides), resume=True)  # from step 1: step 2 again, saved whole
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2 and not verify(second)
+    (first / "optimizer.pt").unlink()  # and torn: a file missing
+    assert verify(first) == "optimizer.pt is missing"
+    weights.write_bytes(weights.read_bytes()[:-10])  # the newest cut short too
+    assert "bytes, the manifest says" in verify(second)
+    with pytest.raises(CheckpointError, match="every checkpoint .* is torn or corrupt"):
+        Checkpoints(tmp_path, keep=3).latest()
+
+
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={tmp_path}", "--resume"], capture_output=True, text=True, timeout=120

@@ -119,21 +119,17 @@ def _warn_once(fn: Any, exc: Exception) -> None:
 def check_reward_fn(fn: RewardFn) -> RewardFn:
     """``fn`` if a loop can call it as ``fn(row, trajectory)``; else a ``TypeError`` now, rather
     than a trajectory scored 0.0 by every call."""
+    from ..rewards.registry import call_mismatch
+
     if not callable(fn):
         raise TypeError(f"reward_fn must be a function of (row, trajectory), got {type(fn).__name__}")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: its first call tells
-        return fn
-    try:
-        signature.bind({}, None)
-    except TypeError as exc:
-        label = getattr(fn, "__qualname__", type(fn).__name__)
+    mismatch = call_mismatch(fn, {}, None)
+    if mismatch:
         raise TypeError(
-            f"reward_fn {label}{signature} cannot be called as reward_fn(row, trajectory) ({exc}): a loop passes the "
-            "dataset row (a dict) and the finished Trajectory, and takes a float or an awaitable of one. A reward of "
-            "RewardInput (rlasync.rewards) is handed to a loop as registered_reward(name)"
-        ) from None
+            f"reward_fn {mismatch} cannot be called as reward_fn(row, trajectory): a loop passes the dataset row (a "
+            "dict) and the finished Trajectory, and takes a float or an awaitable of one. A reward of RewardInput "
+            "(rlasync.rewards) is handed to a loop as registered_reward(name)"
+        )
     return fn
 
 

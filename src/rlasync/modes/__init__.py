@@ -32,7 +32,11 @@ def __getattr__(name: str) -> Any:
 
 async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``); ``resume`` continues the sync mode from its
-    newest checkpoint."""
+    newest checkpoint. ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
+    as it is written (``step``, ``reward``, ``val_accuracy`` when validated, ``train/*``, ...).
+
+        result = rlasync.run(train(load_config("configs/quickstart.yaml"), on_step=print))
+    """
     from .fully_async import train_fully_async
     from .one_step_off import train_one_step_off
     from .sync import train_sync

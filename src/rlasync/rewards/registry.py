@@ -89,21 +89,29 @@ def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
     return decorator
 
 
-def _check_signature(name: str, fn: Callable[..., Any]) -> None:
-    """A registered reward is called as ``fn(inp)``: say so now, not with a 0.0 per trajectory."""
+def call_mismatch(fn: Callable[..., Any], *args: Any) -> str:
+    """Why ``fn(*args)`` would fail to bind, as ``"name(signature) (the error)"``; "" when it
+    binds, or when ``fn`` shows no signature (a builtin: its first call tells)."""
     try:
         signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: its first call tells
-        return
+    except (TypeError, ValueError):
+        return ""
     try:
-        signature.bind(RewardInput(response_text=""))
+        signature.bind(*args)
     except TypeError as exc:
-        label = getattr(fn, "__qualname__", type(fn).__name__)
+        return f"{getattr(fn, '__qualname__', type(fn).__name__)}{signature} ({exc})"
+    return ""
+
+
+def _check_signature(name: str, fn: Callable[..., Any]) -> None:
+    """A registered reward is called as ``fn(inp)``: say so now, not with a 0.0 per trajectory."""
+    mismatch = call_mismatch(fn, RewardInput(response_text=""))
+    if mismatch:
         raise TypeError(
-            f"register_reward({name!r}): {label}{signature} cannot be called as fn(inp) ({exc}): a registered reward "
-            "takes one RewardInput and returns a float or a RewardOutput. A function of (row, trajectory) is an "
-            "agent loop's reward_fn: hand it to the loop instead"
-        ) from None
+            f"register_reward({name!r}): {mismatch} cannot be called as fn(inp): a registered reward takes one "
+            "RewardInput and returns a float or a RewardOutput. A function of (row, trajectory) is an agent loop's "
+            "reward_fn: hand it to the loop instead"
+        )
 
 
 def get_reward(name: str) -> RewardFn:

@@ -7,22 +7,33 @@ A checkpoint folder holds
 - ``optimizer.pt``: AdamW and learning-rate scheduler state, the trainer's step count;
 - ``rng_rank<r>.pt``: each trainer rank's torch/Python RNG state;
 - ``state.json``: the controller's own state (step, weight version, data position, RNG, the
-  accuracy so far), written last: a folder without it is incomplete and ignored.
+  accuracy so far);
+- ``manifest.json``, written last: every other file's size and SHA-256.
 
-It is written to ``step_N.partial`` and renamed when complete, so a crash mid-save never
-leaves a checkpoint that looks whole.
+It is written to ``step_N.partial``, every file and the folder fsynced, then renamed into place
+(and the parent fsynced): a crash mid-save never leaves a checkpoint that looks whole, and one
+renamed survives a power cut. Resuming takes the newest checkpoint whose files match their
+manifest; a torn or corrupt one (a file missing, cut short or changed) is skipped with a
+warning naming it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from .actor import TrainerActor
 
+log = logging.getLogger(__name__)
+
 STATE = "state.json"
+MANIFEST = "manifest.json"
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json"}
 
 
@@ -47,23 +58,83 @@ class Checkpoints:
             if item.is_file() and item.name not in MODEL_FILES:
                 shutil.copy2(item, partial / "model" / item.name)
         (partial / STATE).write_text(json.dumps({**state, "step": step}))
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        for old in self.complete()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        # Checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.
+        await asyncio.to_thread(self._seal, partial, final, step)
         return final
 
+    def _seal(self, partial: Path, final: Path, step: int) -> None:
+        """The manifest, every file and folder on disk, then the rename into place."""
+        files = sorted(p for p in partial.rglob("*") if p.is_file())
+        manifest = {str(p.relative_to(partial)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+        (partial / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
+        for path in [*files, partial / MANIFEST]:
+            _fsync(path)
+        for folder in {p.parent for p in files} | {partial}:
+            _fsync(folder)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        _fsync(self.folder)  # the rename itself, on disk
+        for old in self.complete()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
     def complete(self) -> list[Path]:
-        """Complete checkpoints, oldest first."""
+        """Checkpoints whose save finished (a manifest, or a ``state.json`` from before manifests),
+        oldest first; ``latest`` also checks their files."""
         if not self.folder.is_dir():
             return []
-        return sorted(p for p in self.folder.glob("step_*") if p.suffix != ".partial" and (p / STATE).is_file())
+        return sorted(p for p in self.folder.glob("step_*") if p.suffix != ".partial" and ((p / MANIFEST).is_file() or (p / STATE).is_file()))
 
     def latest(self) -> Path:
+        """The newest checkpoint whose files match its manifest; torn or corrupt ones are skipped,
+        each with a warning naming it."""
         found = self.complete()
-        if not found:
-            raise CheckpointError(f"no complete checkpoint in {self.folder}: nothing to resume (set train.checkpoint_every, or drop --resume)")
-        return found[-1]
+        for folder in reversed(found):
+            problem = verify(folder)
+            if not problem:
+                return folder
+            log.warning("checkpoint %s is torn or corrupt (%s): skipped, resuming from an older one if any", folder, problem)
+        if found:
+            raise CheckpointError(f"every checkpoint in {self.folder} is torn or corrupt (see the warnings): nothing to resume from")
+        raise CheckpointError(f"no complete checkpoint in {self.folder}: nothing to resume (set train.checkpoint_every, or drop --resume)")
+
+
+def verify(folder: str | Path) -> str:
+    """What is wrong with checkpoint ``folder`` against its manifest ("" if nothing): a file
+    missing, of another size or other contents. A folder from before manifests passes if it
+    has its ``state.json``."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        return "" if (folder / STATE).is_file() else f"no {MANIFEST}"
+    try:
+        files: dict[str, dict[str, Any]] = json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable {MANIFEST}: {exc}"
+    for name, expected in files.items():
+        item = folder / name
+        if not item.is_file():
+            return f"{name} is missing"
+        if item.stat().st_size != expected["size"]:
+            return f"{name} has {item.stat().st_size} bytes, the manifest says {expected['size']}"
+        if _sha256(item) != expected["sha256"]:
+            return f"{name} does not match its checksum"
+    return ""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_state(folder: str | Path) -> dict[str, Any]:
