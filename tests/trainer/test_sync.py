@@ -152,6 +152,18 @@ async def test_resume_skips_a_torn_or_corrupt_checkpoint_naming_it(tmp_path: Pat
         Checkpoints(tmp_path, keep=3).latest()
 
 
+def test_a_sharded_checkpoint_loads(tmp_path: Path) -> None:
+    model = build_tiny_lm(TinyLMConfig.preset("nano", seed=6))[0]
+    PolicyTrainer(model, TrainerConfig(lr=1e-2)).save(tmp_path)
+    (tmp_path / "model" / "model.safetensors").unlink()
+    model.save_pretrained(tmp_path / "model", max_shard_size="300KB")  # shards and an index, as large models are saved
+    assert len(list((tmp_path / "model").glob("model-*-of-*.safetensors"))) > 1
+    fresh = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=7))[0], TrainerConfig(lr=1e-2))
+    fresh.load(tmp_path)
+    for (name, a), (_, b) in zip(model.named_parameters(), fresh.model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={tmp_path}", "--resume"], capture_output=True, text=True, timeout=120

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 STATE = "state.json"
 MANIFEST = "manifest.json"
-MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json"}
+MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors.index.json"}
+WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".gguf"}  # the source's weights (shards too): never copied
 
 
 class CheckpointError(ValueError):
@@ -55,7 +56,7 @@ class Checkpoints:
         partial.mkdir(parents=True)
         await trainer.save(partial)
         for item in Path(model_source).iterdir():  # the tokenizer: the model folder is then complete
-            if item.is_file() and item.name not in MODEL_FILES:
+            if item.is_file() and item.name not in MODEL_FILES and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, partial / "model" / item.name)
         (partial / STATE).write_text(json.dumps({**state, "step": step}))
         # Checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.

@@ -216,10 +216,8 @@ class PolicyTrainer:
 
     def load(self, folder: str | Path) -> None:
         """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""
-        from safetensors.torch import load_file
-
         folder = Path(folder)
-        state: dict[str, Any] = load_file(str(folder / "model" / "model.safetensors"))
+        state = read_safetensors(folder / "model")
         unexpected = sorted(set(state) - {name for name, _ in self.model.named_parameters()} - set(self.model.state_dict()))
         missing = [name for name, _ in self.model.named_parameters() if name not in state]
         if missing or unexpected:
@@ -230,6 +228,22 @@ class PolicyTrainer:
         sd.set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved["optimizer"], options=sd.StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(saved["scheduler"])
         self.steps = int(saved["steps"])
+
+
+def read_safetensors(folder: Path) -> dict[str, Any]:
+    """The tensors of a Hugging Face folder's weights: ``model.safetensors``, or every shard its
+    ``model.safetensors.index.json`` names (a sharded save)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return dict(load_file(str(folder / "model.safetensors")))
+    state: dict[str, Any] = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        state.update(load_file(str(folder / shard)))
+    return state
 
 
 def _world_size() -> int:
