@@ -46,6 +46,7 @@ async def test_the_on_policy_setting_trains_only_tokens_of_the_version_being_tra
     for r in records:  # index 0 of the histogram: tokens 0 versions old; nothing anywhere else
         assert r["async/staleness_token_hist"] == [r["response_tokens"]] and r["async/partial_samples"] == 0
         assert r["async/version"] == r["step"]  # one sync per step
+    _assert_ends_with_its_model(records, 5)
 
 
 @uvloop
@@ -70,6 +71,18 @@ async def test_one_step_off_trains_on_data_exactly_one_version_old(tmp_path: Pat
     for r in records[1:]:
         assert r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["async/partial_samples"] == 0
     assert [r["step"] for r in records if "val_accuracy" in r] == [2, 4]
+    _assert_ends_with_its_model(records, 4)
+
+
+def _assert_ends_with_its_model(records: list[dict[str, Any]], steps: int) -> None:
+    """Every mode ends with a sealed checkpoint whose model folder loads (it had none)."""
+    from rlasync.models import load_pretrained_dir
+    from rlasync.trainer.checkpoint import read_state, verify
+
+    folder = Path(records[-1]["checkpoint"])
+    assert folder.name == f"step_{steps:06d}" and not verify(folder)
+    assert read_state(folder)["weight_version"] == records[-1].get("async/version", steps)
+    load_pretrained_dir(folder / "model")
 
 
 def _rank_pids(parent: int) -> list[int]:

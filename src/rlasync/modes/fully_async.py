@@ -142,6 +142,11 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
                 accuracy = await run.validate()  # the engine serves this step's weights only after a sync
                 record["val_accuracy"] = accuracy
                 record["val_version"] = version
+            # Its model and optimizer, not the queue or the samples in flight: --resume is the
+            # sync mode's for now.
+            saved = await run.checkpoint(step, {"weight_version": version, "initial_accuracy": initial, "accuracy": accuracy})
+            if saved:
+                record["checkpoint"] = saved
             run.write(record, on_step)
     finally:
         if rollouter is not None:

@@ -63,6 +63,10 @@ async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any
                 served = step
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
+            # Its model and optimizer, not the batch in flight: --resume is the sync mode's for now.
+            saved = await run.checkpoint(step, {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy})
+            if saved:
+                record["checkpoint"] = saved
             run.write(record, on_step)
     finally:
         if pending is not None:

@@ -379,6 +379,20 @@ class Run:
         batch = collate(trajectories, self.pad)
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
 
+    async def checkpoint(self, step: int, state: dict[str, Any]) -> str | None:
+        """Save checkpoint ``step`` if one is due (every ``train.checkpoint_every`` steps, and
+        after the last: every mode ends with its model on disk); its folder, else None.
+        ``state``: the schedule's own (weight version, accuracies); the data position, the
+        sampling RNG and the mode are added here."""
+        from ..trainer.checkpoint import Checkpoints
+
+        cfg = self.config.train
+        if not self.checkpointing or not ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps):
+            return None
+        full = {"mode": cfg.mode, "sampler": self.sampler.state_dict(), "rng": self.rng.getstate(), **state}
+        folder = await Checkpoints(self.run_dir, keep=cfg.keep_checkpoints).save(step, self.trainer, full, model_source=self.model_dir)
+        return str(folder)
+
     def _count_reward_errors(self, trajectories: list[Any]) -> None:
         """Failed rewards, counted (``reward/errors``); a batch of nothing but failed rewards
         within the first ``train.fail_on_reward_errors`` batches stops the run."""

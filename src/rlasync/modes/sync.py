@@ -74,9 +74,9 @@ async def train_sync(
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
-            if run.checkpointing and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps):
-                run_state = {"weight_version": step, "sampler": run.sampler.state_dict(), "rng": run.rng.getstate(), "initial_accuracy": initial, "accuracy": accuracy}
-                record["checkpoint"] = str(await checkpoints.save(step, trainer, run_state, model_source=run.model_dir))
+            saved = await run.checkpoint(step, {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy})
+            if saved:
+                record["checkpoint"] = saved
             run.write(record, on_step)
     finally:
         await run.close()
