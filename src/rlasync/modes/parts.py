@@ -175,7 +175,7 @@ class Run:
         self._closers: list[Any] = []
         self.reward_errors = 0  # trajectories whose reward failed, over the run (reward/errors)
         self.batches = 0  # training batches made
-        self.checkpointing = True  # the sync mode saves checkpoints (not with simulated parts)
+        self.checkpointing = True  # every mode saves checkpoints (not with simulated parts)
         self.validating = True  # held-out validation (not with simulated parts)
 
     @classmethod
