@@ -5,7 +5,9 @@ partial rollouts happen, and a run stops cleanly on Ctrl-C and when a trainer ra
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rlasync.config import load_config
+from rlasync.config import ConfigError, load_config
 from rlasync.modes import train
 from rlasync.trainer import RankLostError
 
@@ -72,6 +74,26 @@ async def test_one_step_off_trains_on_data_exactly_one_version_old(tmp_path: Pat
         assert r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["async/partial_samples"] == 0
     assert [r["step"] for r in records if "val_accuracy" in r] == [2, 4]
     _assert_ends_with_its_model(records, 4)
+
+
+async def test_one_step_off_resumes_with_the_batch_that_was_in_flight(tmp_path: Path, nano_model_dir: Path) -> None:
+    """Cut after step 2's checkpoint and resumed: step 3 trains the batch that was in flight
+    (from the checkpoint, not generated again), step 4 what the uninterrupted run generated."""
+    more = ("train.mode=one_step_off", "train.steps=4", "train.checkpoint_every=2", "train.validate_every=100", "train.group_size=8")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    await train(_config(whole, nano_model_dir, *more))
+    shutil.copytree(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000004")
+    assert (cut / "checkpoints" / "step_000002" / "in_flight.msgpack").is_file()
+    await train(_config(cut, nano_model_dir, *more), resume=True)
+    expected, resumed = ([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (whole, cut))
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
+    for step in (3, 4):  # the same samples trained, the same versions behind
+        for key in ("reward", "response_tokens", "async/staleness_token_hist"):
+            assert resumed[step][key] == expected[step][key], (step, key)
+        assert resumed[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], rel=1e-4, abs=1e-6)
+    with pytest.raises(ConfigError, match="train.mode=fully_async cannot resume yet"):
+        await train(_config(cut, nano_model_dir, "train.mode=fully_async"), resume=True)
 
 
 def _assert_ends_with_its_model(records: list[dict[str, Any]], steps: int) -> None:

@@ -31,8 +31,8 @@ def __getattr__(name: str) -> Any:
 
 
 async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Run ``config``'s schedule (``train.mode``); ``resume`` continues the sync mode from its
-    newest checkpoint. ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
+    """Run ``config``'s schedule (``train.mode``); ``resume`` continues the sync or one_step_off
+    mode from its newest checkpoint. ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
     as it is written (``step``, ``reward``, ``val_accuracy`` when validated, ``train/*``, ...).
 
         result = rlasync.run(train(load_config("configs/quickstart.yaml"), on_step=print))
@@ -44,10 +44,10 @@ async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict
     mode = config.train.mode
     if mode == "sync":
         return await train_sync(config, resume=resume, on_step=on_step)
-    if resume:
-        raise ConfigError(f"--resume is written for train.mode=sync only; train.mode={mode} cannot resume yet")
     if mode == "one_step_off":
-        return await train_one_step_off(config, on_step=on_step)
+        return await train_one_step_off(config, resume=resume, on_step=on_step)
+    if resume:
+        raise ConfigError(f"--resume is written for train.mode=sync and one_step_off; train.mode={mode} cannot resume yet")
     return await train_fully_async(config, on_step=on_step)
 
 

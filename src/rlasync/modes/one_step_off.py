@@ -16,32 +16,64 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from pathlib import Path
 from typing import Any, Callable
 
+import msgspec
+
+from ..agents.trajectory import Trajectory
 from ..config import Config, ConfigError
+from ..trainer.checkpoint import CheckpointError, Checkpoints, read_state
 from .offpolicy import train_step
-from .parts import Run, TrainResult
+from .parts import Run, TrainResult, as_random_state
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its samples' trajectories
 
 
-async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None) -> TrainResult:
+async def train_one_step_off(
+    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None
+) -> TrainResult:
+    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
+    ``train.run_dir`` as if the run had not stopped: a checkpoint holds the batch that was in
+    flight (finished first, ``in_flight.msgpack``), so nothing generated is lost or trained twice."""
     cfg = config.train
     if config.async_training.trigger_parameter_sync_step != 1:
         raise ConfigError("train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1")
-    run = run or await Run.open(config)
+    checkpoints = Checkpoints(Path(cfg.run_dir), keep=cfg.keep_checkpoints)
+    resume_from = checkpoints.latest() if resume else None
+    state = read_state(resume_from) if resume_from is not None else {}
+    if resume_from is not None and state.get("mode") != "one_step_off":
+        raise CheckpointError(f"{resume_from} was written by train.mode={state.get('mode', 'sync')}: resume it in that mode")
+    run = run or await Run.open(config, metrics_upto=state.get("step"))
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
-    pending: asyncio.Task[list[Any]] | None = None
+    pending: asyncio.Future[list[Any]] | None = None
 
-    def generate(step: int) -> asyncio.Task[list[Any]]:
+    def generate(step: int) -> asyncio.Future[list[Any]]:
         rows = run.sampler.next_batch(batch_rows)
         return asyncio.ensure_future(_groups(run, rows, f"step{step}"))
 
     try:
-        initial = accuracy = await run.validate()
-        run.write({"step": 0, "val_accuracy": initial})
-        pending = generate(1)
-        served = 0  # the version the engine serves
-        for step in range(1, cfg.steps + 1):
+        if resume_from is not None:
+            await run.trainer.load(resume_from)
+            served = state["weight_version"]
+            await run.synchronizer.sync(served)
+            run.sampler.load_state_dict(state["sampler"])
+            run.rng.setstate(as_random_state(state["rng"]))
+            initial, accuracy = state["initial_accuracy"], state["accuracy"]
+            if state["step"] < cfg.steps:  # the batch that was in flight: trained next, as it would have been
+                pending = asyncio.get_running_loop().create_future()
+                pending.set_result(msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=list[list[Trajectory]]))
+            log.info("resumed from %s (step %d)", resume_from, state["step"])
+        else:
+            initial = accuracy = await run.validate()
+            run.write({"step": 0, "val_accuracy": initial})
+            pending = generate(1)
+            served = 0  # the version the engine serves
+        for step in range(state.get("step", 0) + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             assert pending is not None
             samples = await pending
@@ -63,10 +95,13 @@ async def train_one_step_off(config: Config, *, on_step: Callable[[dict[str, Any
                 served = step
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
-            # Its model and optimizer, not the batch in flight: --resume is the sync mode's for now.
-            saved = await run.checkpoint(step, {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy})
-            if saved:
-                record["checkpoint"] = saved
+            if run.checkpoint_due(step):
+                files = {}
+                if pending is not None:  # the batch in flight is part of the checkpoint: finished first
+                    await asyncio.wait([pending])
+                    files[IN_FLIGHT] = msgspec.msgpack.encode(pending.result())
+                state_now = {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy}
+                record["checkpoint"] = await run.checkpoint(step, state_now, files)
             run.write(record, on_step)
     finally:
         if pending is not None:

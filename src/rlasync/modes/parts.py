@@ -379,18 +379,24 @@ class Run:
         batch = collate(trajectories, self.pad)
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
 
-    async def checkpoint(self, step: int, state: dict[str, Any]) -> str | None:
-        """Save checkpoint ``step`` if one is due (every ``train.checkpoint_every`` steps, and
-        after the last: every mode ends with its model on disk); its folder, else None.
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether step ``step`` ends with a checkpoint: every ``train.checkpoint_every`` steps,
+        and after the last (every mode ends with its model on disk)."""
+        cfg = self.config.train
+        return self.checkpointing and (bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps)
+
+    async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None) -> str | None:
+        """Save checkpoint ``step`` if one is due (``checkpoint_due``); its folder, else None.
         ``state``: the schedule's own (weight version, accuracies); the data position, the
-        sampling RNG and the mode are added here."""
+        sampling RNG and the mode are added here. ``files``: the schedule's own, e.g. samples
+        in flight."""
         from ..trainer.checkpoint import Checkpoints
 
         cfg = self.config.train
-        if not self.checkpointing or not ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps):
+        if not self.checkpoint_due(step):
             return None
         full = {"mode": cfg.mode, "sampler": self.sampler.state_dict(), "rng": self.rng.getstate(), **state}
-        folder = await Checkpoints(self.run_dir, keep=cfg.keep_checkpoints).save(step, self.trainer, full, model_source=self.model_dir)
+        folder = await Checkpoints(self.run_dir, keep=cfg.keep_checkpoints).save(step, self.trainer, full, model_source=self.model_dir, files=files)
         return str(folder)
 
     def _count_reward_errors(self, trajectories: list[Any]) -> None:

@@ -47,9 +47,10 @@ class Checkpoints:
         self.folder = Path(run_dir) / "checkpoints"
         self.keep = keep
 
-    async def save(self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path) -> Path:
+    async def save(self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path, files: dict[str, bytes] | None = None) -> Path:
         """Save the trainer and ``state`` as checkpoint ``step``; ``model_source`` (the folder
-        the model was loaded from) provides the tokenizer files."""
+        the model was loaded from) provides the tokenizer files; ``files``: more of the
+        schedule's own (name -> contents), sealed with the rest."""
         final = self.folder / f"step_{step:06d}"
         partial = final.with_suffix(".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -58,6 +59,8 @@ class Checkpoints:
         for item in Path(model_source).iterdir():  # the tokenizer: the model folder is then complete
             if item.is_file() and item.name not in MODEL_FILES and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, partial / "model" / item.name)
+        for name, data in (files or {}).items():
+            (partial / name).write_bytes(data)
         (partial / STATE).write_text(json.dumps({**state, "step": step}))
         # Checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.
         await asyncio.to_thread(self._seal, partial, final, step)
