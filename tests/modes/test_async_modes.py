@@ -20,6 +20,7 @@ import pytest
 from rlasync.config import ConfigError, load_config
 from rlasync.modes import train
 from rlasync.trainer import RankLostError
+from rlasync.trainer.checkpoint import CheckpointError
 
 uvloop = pytest.mark.asyncio(loop_factories=["uvloop"])  # the loop `rlasync train` runs on
 CONFIG = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
@@ -94,6 +95,8 @@ async def test_one_step_off_resumes_with_the_batch_that_was_in_flight(tmp_path: 
         assert resumed[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], rel=1e-4, abs=1e-6)
     with pytest.raises(ConfigError, match="train.mode=fully_async cannot resume yet"):
         await train(_config(cut, nano_model_dir, "train.mode=fully_async"), resume=True)
+    with pytest.raises(CheckpointError, match="written by train.mode=one_step_off: resume it with that mode"):
+        await train(_config(cut, nano_model_dir, "train.mode=sync"), resume=True)  # it would drop the batch in flight
 
 
 def _assert_ends_with_its_model(records: list[dict[str, Any]], steps: int) -> None:

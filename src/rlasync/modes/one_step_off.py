@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
 
 from ..agents.trajectory import Trajectory
 from ..config import Config, ConfigError
-from ..trainer.checkpoint import CheckpointError, Checkpoints, read_state
 from .offpolicy import train_step
-from .parts import Run, TrainResult, as_random_state
-
-log = logging.getLogger(__name__)
+from .parts import Run, TrainResult, checkpoint_to_resume
 
 IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its samples' trajectories
 
@@ -43,11 +38,7 @@ async def train_one_step_off(
     cfg = config.train
     if config.async_training.trigger_parameter_sync_step != 1:
         raise ConfigError("train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1")
-    checkpoints = Checkpoints(Path(cfg.run_dir), keep=cfg.keep_checkpoints)
-    resume_from = checkpoints.latest() if resume else None
-    state = read_state(resume_from) if resume_from is not None else {}
-    if resume_from is not None and state.get("mode") != "one_step_off":
-        raise CheckpointError(f"{resume_from} was written by train.mode={state.get('mode', 'sync')}: resume it in that mode")
+    resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
     run = run or await Run.open(config, metrics_upto=state.get("step"))
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
     pending: asyncio.Future[list[Any]] | None = None
@@ -58,16 +49,11 @@ async def train_one_step_off(
 
     try:
         if resume_from is not None:
-            await run.trainer.load(resume_from)
+            initial, accuracy = await run.restore(resume_from, state)
             served = state["weight_version"]
-            await run.synchronizer.sync(served)
-            run.sampler.load_state_dict(state["sampler"])
-            run.rng.setstate(as_random_state(state["rng"]))
-            initial, accuracy = state["initial_accuracy"], state["accuracy"]
             if state["step"] < cfg.steps:  # the batch that was in flight: trained next, as it would have been
                 pending = asyncio.get_running_loop().create_future()
                 pending.set_result(msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=list[list[Trajectory]]))
-            log.info("resumed from %s (step %d)", resume_from, state["step"])
         else:
             initial = accuracy = await run.validate()
             run.write({"step": 0, "val_accuracy": initial})

@@ -72,6 +72,18 @@ def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
     return train, val
 
 
+def checkpoint_to_resume(config: Config) -> tuple[Path, dict[str, Any]]:
+    """The newest sound checkpoint in ``train.run_dir`` and its state; it must be this mode's
+    (another mode's work in flight would be silently dropped)."""
+    from ..trainer.checkpoint import CheckpointError, Checkpoints, read_state
+
+    folder = Checkpoints(config.train.run_dir, keep=config.train.keep_checkpoints).latest()
+    state = read_state(folder)
+    if state.get("mode", "sync") != config.train.mode:
+        raise CheckpointError(f"{folder} was written by train.mode={state.get('mode', 'sync')}: resume it with that mode")
+    return folder, state
+
+
 def group_advantages(config: Config, rewards: torch.Tensor) -> torch.Tensor:
     group = config.train.group_size
     if config.train.advantage == "rloo":
@@ -378,6 +390,17 @@ class Run:
         self._count_reward_errors(trajectories)
         batch = collate(trajectories, self.pad)
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
+
+    async def restore(self, folder: Path, state: dict[str, Any]) -> tuple[float, float]:
+        """Resume from checkpoint ``folder`` (``state``: its ``state.json``): the trainer's
+        parameters and optimizer, the engines at its weight version, the data position and the
+        sampling RNG. (initial accuracy, accuracy so far)."""
+        await self.trainer.load(folder)
+        await self.synchronizer.sync(state["weight_version"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.rng.setstate(as_random_state(state["rng"]))
+        log.info("resumed from %s (step %d)", folder, state["step"])
+        return float(state["initial_accuracy"]), float(state["accuracy"])
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether step ``step`` ends with a checkpoint: every ``train.checkpoint_every`` steps,

@@ -19,16 +19,11 @@ The trainer is a ``TrainerActor``: ``trainer.world_size`` data-parallel rank pro
 
 from __future__ import annotations
 
-import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Config
-from ..trainer.checkpoint import Checkpoints, read_state
-from .parts import Run, TrainResult, as_random_state
-
-log = logging.getLogger(__name__)
+from .parts import Run, TrainResult, checkpoint_to_resume
 
 
 async def train_sync(
@@ -41,19 +36,12 @@ async def train_sync(
     Shutdown order, after the last step or on an error: close the metrics file, drop the
     weight group, stop the trainer's ranks, then the engine."""
     cfg = config.train
-    checkpoints = Checkpoints(Path(cfg.run_dir), keep=cfg.keep_checkpoints)
-    resume_from = checkpoints.latest() if resume else None
-    state = read_state(resume_from) if resume_from is not None else {}
+    resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
     run = run or await Run.open(config, metrics_upto=state.get("step"))
     trainer, synchronizer = run.trainer, run.synchronizer
     try:
         if resume_from is not None:
-            await trainer.load(resume_from)
-            await synchronizer.sync(state["weight_version"])
-            run.sampler.load_state_dict(state["sampler"])
-            run.rng.setstate(as_random_state(state["rng"]))
-            initial, accuracy = state["initial_accuracy"], state["accuracy"]
-            log.info("resumed from %s (step %d)", resume_from, state["step"])
+            initial, accuracy = await run.restore(resume_from, state)
         else:
             initial = accuracy = await run.validate()
             run.write({"step": 0, "val_accuracy": initial})
