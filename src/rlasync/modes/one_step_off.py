@@ -51,9 +51,11 @@ async def train_one_step_off(
         if resume_from is not None:
             initial, accuracy = await run.restore(resume_from, state)
             served = state["weight_version"]
-            if state["step"] < cfg.steps:  # the batch that was in flight: trained next, as it would have been
+            if (resume_from / IN_FLIGHT).is_file():  # the batch that was in flight: trained next, as it would have been
                 pending = asyncio.get_running_loop().create_future()
                 pending.set_result(msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=list[list[Trajectory]]))
+            elif state["step"] < cfg.steps:  # the run's last checkpoint, and more steps asked for now
+                pending = generate(state["step"] + 1)
         else:
             initial = accuracy = await run.validate()
             run.write({"step": 0, "val_accuracy": initial})
