@@ -6,8 +6,9 @@ A checkpoint folder holds
   engine or ``transformers`` can load it as it is;
 - ``optimizer.pt``: AdamW and learning-rate scheduler state, the trainer's step count;
 - ``rng_rank<r>.pt``: each trainer rank's torch/Python RNG state;
-- ``state.json``: the controller's own state (step, weight version, data position, RNG, the
-  accuracy so far);
+- ``state.json``: the controller's own state (mode, step, weight version, data position, RNG,
+  the accuracy so far), and the schedule's own files (one_step_off: ``in_flight.msgpack``, the
+  batch that was in flight);
 - ``manifest.json``, written last: every other file's size and SHA-256.
 
 It is written to ``step_N.partial``, every file and the folder fsynced, then renamed into place
