@@ -13,15 +13,12 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from ..config.agent import AgentConfig
 from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
 from .template import ChatTurns
 from .trajectory import Trajectory
-
-log = logging.getLogger(__name__)
 
 RewardFn = Callable[[dict[str, Any], Trajectory], "float | Awaitable[float]"]
 """A loop's reward: ``reward_fn(row, trajectory)`` scores a finished trajectory given its
@@ -97,23 +94,11 @@ class AgentLoop(abc.ABC):
                 value = await value
             return float(value)
         except Exception as exc:  # a reward bug is a recorded zero, not a lost trajectory, and said once
+            from ..rewards.registry import warn_once
+
             trajectory.metrics.reward_error = f"{type(exc).__name__}: {exc}"
-            _warn_once(self.reward_fn, exc)
+            warn_once(self.reward_fn, trajectory.metrics.reward_error, exc)
             return 0.0
-
-
-_warned: dict[tuple[int, str], Any] = {}  # (id of the function, exception type) -> the function (keeps its id its own)
-
-
-def _warn_once(fn: Any, exc: Exception) -> None:
-    """A reward function's failure in the log: once per function and exception type (it may
-    fail for thousands of trajectories), with the traceback of the first."""
-    label = getattr(fn, "__qualname__", None) or type(fn).__name__
-    key = (id(fn), type(exc).__name__)
-    if key not in _warned:
-        _warned[key] = fn
-        log.warning("reward_fn %s raised %s (the trajectory scores 0.0; later %s errors of it are counted in "
-                    "reward/errors, not logged): %s", label, type(exc).__name__, type(exc).__name__, exc, exc_info=exc)  # fmt: skip
 
 
 def check_reward_fn(fn: RewardFn) -> RewardFn:

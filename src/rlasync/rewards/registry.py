@@ -66,7 +66,7 @@ RewardFn = Callable[[RewardInput], RewardResult | Awaitable[RewardResult]]
 F = TypeVar("F", bound=RewardFn)
 
 _REGISTRY: dict[str, RewardFn] = {}
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[Any, str]] = set()  # (reward name or function, error type) already logged
 
 
 def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
@@ -188,8 +188,16 @@ async def compute_reward(
 
 
 def _failed(label: str, error: str) -> RewardOutput:
-    key = (label, error.split(":", 1)[0])
-    if key not in _warned:  # hot path: once per reward and error type
-        _warned.add(key)
-        log.warning("reward %r failed (scored 0.0; further %s errors of it are not logged): %s", label, key[1], error)
+    warn_once(label, error)
     return RewardOutput(score=0.0, metrics={"error": error})
+
+
+def warn_once(reward: str | Callable[..., Any], error: str, exc: BaseException | None = None) -> None:
+    """A failing reward in the log (``error``: "Type: message"; ``exc``: its traceback), once
+    per reward (a registered name, or an agent loop's function) and error type: it may fail
+    for thousands of trajectories. The hot path is one set lookup."""
+    key = (reward if getattr(reward, "__hash__", None) else id(reward), error.split(":", 1)[0])  # a dataclass reward is unhashable
+    if key not in _warned:
+        _warned.add(key)
+        label = reward if isinstance(reward, str) else getattr(reward, "__qualname__", type(reward).__name__)
+        log.warning("reward %r failed (scored 0.0; further %s errors of it are not logged): %s", label, key[1], error, exc_info=exc)
