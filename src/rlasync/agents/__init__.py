@@ -9,13 +9,13 @@ per trajectory; a second concurrent ``run``, or a ``run`` with another row, rais
 
 from .base import AgentLoop, Interaction, LoopReuseError, RewardFn, get_loop, register, registered_reward
 from .batch import RolloutBatch, collate
-from .loops import LoopState, SingleTurnAgentLoop, ToolAgentLoop
+from .loops import LoopState, ResumableLoop, SingleTurnAgentLoop, ToolAgentLoop
 from .template import ChatTurns, TemplateError
 from .trajectory import Trajectory, TrajectoryMetrics
 from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, NoWorkerError
 
 __all__ = [
     "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopReuseError", "LoopState", "NoWorkerError",
-    "RewardFn", "RolloutBatch", "SingleTurnAgentLoop", "TemplateError", "ToolAgentLoop", "Trajectory",
+    "ResumableLoop", "RewardFn", "RolloutBatch", "SingleTurnAgentLoop", "TemplateError", "ToolAgentLoop", "Trajectory",
     "TrajectoryMetrics", "collate", "get_loop", "register", "registered_reward",
 ]  # fmt: skip

@@ -26,6 +26,7 @@ from ..engines.protocol import EngineError
 from ..engines.router import EngineLostError
 from ..engines.types import GenerateRequest, SamplingParams
 from ..runtime import ActorError
+from ..tools.base import ToolCall
 from .base import AgentLoop, LoopReuseError, register
 from .trajectory import Trajectory, TrajectoryMetrics
 
@@ -49,7 +50,7 @@ class LoopState(msgspec.Struct, kw_only=True):
     partial_logprobs: list[float] = []
     partial_versions: list[int] = []
     # The tool calls of the last model turn, until their responses are appended.
-    pending_calls: list[Any] = []
+    pending_calls: list[ToolCall] = []
     pending_errors: list[str] = []
     termination: str = ""
     turn_scores: list[float] = []
@@ -70,7 +71,11 @@ def _turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
     return int.from_bytes(digest, "big") >> 1
 
 
-class _Base(AgentLoop):
+class ResumableLoop(AgentLoop):
+    """A loop whose whole state is a ``LoopState``: cancelled and run again it goes on, and a
+    state saved in a checkpoint goes on in another process (``resume_from``). The built-in
+    loops are; subclass it (``run`` inside ``with self._trajectory(row) as s:``) for yours to be."""
+
     state: LoopState
     _prompt: list[dict[str, Any]]  # the messages of the row this loop's trajectory started from
     _running = False
@@ -98,6 +103,16 @@ class _Base(AgentLoop):
             yield self.state
         finally:
             self._running = False
+
+    def resume_from(self, state: LoopState, row: dict[str, Any]) -> None:
+        """Take over a trajectory saved elsewhere (a checkpoint's ``LoopState`` of ``row``):
+        ``run`` with the same row then goes on from it, as after a cancellation. A turn cut
+        mid-generation continues from its tokens; a state saved during tool calls runs them
+        again; a finished one is scored again."""
+        if self._running:
+            raise LoopReuseError(f"{type(self).__name__} {self.trajectory_id!r} is running: resume a trajectory in a fresh loop")
+        self._prompt = [dict(m) for m in row.get("messages") or []]
+        self.state = state
 
     def _start(self, row: dict[str, Any]) -> None:
         messages = list(row.get("messages") or [])
@@ -194,7 +209,7 @@ class _Base(AgentLoop):
 
 
 @register("single_turn")
-class SingleTurnAgentLoop(_Base):
+class SingleTurnAgentLoop(ResumableLoop):
     """One model turn for the prompt."""
 
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
@@ -214,7 +229,7 @@ class SingleTurnAgentLoop(_Base):
 
 
 @register("tool")
-class ToolAgentLoop(_Base):
+class ToolAgentLoop(ResumableLoop):
     """Model turns and tool calls, until the model answers without calling a tool (or a budget
     ends it). Knobs: ``AgentConfig`` (``agent.*``)."""
 

@@ -29,8 +29,9 @@ from ..engines.router import Router
 from ..engines.types import SamplingParams
 from ..runtime import ActorError, ActorNotFound, ActorRef, NodeLostError, endpoint
 from ..runtime import Actor
-from .base import RewardFn, get_loop, registered_reward
+from .base import AgentLoop, RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
+from .loops import LoopState, ResumableLoop
 from .trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class AgentLoopWorker(Actor):
         self.tokenizer = tokenizer
         self._reward_fn = reward_fn
         self.rolled_out = 0
+        self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
 
     async def on_start(self) -> None:
         from ..data.synthetic import loop_reward
@@ -90,15 +92,37 @@ class AgentLoopWorker(Actor):
             await self._engine.close()
 
     @endpoint
-    async def generate(self, rows: list[dict[str, Any]], params: SamplingParams) -> list[Trajectory]:
+    async def generate(self, rows: list[dict[str, Any]], params: SamplingParams, states: dict[str, LoopState] | None = None) -> list[Trajectory]:
         """One trajectory per row, in order; rows pick their loop with ``agent_name``, and their
-        ``uid`` is the trajectory's id."""
-        return list(await asyncio.gather(*[self._run(row, params) for row in rows]))
+        ``uid`` is the trajectory's id. ``states``: trajectories to go on with (uid -> the
+        ``LoopState`` a checkpoint saved, see ``loop_states``); the other rows start afresh."""
+        loops = [self._loop(row, (states or {}).get(str(row.get("uid") or ""))) for row in rows]
+        for loop in loops:
+            self._loops[loop.trajectory_id] = loop
+        try:
+            return list(await asyncio.gather(*[self._run(loop, row, params) for loop, row in zip(loops, rows)]))
+        finally:
+            for loop in loops:
+                self._loops.pop(loop.trajectory_id, None)
 
-    async def _run(self, row: dict[str, Any], params: SamplingParams) -> Trajectory:
+    @endpoint
+    async def loop_states(self, uids: list[str]) -> bytes:
+        """The states of these trajectories in progress here (msgpack of uid -> ``LoopState``),
+        encoded at once: one instant's. A trajectory not running here (not started yet, or its
+        call already answered) or whose loop keeps no ``LoopState`` is left out; resumed, it
+        starts again."""
+        running = {uid: loop.state for uid in uids if isinstance(loop := self._loops.get(uid), ResumableLoop) and hasattr(loop, "state")}
+        return msgspec.msgpack.encode(running)
+
+    def _loop(self, row: dict[str, Any], state: LoopState | None) -> AgentLoop:
         cls = get_loop(str(row.get("agent_name") or self.spec.agent.default_loop))
         trajectory_id = str(row.get("uid") or uuid.uuid4().hex)
         loop = cls(self._engine, self.tokenizer, self.spec.agent, tools=self.tools, reward_fn=self._reward_fn, trajectory_id=trajectory_id)
+        if state is not None and isinstance(loop, ResumableLoop):
+            loop.resume_from(state, row)
+        return loop
+
+    async def _run(self, loop: AgentLoop, row: dict[str, Any], params: SamplingParams) -> Trajectory:
         trajectory = await loop.run(params, **row)
         self.rolled_out += 1
         return trajectory
@@ -138,14 +162,17 @@ class AgentLoopManager:
     async def generate(self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1) -> RolloutBatch:
         return collate(await self.trajectories(rows, params, group=group), self.pad_token_id)
 
-    async def trajectories(self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1) -> list[Trajectory]:
-        """One trajectory per row, in order. Every ``group`` consecutive rows go to one worker."""
+    async def trajectories(
+        self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1, states: dict[str, LoopState] | None = None
+    ) -> list[Trajectory]:
+        """One trajectory per row, in order. Every ``group`` consecutive rows go to one worker.
+        ``states``: trajectories to go on with, by row ``uid`` (from ``loop_states``)."""
         rows = [row if row.get("uid") else dict(row, uid=uuid.uuid4().hex) for row in rows]  # stable ids across retries
         units = [list(range(i, min(i + group, len(rows)))) for i in range(0, len(rows), group)]
         results: list[Trajectory | None] = [None] * len(rows)
         while units:
             plan = self._assign(units)
-            calls = [asyncio.ensure_future(self._call(worker, [rows[i] for unit in assigned for i in unit], params)) for worker, assigned in plan]
+            calls = [asyncio.ensure_future(self._call(worker, [rows[i] for unit in assigned for i in unit], params, states)) for worker, assigned in plan]
             try:
                 replies = await asyncio.gather(*calls, return_exceptions=True)
             except BaseException:
@@ -188,10 +215,27 @@ class AgentLoopManager:
         by_name = {w.name: w for w in serving}
         return [(by_name[name], assigned) for name, assigned in plan.items()]
 
-    async def _call(self, worker: ActorRef, rows: list[dict[str, Any]], params: SamplingParams) -> list[Trajectory]:
+    async def loop_states(self, uids: Sequence[str], *, timeout_s: float = 30.0) -> dict[str, LoopState]:
+        """The states of these trajectories in progress, from every worker (a checkpoint's partial
+        trajectories). One that no worker holds (not started, just finished, or on a worker that
+        does not answer within ``timeout_s``) is left out: resumed, it starts again."""
+        wanted = list(uids)
+        replies = await asyncio.gather(*[w.loop_states.options(timeout=timeout_s)(wanted) for w in self.workers], return_exceptions=True)  # type: ignore[attr-defined]
+        states: dict[str, LoopState] = {}
+        for worker, reply in zip(self.workers, replies):
+            if isinstance(reply, BaseException):
+                if not isinstance(reply, (ActorError, NodeLostError, ActorNotFound, TimeoutError)):
+                    raise reply
+                log.warning("agent-loop worker %s did not give its trajectories' states (%s): they start again on resume", worker.name, reply)
+                continue
+            states.update(msgspec.msgpack.decode(reply, type=dict[str, LoopState]))
+        return states
+
+    async def _call(self, worker: ActorRef, rows: list[dict[str, Any]], params: SamplingParams, states: dict[str, LoopState] | None = None) -> list[Trajectory]:
         self.outstanding[worker.name] = self.outstanding.get(worker.name, 0) + len(rows)
+        mine = {uid: states[uid] for row in rows if states and (uid := str(row["uid"])) in states} or None
         try:
-            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params)  # type: ignore[attr-defined]
+            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params, mine)  # type: ignore[attr-defined]
         finally:
             self.outstanding[worker.name] -= len(rows)
         return [t if isinstance(t, Trajectory) else msgspec.convert(t, Trajectory) for t in reply]

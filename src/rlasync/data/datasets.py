@@ -305,22 +305,27 @@ class RowSampler:
         return order
 
     def next_batch(self, n: int) -> list[Row]:
+        return [dict(self.rows[index]) for _, index in self.next_uses(n)]
+
+    def next_uses(self, n: int) -> list[tuple[int, int]]:
+        """The next ``n`` rows as ``(epoch, row index)``: which use of which row each is (what
+        ``next_batch`` hands out, as ids: a run's ledger of what it trained)."""
         if n < 0:
             raise ValueError(f"batch size must be >= 0, got {n}")
         if self.drop_last and n > len(self.rows):
             raise ValueError(f"drop_last: a batch of {n} cannot fit in an epoch of {len(self.rows)} rows")
         if self.drop_last and self.position + n > len(self.rows):
             self.epoch, self.position = self.epoch + 1, 0
-        batch: list[Row] = []
-        while len(batch) < n:
+        uses: list[tuple[int, int]] = []
+        while len(uses) < n:
             if self.position == len(self.rows):
                 self.epoch, self.position = self.epoch + 1, 0
             if self._order_epoch != self.epoch:
                 self._order, self._order_epoch = self.order(self.epoch), self.epoch
-            take = min(n - len(batch), len(self.rows) - self.position)
-            batch.extend(dict(self.rows[i]) for i in self._order[self.position : self.position + take])
+            take = min(n - len(uses), len(self.rows) - self.position)
+            uses.extend((self.epoch, i) for i in self._order[self.position : self.position + take])
             self.position += take
-        return batch
+        return uses
 
     def state_dict(self) -> dict[str, int]:
         """Plain ints (JSON-safe). ``num_rows`` lets a restore notice that the data changed."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..config import Config, ConfigError
+from ..config import Config
 
 if TYPE_CHECKING:
     from .fully_async import train_fully_async
@@ -31,8 +31,8 @@ def __getattr__(name: str) -> Any:
 
 
 async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Run ``config``'s schedule (``train.mode``); ``resume`` continues the sync or one_step_off
-    mode from its newest checkpoint. ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
+    """Run ``config``'s schedule (``train.mode``); ``resume`` continues from the newest checkpoint
+    in ``train.run_dir`` (every mode; the asynchronous ones with their samples in flight). ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
     as it is written (``step``, ``reward``, ``val_accuracy`` when validated, ``train/*``, ...).
 
         result = rlasync.run(train(load_config("configs/quickstart.yaml"), on_step=print))
@@ -46,9 +46,7 @@ async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict
         return await train_sync(config, resume=resume, on_step=on_step)
     if mode == "one_step_off":
         return await train_one_step_off(config, resume=resume, on_step=on_step)
-    if resume:
-        raise ConfigError(f"--resume is written for train.mode=sync and one_step_off; train.mode={mode} cannot resume yet")
-    return await train_fully_async(config, on_step=on_step)
+    return await train_fully_async(config, resume=resume, on_step=on_step)
 
 
 __all__ = ["SampleQueue", "StalenessError", "TrainResult", "train", "train_fully_async", "train_one_step_off", "train_sync"]

@@ -31,10 +31,35 @@ import math
 import time
 from typing import Any, Callable
 
-from ..config import Config
+import msgspec
+
+from ..agents import LoopState, Trajectory
+from ..config import Config, ConfigError
+from ..engines import SamplingParams
 from .offpolicy import train_step
-from .parts import Run, TrainResult
-from .queue import SampleQueue, Ticket
+from .parts import Run, TrainResult, checkpoint_to_resume
+from .queue import QueueState, SampleQueue, Ticket
+
+IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's samples admitted and not yet trained on (``InFlight``)
+
+
+class Admitted(msgspec.Struct, kw_only=True):
+    """One admitted sample not yet trained on, as a checkpoint holds it."""
+
+    index: int  # its ticket
+    use: tuple[int, int]  # (epoch, row index), as ``data/rows`` records it
+    row: dict[str, Any]
+    seed: int  # its sampling seed: a resumed turn continues with the same one
+    trajectories: list[Trajectory] | None = None  # finished, waiting to be trained on
+    loops: dict[str, LoopState] = {}  # in progress: its loops' states (one missing starts again)
+
+
+class InFlight(msgspec.Struct, kw_only=True):
+    """A fully async run's work in flight at a checkpoint: the queue's tickets (versions and
+    deadlines) and every admitted sample, finished or partial."""
+
+    queue: QueueState
+    samples: list[Admitted]
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +72,18 @@ class Rollouter:
         self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
+        self.admitted: dict[int, Admitted] = {}  # by ticket index, until trained on (``trained``)
         self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.started = time.perf_counter()
         self.idle_s = 0.0  # with nothing generating: blocked by the staleness bound
         self._idle_since: float | None = self.started
 
-    def start(self) -> None:
+    def start(self, resumed: list[tuple[Ticket, Admitted]] = []) -> None:
+        """Admit samples from now on; ``resumed``: a checkpoint's samples still to finish (their
+        loops go on from their states)."""
+        for ticket, sample in resumed:
+            self.admitted[ticket.index] = sample
+            self._spawn(ticket, sample)
         self._main = asyncio.ensure_future(self._admit_forever())
         self._main.add_done_callback(self._check)
 
@@ -61,17 +92,45 @@ class Rollouter:
             if self._limit is not None:
                 await self._limit.acquire()
             ticket = await self.queue.admit()
-            row = self.run.sampler.next_batch(1)[0]
-            if self._idle_since is not None:
-                self.idle_s += time.perf_counter() - self._idle_since
-                self._idle_since = None
-            task = asyncio.ensure_future(self._sample(ticket, row))
-            self._tasks.add(task)
-            task.add_done_callback(self._finished)
+            # No await from admission to here: a checkpoint sees the ticket with its row and seed.
+            (use,), (row,) = self.run.draw(1)
+            sample = Admitted(index=ticket.index, use=use, row=row, seed=self.run.sampling().seed or 0)
+            self.admitted[ticket.index] = sample
+            self._spawn(ticket, sample)
 
-    async def _sample(self, ticket: Ticket, row: Any) -> None:
-        trajectories = await self.run.rollout([row], name=f"sample{ticket.index}")
+    def _spawn(self, ticket: Ticket, sample: Admitted) -> None:
+        if self._idle_since is not None:
+            self.idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+        task = asyncio.ensure_future(self._sample(ticket, sample))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    async def _sample(self, ticket: Ticket, sample: Admitted) -> None:
+        params = msgspec.structs.replace(self.run.params, seed=sample.seed)
+        trajectories = await self.run.rollout([sample.row], name=f"sample{ticket.index}", params=params, states=sample.loops or None)
+        sample.loops = {}
         await self.queue.put(ticket, trajectories)
+
+    def trained(self, tickets: list[Ticket]) -> list[tuple[int, int]]:
+        """These samples were trained on: forgotten; their uses."""
+        return [self.admitted.pop(ticket.index).use for ticket in tickets]
+
+    async def snapshot(self) -> tuple[InFlight, dict[str, Any]]:
+        """The work in flight now, for a checkpoint, and the data position and sampling RNG of
+        the same instant (taken together, with no await between: a sample admitted after is
+        admitted again on resume, never lost). Partial samples get their loops' states from the
+        workers; a trajectory no worker holds at that moment starts again on resume."""
+        queue, finished = self.queue.state()
+        position = {"sampler": self.run.sampler.state_dict(), "rng": self.run.rng.getstate()}
+        samples = [msgspec.structs.replace(self.admitted[index], trajectories=finished.get(index)) for index, *_ in queue.open]
+        group = self.run.config.train.group_size
+        partial = [f"sample{s.index}/{i}" for s in samples if s.trajectories is None for i in range(group)]
+        states = await self.run.rollouts.loop_states(partial) if partial else {}
+        for s in samples:
+            if s.trajectories is None:
+                s.loops = {uid: state for i in range(group) if (state := states.get(uid := f"sample{s.index}/{i}")) is not None}
+        return InFlight(queue=queue, samples=samples), position
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -103,23 +162,47 @@ class Rollouter:
             self.failed.cancel()
 
 
-async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None) -> TrainResult:
+async def train_fully_async(
+    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None
+) -> TrainResult:
+    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
+    ``train.run_dir``: its queue (tickets with their versions and deadlines) and every sample
+    admitted and not yet trained on (finished ones are trained, partial ones go on from their
+    tokens), so nothing admitted is lost or trained twice and the staleness bound holds across
+    the restart."""
     cfg, acfg = config.train, config.async_training
     batch = cfg.prompts_per_step * acfg.require_batches  # samples per trainer step
     per_version = acfg.trigger_parameter_sync_step
+    if cfg.checkpoint_every % per_version:
+        raise ConfigError(
+            f"train.checkpoint_every={cfg.checkpoint_every} is not a multiple of async_training.trigger_parameter_sync_step={per_version}: "
+            "a fully async checkpoint is taken when the engines serve the trainer's weights (after a sync)"
+        )
     capacity = max(batch, math.floor((1 + acfg.staleness_threshold) * per_version * batch))
     queue: SampleQueue[list[Any]] = SampleQueue(
         batch, steps_per_version=per_version, max_staleness=math.ceil(acfg.staleness_threshold), capacity=capacity
     )  # fmt: skip
-    run = run or await Run.open(config)
+    resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
+    run = run or await Run.open(config, metrics_upto=state.get("step"))
     rollouter: Rollouter | None = None
     try:
-        initial = accuracy = await run.validate()
-        run.write({"step": 0, "val_accuracy": initial})
         rollouter = Rollouter(run, queue, max_concurrent=acfg.max_concurrent_samples)
-        rollouter.start()
-        version, waited_total, last = 0, 0.0, time.perf_counter()
-        for step in range(1, cfg.steps + 1):
+        if resume_from is not None:
+            initial, accuracy = await run.restore(resume_from, state)
+            version = state["weight_version"]
+            saved = msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlight)
+            by_index = {sample.index: sample for sample in saved.samples}
+            running = queue.restore(saved.queue, {s.index: s.trajectories for s in saved.samples if s.trajectories is not None})
+            rollouter.admitted.update(by_index)
+            rollouter.start([(ticket, by_index[ticket.index]) for ticket in running])
+            log.info("resumed %d samples in flight (%d finished, %d partial) at version %d", len(saved.samples), len(saved.samples) - len(running), len(running), queue.version)
+        else:
+            initial = accuracy = await run.validate()
+            run.write({"step": 0, "val_accuracy": initial})
+            version = 0
+            rollouter.start()
+        waited_total, last = 0.0, time.perf_counter()
+        for step in range(state.get("step", 0) + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             # A batch that is ready goes to the ranks before the rollouter's admissions run.
             taken = queue.take_nowait() or await _first(queue.take(), rollouter.failed)
@@ -127,6 +210,7 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
             waited_total += waited
             record: dict[str, Any] = {"step": step, **await train_step(run, [sample for _, sample in taken], version)}
             record.update(_processing_times([ticket for ticket, _ in taken]))
+            record["data/rows"] = rollouter.trained([ticket for ticket, _ in taken])
             if step % per_version == 0 or step == cfg.steps:
                 report, pause = await _sync(run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0)
                 version += 1
@@ -142,11 +226,13 @@ async def train_fully_async(config: Config, *, on_step: Callable[[dict[str, Any]
                 accuracy = await run.validate()  # the engine serves this step's weights only after a sync
                 record["val_accuracy"] = accuracy
                 record["val_version"] = version
-            # Its model and optimizer, not the queue or the samples in flight: --resume is the
-            # sync mode's for now.
-            saved = await run.checkpoint(step, {"weight_version": version, "initial_accuracy": initial, "accuracy": accuracy})
-            if saved:
-                record["checkpoint"] = saved
+            if run.checkpoint_due(step):
+                started = time.perf_counter()
+                in_flight, position = await rollouter.snapshot()
+                state_now = {"weight_version": version, "initial_accuracy": initial, "accuracy": accuracy, **position}
+                record["checkpoint"] = await run.checkpoint(step, state_now, {IN_FLIGHT: msgspec.msgpack.encode(in_flight)})
+                record["checkpoint/in_flight"] = len(in_flight.samples)
+                record["checkpoint/s"] = time.perf_counter() - started
             run.write(record, on_step)
     finally:
         if rollouter is not None:

@@ -26,7 +26,14 @@ from ..config import Config, ConfigError
 from .offpolicy import train_step
 from .parts import Run, TrainResult, checkpoint_to_resume
 
-IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its samples' trajectories
+IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its rows' uses and samples
+
+
+class InFlightBatch(msgspec.Struct, kw_only=True):
+    """The batch generated during a step, saved with that step's checkpoint."""
+
+    uses: list[tuple[int, int]]  # (epoch, row index) of each sample, as ``data/rows`` records them
+    samples: list[list[Trajectory]]
 
 
 async def train_one_step_off(
@@ -41,11 +48,11 @@ async def train_one_step_off(
     resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
     run = run or await Run.open(config, metrics_upto=state.get("step"))
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
-    pending: asyncio.Future[list[Any]] | None = None
+    pending: asyncio.Future[InFlightBatch] | None = None
 
-    def generate(step: int) -> asyncio.Future[list[Any]]:
-        rows = run.sampler.next_batch(batch_rows)
-        return asyncio.ensure_future(_groups(run, rows, f"step{step}"))
+    def generate(step: int) -> asyncio.Future[InFlightBatch]:
+        uses, rows = run.draw(batch_rows)
+        return asyncio.ensure_future(_groups(run, uses, rows, f"step{step}"))
 
     try:
         if resume_from is not None:
@@ -53,7 +60,7 @@ async def train_one_step_off(
             served = state["weight_version"]
             if (resume_from / IN_FLIGHT).is_file():  # the batch that was in flight: trained next, as it would have been
                 pending = asyncio.get_running_loop().create_future()
-                pending.set_result(msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=list[list[Trajectory]]))
+                pending.set_result(msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlightBatch))
             elif state["step"] < cfg.steps:  # the run's last checkpoint, and more steps asked for now
                 pending = generate(state["step"] + 1)
         else:
@@ -64,14 +71,14 @@ async def train_one_step_off(
         for step in range(state.get("step", 0) + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             assert pending is not None
-            samples = await pending
+            batch = await pending
             waited = time.perf_counter() - t0
             synced = None
             if served < step - 1:  # the engine is idle now: push the last step's weights
                 synced = await run.synchronizer.sync(step - 1)
                 served = step - 1
             pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
-            record: dict[str, Any] = {"step": step, **await train_step(run, samples, version=step - 1)}
+            record: dict[str, Any] = {"step": step, **await train_step(run, batch.samples, version=step - 1), "data/rows": batch.uses}
             took = time.perf_counter() - t0
             record.update({"rollout_s": waited, "train_s": took - waited, "trainer/idle_ratio": waited / took})
             if synced is not None:
@@ -100,11 +107,11 @@ async def train_one_step_off(
     return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
 
 
-async def _groups(run: Run, rows: list[Any], name: str) -> list[list[Any]]:
+async def _groups(run: Run, uses: list[tuple[int, int]], rows: list[Any], name: str) -> InFlightBatch:
     """Roll out ``rows`` as samples: one group of ``train.group_size`` trajectories per row."""
     trajectories = await run.rollout(rows, name)
     size = run.config.train.group_size
-    return [trajectories[i : i + size] for i in range(0, len(trajectories), size)]
+    return InFlightBatch(uses=uses, samples=[trajectories[i : i + size] for i in range(0, len(trajectories), size)])
 
 
 __all__ = ["train_one_step_off"]

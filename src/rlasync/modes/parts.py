@@ -374,13 +374,21 @@ class Run:
         """Sampling parameters with the next seed."""
         return msgspec.structs.replace(self.params, seed=self.rng.getrandbits(62))
 
-    async def rollout(self, rows: list[Row], name: str) -> list[Any]:
+    def draw(self, n: int) -> tuple[list[tuple[int, int]], list[Row]]:
+        """The next ``n`` training rows and their uses, ``(epoch, row index)``: what the metrics
+        record as trained (``data/rows``), so a run's data can be checked across restarts."""
+        uses = self.sampler.next_uses(n)
+        return uses, [dict(self.train_rows[index]) for _, index in uses]
+
+    async def rollout(self, rows: list[Row], name: str, *, params: SamplingParams | None = None, states: dict[str, Any] | None = None) -> list[Any]:
         """Every row ``train.group_size`` times, contiguous groups (each group on one worker).
         Trajectory ids (hence sampling seeds) are ``name`` and the index: a resumed run samples
-        what the uninterrupted one did, on any placement."""
+        what the uninterrupted one did, on any placement. ``params``: the sampling (default: the
+        next seed); ``states``: trajectories to go on with, by id (a checkpoint's)."""
         group = self.config.train.group_size
         copies = [row for row in rows for _ in range(group)]
-        return await self.rollouts.trajectories([dict(row, uid=f"{name}/{i}") for i, row in enumerate(copies)], self.sampling(), group=group)
+        uids = [dict(row, uid=f"{name}/{i}") for i, row in enumerate(copies)]
+        return await self.rollouts.trajectories(uids, params or self.sampling(), group=group, states=states)
 
     def train_batch(self, trajectories: list[Any]) -> tuple[Any, Any]:
         """``(RolloutBatch, TrainBatch)`` of whole groups, with group-relative advantages."""
@@ -411,14 +419,15 @@ class Run:
     async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None) -> str | None:
         """Save checkpoint ``step`` if one is due (``checkpoint_due``); its folder, else None.
         ``state``: the schedule's own (weight version, accuracies); the data position, the
-        sampling RNG and the mode are added here. ``files``: the schedule's own, e.g. samples
+        sampling RNG and the mode are added here, unless ``state`` has them (``sampler``,
+        ``rng``: taken at the instant its ``files`` describe). ``files``: the schedule's own, e.g. samples
         in flight."""
         from ..trainer.checkpoint import Checkpoints
 
         cfg = self.config.train
         if not self.checkpoint_due(step):
             return None
-        full = {"mode": cfg.mode, "sampler": self.sampler.state_dict(), "rng": self.rng.getstate(), **state}
+        full = {"mode": cfg.mode, "sampler": self.sampler.state_dict(), "rng": self.rng.getstate(), **state}  # state's own win (taken earlier)
         folder = await Checkpoints(self.run_dir, keep=cfg.keep_checkpoints).save(step, self.trainer, full, model_source=self.model_dir, files=files)
         return str(folder)
 

@@ -30,6 +30,8 @@ import collections
 import time
 from typing import Any, Callable, Generic, TypeVar
 
+import msgspec
+
 T = TypeVar("T")
 
 
@@ -49,6 +51,20 @@ class Ticket:
 
     def __repr__(self) -> str:
         return f"Ticket({self.index}, v{self.version}, deadline v{self.deadline})"
+
+
+class QueueState(msgspec.Struct, kw_only=True):
+    """Where a queue stands, for a checkpoint: the version, the steps taken at it, and every
+    ticket admitted and not yet trained on (``index, version, deadline``), finished or not.
+    The samples themselves are the schedule's to save."""
+
+    version: int
+    steps_done: int
+    next_index: int
+    open: list[tuple[int, int, int]]
+    finished: list[int]
+    admitted: int = 0
+    consumed: int = 0
 
 
 class SampleQueue(Generic[T]):
@@ -172,6 +188,36 @@ class SampleQueue(Generic[T]):
         """Wake every waiter with ``CancelledError`` (shutdown)."""
         self._closed = True
         self._notify()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state(self) -> tuple[QueueState, dict[int, T]]:
+        """Where the queue stands now, and its finished samples (by ticket index)."""
+        return QueueState(
+            version=self.version, steps_done=self.steps_done, next_index=self._next,
+            open=[(t.index, t.version, t.deadline) for t in self._open.values()], finished=sorted(self._finished),
+            admitted=self.admitted, consumed=self.consumed,
+        ), {index: sample for index, (_, sample) in self._finished.items()}  # fmt: skip
+
+    def restore(self, state: QueueState, finished: dict[int, T]) -> list[Ticket]:
+        """Continue from ``state`` on a fresh queue: its tickets keep their versions and deadlines
+        (the bound counts versions across a restart); ``finished`` gives the samples of its
+        finished tickets. Returns the tickets still to be rolled out (``put`` them when done)."""
+        if self._open or self.admitted:
+            raise RuntimeError("restore() a fresh queue")
+        if set(finished) != set(state.finished):
+            raise ValueError(f"the finished samples {sorted(finished)} are not the state's {state.finished}")
+        self.version, self.steps_done, self._next = state.version, state.steps_done, state.next_index
+        self.admitted, self.consumed = state.admitted, state.consumed
+        self._open = {index: Ticket(index, version, deadline) for index, version, deadline in state.open}
+        for index, sample in finished.items():
+            self._finished[index] = (self._open[index], sample)
+        if not self._feasible(self._deadlines(), self.steps_done) or self.steps_done >= self.steps_per_version:
+            raise StalenessError(
+                f"the saved queue (version {self.version}, {len(self._open)} samples open) cannot keep its deadlines with batch {self.batch}, "
+                f"{self.steps_per_version} step(s) per version and staleness {self.max_staleness}: resume with the settings it was saved with"
+            )
+        self._notify()
+        return [t for i, t in sorted(self._open.items()) if i not in self._finished]
 
     # -- waiting --------------------------------------------------------------------------------
     # Every method changes the queue without an await in between, so one event loop needs no

@@ -47,7 +47,8 @@ async def train_sync(
             run.write({"step": 0, "val_accuracy": initial})
         for step in range(state.get("step", 0) + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            trajectories = await run.rollout(run.sampler.next_batch(cfg.prompts_per_step), name=f"step{step}")
+            uses, rows = run.draw(cfg.prompts_per_step)
+            trajectories = await run.rollout(rows, name=f"step{step}")
             t1 = time.perf_counter()
             batch, train_batch = run.train_batch(trajectories)
             train_metrics = await trainer.step(train_batch, temperature=cfg.temperature)
@@ -57,7 +58,7 @@ async def train_sync(
                 "step": step, "reward": float(batch.rewards.mean()), "rollout_s": t1 - t0, "train_s": t2 - t1,
                 "response_tokens": int(batch.response_mask.sum()), "response_len_max": int(batch.response_mask.sum(-1).max()),
                 **{f"train/{k}": v for k, v in train_metrics.items()},
-                "weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s,
+                "weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s, "data/rows": uses,
             }  # fmt: skip
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()
