@@ -52,9 +52,10 @@ test-vllm: $(VLLM_STAMP)
 
 # Ten minutes of hostile peers (a fuzzing member, an outsider holding connections, a member
 # flooding a slow endpoint) against a 3-node cluster that trains: tests/soak/test_soak.py.
+# Then Ctrl-C at 40 random moments of fully async runs (tests/modes/test_crash_resume.py).
 SOAK_S ?= 600
 soak: setup
-	RLASYNC_SOAK_S=$(SOAK_S) $(PY) -m pytest tests/soak -s -q
+	RLASYNC_SOAK_S=$(SOAK_S) $(PY) -m pytest tests/soak tests/modes/test_crash_resume.py -k "soak or sigint_at_20" -s -q
 
 demo: setup
 	$(PY) -m rlasync train configs/quickstart.yaml

@@ -17,26 +17,41 @@
 
 from __future__ import annotations
 
-from typing import Any, Coroutine, TypeVar
+import importlib
+from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
 
-from .config import RuntimeConfig
-from .runtime import (
-    Actor,
-    ActorError,
-    ActorNotFound,
-    ActorRef,
-    CallRefused,
-    CallTimeout,
-    ClusterStartError,
-    Forbidden,
-    JoinError,
-    LocalCluster,
-    Node,
-    NodeLostError,
-    NotAnEndpoint,
-    endpoint,
-)
-from .transport.auth import new_secret
+if TYPE_CHECKING:
+    from .config import RuntimeConfig
+    from .runtime import (
+        Actor,
+        ActorError,
+        ActorNotFound,
+        ActorRef,
+        CallRefused,
+        CallTimeout,
+        ClusterStartError,
+        Forbidden,
+        JoinError,
+        LocalCluster,
+        Node,
+        NodeLostError,
+        NotAnEndpoint,
+        endpoint,
+    )
+    from .transport.auth import new_secret
+
+# Loaded when first named (PEP 562): `rlasync` itself imports nothing heavy, so the command
+# line starts (and takes over Ctrl-C, rlasync.interrupts) before the runtime has loaded.
+_RUNTIME = ("Actor", "ActorError", "ActorNotFound", "ActorRef", "CallRefused", "CallTimeout", "ClusterStartError", "Forbidden",
+            "JoinError", "LocalCluster", "Node", "NodeLostError", "NotAnEndpoint", "endpoint")  # fmt: skip
+_LAZY = {**dict.fromkeys(_RUNTIME, ".runtime"), "RuntimeConfig": ".config", "new_secret": ".transport.auth"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

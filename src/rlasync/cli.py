@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -89,9 +89,9 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     """Run ``cfg`` to its end in this process (the head); the exit code, after one JSON line of
     the result (0), a one-line reason (1: the run stopped, 2: it could not start) or an
     interruption (130). ``watch_stdin``: stop when stdin closes (a launched head)."""
+    import asyncio
     import json
     import logging
-    import signal
     import time
 
     import msgspec
@@ -100,12 +100,12 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     from .config import ConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # Ctrl-C (SIGINT) stops a run cleanly, also when the shell that started it ignores SIGINT
-    # (a background job without job control inherits "ignore"; then uvloop.run would not
-    # install its handler, and `kill -INT` would do nothing).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    # SIGTERM (a scheduler, `kill`) stops it the same way: the nodes are told, not left to find out.
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    from .interrupts import Interrupts, exit_now
+
+    # Ctrl-C (SIGINT) or SIGTERM (a scheduler, `kill`) stops the run cleanly, within a deadline
+    # (rlasync.interrupts); one during start-up stops it before it starts anything.
+    interrupts = Interrupts(cfg.train)
+    interrupts.hold()
     from .modes import fully_async, one_step_off, sync, train  # noqa: F401  (the schedules, torch with them: loaded before the fork below)
     from .runtime.spawner import fork_children
 
@@ -114,6 +114,9 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
         from .launcher.ticket import stop_when_stdin_closes
 
         stop_when_stdin_closes()
+    if interrupts.count:
+        typer.echo("rlasync train: interrupted before the run started", err=True)
+        return 130
     steps = cfg.train.steps
     clock: dict[str, float] = {}  # when and at which step this process's first RL step began
 
@@ -134,20 +137,32 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     from .engines import EngineError
     from .rewards import RewardError
     from .runtime import RuntimeErrorBase
+    from .modes import RunInterrupted
     from .trainer.checkpoint import CheckpointError
     from .weights import SyncError
 
+    async def main() -> Any:
+        interrupts.install(asyncio.current_task())  # type: ignore[arg-type]
+        return await train(cfg, resume=resume, on_step=progress, stop=interrupts.stop)
+
     try:
-        result = uvloop.run(train(cfg, resume=resume, on_step=progress))
+        result = uvloop.run(main())
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         return 2
     except (RuntimeErrorBase, EngineError, SyncError, NoWorkerError, RewardError) as exc:  # a lost node, a dead rank, no engine left, a broken reward
         typer.echo(f"rlasync train: the run stopped: {type(exc).__name__}: {exc}", err=True)
         return 1
-    except KeyboardInterrupt:  # the run's tasks were cancelled and its parts closed on the way out
-        typer.echo(f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
+    except RunInterrupted as exc:  # it stopped at a step's end (train.checkpoint_on_interrupt)
+        typer.echo(f"rlasync train: interrupted; {exc}; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
+        exit_now(130)
         return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):  # the run's tasks were cancelled and its parts closed on the way out
+        typer.echo(f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
+        exit_now(130)
+        return 130
+    finally:
+        interrupts.disarm()
     typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")
     typer.echo(json.dumps(msgspec.to_builtins(result)))
     return 0

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from scripted import ScriptedEngine
 
-from rlasync.agents import Interaction, SingleTurnAgentLoop, ToolAgentLoop, get_loop, register, registered_reward
+from rlasync.agents import Interaction, LoopReuseError, SingleTurnAgentLoop, ToolAgentLoop, get_loop, register, registered_reward
 from rlasync.config import AgentConfig
 from rlasync.engines import SamplingParams, TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm, build_tokenizer
@@ -261,6 +261,53 @@ async def test_interrupted_mid_generation_resumes_to_the_same_trajectory(nano: A
     # One seed for a whole batch: each trajectory still draws its own samples.
     other = await SingleTurnAgentLoop(engine, tok, trajectory_id="c").run(params, **ROW)
     assert other.response_ids != whole.response_ids
+    await engine.close()
+
+
+async def test_a_saved_loop_state_goes_on_in_a_fresh_loop(tok: Any, nano: Any) -> None:
+    """What a checkpoint holds: the state, encoded and decoded (another process), taken over by
+    a new loop with ``resume_from``: mid-tool-call and mid-generation, the same trajectory."""
+    import msgspec
+
+    from rlasync.agents import LoopState
+
+    def saved(loop: Any) -> LoopState:
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(loop.state), type=LoopState)
+
+    whole = await ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
+    slow = SlowTool()
+    loop = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools={"calculator": slow})
+    task = asyncio.ensure_future(loop.run(PARAMS, **ROW))
+    while slow.calls == 0:
+        await asyncio.sleep(0.001)
+    state = saved(loop)
+    task.cancel()
+    assert state.state == "PROCESSING_TOOLS" and state.pending_calls[0].name == "calculator"
+    fresh = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"]))
+    fresh.resume_from(state, ROW)
+    resumed = await fresh.run(PARAMS, **ROW)
+    assert resumed.response_ids == whole.response_ids and resumed.response_mask == whole.response_mask and resumed.metrics.interrupts == 1
+
+    model, tok = nano
+    engine = TorchEngine(model)
+    params = SamplingParams(temperature=1.0, max_new_tokens=120, ignore_eos=True, seed=11)
+    whole = await SingleTurnAgentLoop(engine, tok, trajectory_id="a").run(params, **ROW)
+    loop = SingleTurnAgentLoop(engine, tok, AgentConfig(stream=True), trajectory_id="a")  # streamed: the state grows as tokens come
+    task = asyncio.ensure_future(loop.run(params, **ROW))
+    while not hasattr(loop, "state") or len(loop.state.partial_ids) < 10:
+        await asyncio.sleep(0.001)
+    state = saved(loop)  # mid-turn, as a worker's loop_states gives it
+    task.cancel()
+    assert 10 <= len(state.partial_ids) < 120
+    fresh = SingleTurnAgentLoop(engine, tok, trajectory_id="a")
+    fresh.resume_from(saved(loop), ROW)
+    resumed = await fresh.run(params, **ROW)
+    assert resumed.response_ids == whole.response_ids
+    assert resumed.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+    with pytest.raises(LoopReuseError, match="another row"):  # a state is for its own row
+        other = SingleTurnAgentLoop(engine, tok, trajectory_id="a")
+        other.resume_from(state, {"messages": [{"role": "user", "content": "something else"}]})
+        await other.run(params, messages=ROW["messages"])
     await engine.close()
 
 

@@ -127,3 +127,58 @@ def test_a_run_killed_and_resumed_trains_every_sample_once(tmp_path: Path, nano_
     bound = {"sync": 0, "one_step_off": 1, "fully_async": 1}[mode]
     assert max(len(r.get("async/staleness_token_hist", [0])) - 1 for r in records) <= bound, context
     assert Path(records[-1]["checkpoint"]).name == f"step_{STEPS:06d}", context
+
+
+def _interrupt(proc: subprocess.Popen[str], run_dir: Path, *, after_steps: int) -> tuple[str, float]:
+    """SIGINT once ``after_steps`` steps are in ``metrics.jsonl`` (0: now); (output, seconds to exit)."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while after_steps and not (metrics.is_file() and len(metrics.read_text().splitlines()) > after_steps):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    family = _descendants(proc.pid)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    time.sleep(1.0)
+    assert not _alive(family), f"processes left after the interrupt: {_alive(family)}\n{output}"
+    return output, took
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_with_checkpoint_on_interrupt_saves_the_step_and_resumes_without_loss(tmp_path: Path, nano_model_dir: Path) -> None:
+    overrides = [*_overrides(tmp_path, nano_model_dir, "fully_async"), "train.checkpoint_every=0", "train.checkpoint_on_interrupt=true"]
+    output, took = _interrupt(_train(overrides), tmp_path, after_steps=2)
+    assert took < 30 and "Traceback" not in output, output
+    saved = sorted((tmp_path / "checkpoints").glob("step_*"))
+    assert len(saved) == 1 and f"resume from its checkpoint {saved[0]}" in output, output
+    resumed = _train(overrides, resume=True)
+    output, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, output
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    trained = collections.Counter(tuple(use) for r in records for use in r.get("data/rows", []))
+    assert trained == _expected_uses(nano_model_dir, tmp_path)
+
+
+SOAK_S = float(os.environ.get("RLASYNC_SOAK_S", "0"))
+
+
+@pytest.mark.skipif(not SOAK_S, reason="runs with `make soak` (RLASYNC_SOAK_S set)")
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_sigint_at_20_random_moments_stops_a_fully_async_run_within_30_s(tmp_path: Path, nano_model_dir: Path, checkpoint: bool) -> None:
+    """From its first instant to its steps, Ctrl-C stops ``rlasync train`` within 30 s, with exit
+    code 130, no traceback and no process left (with ``checkpoint_on_interrupt`` too)."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    for attempt in range(20):
+        run_dir = tmp_path / f"run{attempt}"
+        overrides = [*_overrides(run_dir, nano_model_dir, "fully_async"), "train.steps=500", f"train.checkpoint_on_interrupt={str(checkpoint).lower()}"]
+        proc = _train(overrides)
+        at = rng.uniform(0.0, 15.0)
+        time.sleep(at)
+        output, took = _interrupt(proc, run_dir, after_steps=0)
+        context = f"attempt {attempt}, SIGINT {at:.1f} s after the start (seed {seed}): exit {proc.returncode} after {took:.1f} s"
+        assert took < 30 and proc.returncode == 130 and "Traceback" not in output, f"{context}\n{output}"

@@ -79,3 +79,36 @@ async def test_misuse_is_an_error_not_a_silent_violation() -> None:
     await queue.close()
     with pytest.raises(asyncio.CancelledError):
         await queue.admit()
+
+
+async def test_a_restored_queue_keeps_every_ticket_and_its_deadline() -> None:
+    """A checkpoint's queue state, restored in a fresh queue: the same tickets with their
+    versions and deadlines, finished samples ready, and the same admissions and batches after."""
+    import msgspec
+
+    from rlasync.modes.queue import QueueState, StalenessError
+
+    def make() -> SampleQueue[str]:
+        return SampleQueue(2, steps_per_version=1, max_staleness=1)
+
+    queue = make()
+    tickets = [await queue.admit() for _ in range(4)]
+    for t in tickets[:2]:
+        await queue.put(t, f"s{t.index}")
+    assert [t.index for t, _ in await queue.take()] == [0, 1]
+    await queue.advance()
+    await queue.put(tickets[2], "s2")
+    state, finished = queue.state()
+    state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=QueueState)  # as a checkpoint stores it
+    restored = make()
+    running = restored.restore(state, finished)
+    assert [t.index for t in running] == [3] and (restored.version, restored.ready, restored.running) == (1, 1, 1)
+    assert {(t.index, t.version, t.deadline) for t in restored._open.values()} == {(2, 0, 1), (3, 0, 1)}
+    for q in (queue, restored):  # both go on alike: the next ticket, then the same batch
+        assert (await q.admit()).index == 4
+        await q.put(next(t for i, t in q._open.items() if i == 3), "s3")
+        assert [t.index for t, _ in await q.take()] == [2, 3]
+    with pytest.raises(StalenessError, match="resume with the settings it was saved with"):
+        SampleQueue(1, steps_per_version=1, max_staleness=0).restore(state, finished)  # batch 1, staleness 0: deadlines missed
+    with pytest.raises(ValueError, match="not the state's"):
+        make().restore(state, {})

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
@@ -116,4 +117,12 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     ``rlasync train … --resume`` continues from the newest one in ``run_dir``."""
     keep_checkpoints: PositiveInt = 2
     """Newest checkpoints kept; older ones are deleted once a newer one is complete."""
+    checkpoint_on_interrupt: bool = False
+    """On Ctrl-C (SIGINT) or SIGTERM, finish the step in progress and save a checkpoint before
+    stopping (``--resume`` then loses nothing). A step that does not finish within
+    ``interrupt_grace_s`` is cut, and the run stops without that checkpoint; a second Ctrl-C
+    stops at once. Off: an interrupt stops the run at once (within seconds)."""
+    interrupt_grace_s: PositiveFloat = 20.0
+    """How long an interrupted run may take to finish its step and checkpoint
+    (``checkpoint_on_interrupt``); whatever it is doing, the process is gone 5 s after that."""
     run_dir: str = "runs/quickstart"

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -14,13 +15,13 @@ from ..config import Config
 if TYPE_CHECKING:
     from .fully_async import train_fully_async
     from .one_step_off import train_one_step_off
-    from .parts import TrainResult
+    from .parts import RunInterrupted, TrainResult
     from .queue import SampleQueue, StalenessError
     from .sync import train_sync
 
 # Loaded when first named (PEP 562): ``rlasync.modes.placement`` checks a config without the
 # schedules' torch and engines (``rlasync launch`` places a run before starting anything).
-_LAZY = {"train_fully_async": ".fully_async", "train_one_step_off": ".one_step_off", "TrainResult": ".parts", "SampleQueue": ".queue",
+_LAZY = {"train_fully_async": ".fully_async", "train_one_step_off": ".one_step_off", "TrainResult": ".parts", "RunInterrupted": ".parts", "SampleQueue": ".queue",
          "StalenessError": ".queue", "train_sync": ".sync"}  # fmt: skip
 
 
@@ -30,10 +31,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+async def train(
+    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, stop: asyncio.Event | None = None
+) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``); ``resume`` continues from the newest checkpoint
     in ``train.run_dir`` (every mode; the asynchronous ones with their samples in flight). ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
     as it is written (``step``, ``reward``, ``val_accuracy`` when validated, ``train/*``, ...).
+    ``stop``: set it to end the run at the end of the step in progress (with a checkpoint if
+    ``train.checkpoint_on_interrupt``); ``train`` then raises ``RunInterrupted``.
 
         result = rlasync.run(train(load_config("configs/quickstart.yaml"), on_step=print))
     """
@@ -43,10 +48,10 @@ async def train(config: Config, *, resume: bool = False, on_step: Callable[[dict
 
     mode = config.train.mode
     if mode == "sync":
-        return await train_sync(config, resume=resume, on_step=on_step)
+        return await train_sync(config, resume=resume, on_step=on_step, stop=stop)
     if mode == "one_step_off":
-        return await train_one_step_off(config, resume=resume, on_step=on_step)
-    return await train_fully_async(config, resume=resume, on_step=on_step)
+        return await train_one_step_off(config, resume=resume, on_step=on_step, stop=stop)
+    return await train_fully_async(config, resume=resume, on_step=on_step, stop=stop)
 
 
-__all__ = ["SampleQueue", "StalenessError", "TrainResult", "train", "train_fully_async", "train_one_step_off", "train_sync"]
+__all__ = ["RunInterrupted", "SampleQueue", "StalenessError", "TrainResult", "train", "train_fully_async", "train_one_step_off", "train_sync"]

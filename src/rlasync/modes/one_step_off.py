@@ -37,16 +37,22 @@ class InFlightBatch(msgspec.Struct, kw_only=True):
 
 
 async def train_one_step_off(
-    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None
+    config: Config,
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    run: Run | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` as if the run had not stopped: a checkpoint holds the batch that was in
-    flight (finished first, ``in_flight.msgpack``), so nothing generated is lost or trained twice."""
+    flight (finished first, ``in_flight.msgpack``), so nothing generated is lost or trained twice.
+    ``stop``: set, the run ends the step in progress and raises ``RunInterrupted``."""
     cfg = config.train
     if config.async_training.trigger_parameter_sync_step != 1:
         raise ConfigError("train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1")
     resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
-    run = run or await Run.open(config, metrics_upto=state.get("step"))
+    run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
     pending: asyncio.Future[InFlightBatch] | None = None
 
@@ -90,14 +96,17 @@ async def train_one_step_off(
                 served = step
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
-            if run.checkpoint_due(step):
+            stopping = run.stopping()
+            if run.checkpoint_due(step, stopping=stopping):
                 files = {}
                 if pending is not None:  # the batch in flight is part of the checkpoint: finished first
                     await asyncio.wait([pending])
                     files[IN_FLIGHT] = msgspec.msgpack.encode(pending.result())
                 state_now = {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy}
-                record["checkpoint"] = await run.checkpoint(step, state_now, files)
+                record["checkpoint"] = await run.checkpoint(step, state_now, files, stopping=stopping)
             run.write(record, on_step)
+            if stopping:
+                raise run.stopped(step, record)
     finally:
         if pending is not None:
             pending.cancel()

@@ -39,6 +39,16 @@ class TrainResult(msgspec.Struct, kw_only=True):
     wall_s: float
 
 
+class RunInterrupted(Exception):
+    """The run stopped at the end of a step because it was asked to (``train(stop=...)``: Ctrl-C
+    or SIGTERM under ``rlasync train``); ``checkpoint``: the one it saved then, if any."""
+
+    def __init__(self, step: int, checkpoint: str | None) -> None:
+        saved = f"; resume from its checkpoint {checkpoint}" if checkpoint else ""
+        super().__init__(f"stopped on request after step {step}{saved}")
+        self.step, self.checkpoint = step, checkpoint
+
+
 def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
     """``agent.tools``, built; fails at start-up, not mid-run, on a loop or tool the rows need
     and the config lacks."""
@@ -168,6 +178,7 @@ class Run:
     trainer: Any  # a TrainerActor
     synchronizer: Any  # a ParameterSynchronizer
     metrics: Any  # the open metrics.jsonl
+    stop: asyncio.Event  # set: stop at the end of the step (``stopping``)
 
     def __init__(self, config: Config) -> None:
         cfg = config.train
@@ -191,11 +202,15 @@ class Run:
         self.validating = True  # held-out validation (not with simulated parts)
 
     @classmethod
-    async def open(cls, config: Config, *, metrics_upto: int | None = None, simulated: Simulated | None = None) -> Run:
+    async def open(
+        cls, config: Config, *, metrics_upto: int | None = None, simulated: Simulated | None = None, stop: asyncio.Event | None = None
+    ) -> Run:
         """Build and start everything (the warm-start first, if ``train.model_dir`` is empty).
         ``simulated``: stand-ins for the engines, trainer and weight sync (the simulator's); the
-        run then validates and checkpoints nothing."""
+        run then validates and checkpoints nothing. ``stop``: set, the schedule stops at the end
+        of its step (``stopping``), with a checkpoint if ``train.checkpoint_on_interrupt``."""
         run = cls(config)
+        run.stop = stop or asyncio.Event()
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
         if simulated is None:
@@ -410,13 +425,25 @@ class Run:
         log.info("resumed from %s (step %d)", folder, state["step"])
         return float(state["initial_accuracy"]), float(state["accuracy"])
 
-    def checkpoint_due(self, step: int) -> bool:
-        """Whether step ``step`` ends with a checkpoint: every ``train.checkpoint_every`` steps,
-        and after the last (every mode ends with its model on disk)."""
-        cfg = self.config.train
-        return self.checkpointing and (bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps)
+    def stopping(self) -> bool:
+        """Whether the run was asked to stop (``stop``): the schedule ends this step with a
+        checkpoint (``checkpoint_due``) and ``stopped``."""
+        return self.stop.is_set()
 
-    async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None) -> str | None:
+    def stopped(self, step: int, record: dict[str, Any]) -> RunInterrupted:
+        """The error a schedule raises when ``stopping`` ended its step ``step`` (its record)."""
+        log.warning("stopped on request after step %d%s", step, f" (checkpoint {record['checkpoint']})" if record.get("checkpoint") else "")
+        return RunInterrupted(step, record.get("checkpoint"))
+
+    def checkpoint_due(self, step: int, *, stopping: bool = False) -> bool:
+        """Whether step ``step`` ends with a checkpoint: every ``train.checkpoint_every`` steps,
+        after the last (every mode ends with its model on disk), and when ``stopping`` with
+        ``train.checkpoint_on_interrupt``."""
+        cfg = self.config.train
+        due = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps or (stopping and cfg.checkpoint_on_interrupt)
+        return self.checkpointing and due
+
+    async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None, *, stopping: bool = False) -> str | None:
         """Save checkpoint ``step`` if one is due (``checkpoint_due``); its folder, else None.
         ``state``: the schedule's own (weight version, accuracies); the data position, the
         sampling RNG and the mode are added here, unless ``state`` has them (``sampler``,
@@ -425,7 +452,7 @@ class Run:
         from ..trainer.checkpoint import Checkpoints
 
         cfg = self.config.train
-        if not self.checkpoint_due(step):
+        if not self.checkpoint_due(step, stopping=stopping):
             return None
         full = {"mode": cfg.mode, "sampler": self.sampler.state_dict(), "rng": self.rng.getstate(), **state}  # state's own win (taken earlier)
         folder = await Checkpoints(self.run_dir, keep=cfg.keep_checkpoints).save(step, self.trainer, full, model_source=self.model_dir, files=files)

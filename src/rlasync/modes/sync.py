@@ -19,25 +19,32 @@ The trainer is a ``TrainerActor``: ``trainer.world_size`` data-parallel rank pro
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Callable
 
 from ..config import Config
-from .parts import Run, TrainResult, checkpoint_to_resume
+from .parts import Run, RunInterrupted, TrainResult, checkpoint_to_resume
 
 
 async def train_sync(
-    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, run: Run | None = None
+    config: Config,
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    run: Run | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` exactly as if the run had not stopped. ``run``: parts made elsewhere
-    (``Run.from_parts``, e.g. the simulation's), else they are built from ``config``.
+    (``Run.from_parts``, e.g. the simulation's), else they are built from ``config``. ``stop``:
+    set, the run ends the step in progress and raises ``RunInterrupted``.
 
     Shutdown order, after the last step or on an error: close the metrics file, drop the
     weight group, stop the trainer's ranks, then the engine."""
     cfg = config.train
     resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
-    run = run or await Run.open(config, metrics_upto=state.get("step"))
+    run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
     trainer, synchronizer = run.trainer, run.synchronizer
     try:
         if resume_from is not None:
@@ -63,13 +70,16 @@ async def train_sync(
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
-            saved = await run.checkpoint(step, {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy})
+            stopping = run.stopping()
+            saved = await run.checkpoint(step, {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy}, stopping=stopping)
             if saved:
                 record["checkpoint"] = saved
             run.write(record, on_step)
+            if stopping:
+                raise run.stopped(step, record)
     finally:
         await run.close()
     return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
 
 
-__all__ = ["TrainResult", "train_sync"]
+__all__ = ["RunInterrupted", "TrainResult", "train_sync"]
