@@ -18,7 +18,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 
 def test_every_benchmark_script_is_listed() -> None:
     assert {"actor_bench.py", "agent_bench.py", "cluster_bench.py", "engine_bench.py", "modes_bench.py", "plot_modes.py",
-            "sync_bench.py", "train_bench.py", "launch_bench.py"} <= set(SCRIPTS)  # fmt: skip
+            "sync_bench.py", "train_bench.py", "launch_bench.py", "resume_bench.py"} <= set(SCRIPTS)  # fmt: skip
 
 
 @pytest.mark.timeout(300)

@@ -99,11 +99,15 @@ def _expected_uses(model_dir: Path, run_dir: Path) -> collections.Counter[tuple[
     return collections.Counter(sampler.next_uses(STEPS * PROMPTS))
 
 
+ELSEWHERE = ["trainer.world_size=2", "cluster.engines=[0, 0]"]  # another placement: two trainer ranks, two engines
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    "mode, when", [("sync", "random"), ("one_step_off", "checkpoint"), ("fully_async", "random"), ("fully_async", "checkpoint")]
+    "mode, when, placement",
+    [("sync", "random", []), ("one_step_off", "checkpoint", []), ("fully_async", "random", ELSEWHERE), ("fully_async", "checkpoint", [])],
 )  # fmt: skip
-def test_a_run_killed_and_resumed_trains_every_sample_once(tmp_path: Path, nano_model_dir: Path, mode: str, when: str) -> None:
+def test_a_run_killed_and_resumed_trains_every_sample_once(tmp_path: Path, nano_model_dir: Path, mode: str, when: str, placement: list[str]) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     overrides = _overrides(tmp_path, nano_model_dir, mode)
@@ -113,8 +117,8 @@ def test_a_run_killed_and_resumed_trains_every_sample_once(tmp_path: Path, nano_
     finally:
         if proc.poll() is None:
             proc.kill()
-    context = f"{mode}, killed at {when} (seed {seed}): {seen}"
-    resumed = _train(overrides, resume=True)
+    context = f"{mode}, killed at {when} (seed {seed}): {seen}, resumed with {placement or 'the same placement'}"
+    resumed = _train([*overrides, *placement], resume=True)
     output, _ = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, f"{context}\n{output}"
     resumed_from = output.split("resumed from ", 1)[-1].split(" ", 1)[0]

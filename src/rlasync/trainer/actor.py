@@ -228,11 +228,17 @@ class TrainerActor:
         cfg = self.config
         return max(len(micro_plan(batch.rows(s), cfg.micro_batch_size, cfg.micro_batch_tokens)) for s in shards)
 
-    async def save(self, folder: str | os.PathLike[str]) -> None:
+    async def save(self, folder: str | os.PathLike[str], *, background: bool = False) -> None:
         """Write the model (Hugging Face folder, safetensors), optimiser, scheduler and every
-        rank's RNG state into ``folder`` (which must be visible to every rank)."""
+        rank's RNG state into ``folder`` (which must be visible to every rank). ``background``:
+        return once the state is taken (copies); the ranks write it while they go on training,
+        and ``saved()`` waits until it is on disk."""
         Path(folder).mkdir(parents=True, exist_ok=True)
-        await self._call_all("save", [[str(folder)]] * self.world_size)
+        await self._call_all("save", [[str(folder), background]] * self.world_size)
+
+    async def saved(self) -> None:
+        """Wait until the checkpoint ``save(background=True)`` started is written."""
+        await self._call_all("saved", [[]] * self.world_size)
 
     async def load(self, folder: str | os.PathLike[str]) -> int:
         """Restore what ``save`` wrote; returns the trainer's step count."""

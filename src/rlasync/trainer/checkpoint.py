@@ -47,25 +47,48 @@ class Checkpoints:
     def __init__(self, run_dir: str | Path, *, keep: int = 2) -> None:
         self.folder = Path(run_dir) / "checkpoints"
         self.keep = keep
+        self._sealing: asyncio.Future[Path] | None = None  # a save finishing in the background
 
-    async def save(self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path, files: dict[str, bytes] | None = None) -> Path:
+    async def save(
+        self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path, files: dict[str, bytes] | None = None,
+        background: bool = False,
+    ) -> Path:  # fmt: skip
         """Save the trainer and ``state`` as checkpoint ``step``; ``model_source`` (the folder
         the model was loaded from) provides the tokenizer files; ``files``: more of the
-        schedule's own (name -> contents), sealed with the rest."""
+        schedule's own (name -> contents), sealed with the rest. ``background``: return once the
+        trainer's state is taken; the files are written and sealed while training goes on
+        (``wait`` for it; the next save does). Its folder (whole once sealed)."""
+        await self.wait()
         final = self.folder / f"step_{step:06d}"
         partial = final.with_suffix(".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        await trainer.save(partial)
-        for item in Path(model_source).iterdir():  # the tokenizer: the model folder is then complete
+        await trainer.save(partial, background=True)  # the ranks took their state: training may go on
+        self._sealing = asyncio.ensure_future(self._finish(trainer, partial, final, step, {**state, "step": step}, dict(files or {}), Path(model_source)))
+        if not background:
+            await self.wait()
+        return final
+
+    async def wait(self) -> None:
+        """Until the save in progress is sealed (its error, if it failed)."""
+        sealing, self._sealing = self._sealing, None
+        if sealing is not None:
+            await sealing
+
+    async def _finish(self, trainer: TrainerActor, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, bytes], source: Path) -> Path:
+        await trainer.saved()
+        # Writing, checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.
+        await asyncio.to_thread(self._write_and_seal, partial, final, step, state, files, source)
+        return final
+
+    def _write_and_seal(self, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, bytes], source: Path) -> None:
+        for item in source.iterdir():  # the tokenizer: the model folder is then complete
             if item.is_file() and item.name not in MODEL_FILES and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, partial / "model" / item.name)
-        for name, data in (files or {}).items():
+        for name, data in files.items():
             (partial / name).write_bytes(data)
-        (partial / STATE).write_text(json.dumps({**state, "step": step}))
-        # Checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.
-        await asyncio.to_thread(self._seal, partial, final, step)
-        return final
+        (partial / STATE).write_text(json.dumps(state))
+        self._seal(partial, final, step)
 
     def _seal(self, partial: Path, final: Path, step: int) -> None:
         """The manifest, every file and folder on disk, then the rename into place."""

@@ -204,15 +204,39 @@ class PolicyTrainer:
         state by parameter name, scheduler, step count). Gathered whole when sharded, so a
         checkpoint loads into any ``world_size`` and strategy; every rank calls it, ``write``
         on one."""
+        state = self.state_to_save(keep=write)
+        if state is not None:
+            self.write_saved(folder, state)
+
+    def state_to_save(self, *, keep: bool = True) -> dict[str, Any] | None:
+        """What ``save`` writes, taken now (every rank: gathering shards is collective), as
+        copies the training that goes on cannot change: ``write_saved`` may then write it while
+        the next steps run. None where not ``keep`` (the ranks that do not write)."""
         sd = _state_dict()
         full = sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state = sd.get_model_state_dict(self.model, options=full)
         optimizer_state = sd.get_optimizer_state_dict(self.model, self.optimizer, options=full)
-        if not write:
-            return
+        if not keep:
+            return None
+        live = {t.data_ptr() for t in self.model.parameters()} | {t.data_ptr() for t in self.model.buffers()}
+        live |= {t.data_ptr() for group in self.optimizer.state.values() for t in group.values() if isinstance(t, torch.Tensor)}
+
+        def owned(value: Any) -> Any:  # a tensor still shared with the model or the optimizer is copied
+            if isinstance(value, torch.Tensor):
+                return value.clone() if value.data_ptr() in live else value
+            if isinstance(value, dict):
+                return {k: owned(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(owned(v) for v in value)
+            return value
+
+        return {"model": owned(model_state), "optimizer": owned(optimizer_state), "scheduler": self.scheduler.state_dict(), "steps": self.steps}
+
+    def write_saved(self, folder: str | Path, state: dict[str, Any]) -> None:
+        """Write a ``state_to_save`` into ``folder`` (blocking: any thread)."""
         folder = Path(folder)
-        self.model.save_pretrained(folder / "model", state_dict=model_state, safe_serialization=True)
-        torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "steps": self.steps}, folder / "optimizer.pt")
+        self.model.save_pretrained(folder / "model", state_dict=state["model"], safe_serialization=True)
+        torch.save({"optimizer": state["optimizer"], "scheduler": state["scheduler"], "steps": state["steps"]}, folder / "optimizer.pt")
 
     def load(self, folder: str | Path) -> None:
         """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""

@@ -124,6 +124,7 @@ class TrainerRank(Actor):
         self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
         self.broken = ""
         self._closed = False
+        self._writing: asyncio.Future[None] | None = None  # a checkpoint being written (``save(background=True)``)
 
     async def on_start(self) -> None:
         self._thread = _Thread(f"trainer-rank{self.rank}")
@@ -357,13 +358,33 @@ class TrainerRank(Actor):
 
     # -- checkpoints --------------------------------------------------------------------------
     @endpoint
-    async def save(self, folder: str) -> None:
-        await self._run(self._save, folder)
+    async def save(self, folder: str, background: bool = False) -> None:
+        """Take the state now (on the training thread: gathering shards is collective) and write
+        it into ``folder``; ``background``: the files are written while the next steps run
+        (``saved`` waits for them)."""
+        await self.saved()  # one checkpoint at a time
+        state = await self._run(self._state_to_save)
+        writing = asyncio.ensure_future(asyncio.to_thread(self._write, folder, *state))
+        if background:
+            self._writing = writing
+        else:
+            await writing
 
-    def _save(self, folder: str) -> None:
+    @endpoint
+    async def saved(self) -> None:
+        """Wait until the checkpoint being written is on disk (its error, if it failed)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            await writing
+
+    def _state_to_save(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        return self._trainer().state_to_save(keep=self.rank == 0), _rng_state()
+
+    def _write(self, folder: str, state: dict[str, Any] | None, rng: dict[str, Any]) -> None:
         path = Path(folder)
-        self._trainer().save(path, write=self.rank == 0)  # every rank: gathering shards is collective
-        torch.save(_rng_state(), path / f"rng_rank{self.rank}.pt")
+        if state is not None:
+            self._trainer().write_saved(path, state)
+        torch.save(rng, path / f"rng_rank{self.rank}.pt")
 
     @endpoint
     async def load_checkpoint(self, folder: str) -> int:
