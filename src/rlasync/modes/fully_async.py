@@ -39,16 +39,17 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import msgspec
 
 from ..agents import LoopState, Trajectory
 from ..config import Config
-from ..engines import SamplingParams
 from .offpolicy import train_step
 from .parts import Run, TrainResult, checkpoint_to_resume
 from .queue import QueueState, SampleQueue, Ticket
+
+log = logging.getLogger(__name__)
 
 IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's samples admitted and not yet trained on (``InFlight``)
 
@@ -71,8 +72,6 @@ class InFlight(msgspec.Struct, kw_only=True):
     queue: QueueState
     samples: list[Admitted]
 
-log = logging.getLogger(__name__)
-
 
 class Rollouter:
     """Starts samples as fast as the queue admits them (and ``max_concurrent_samples`` allows)."""
@@ -88,7 +87,7 @@ class Rollouter:
         self.idle_s = 0.0  # with nothing generating: blocked by the staleness bound
         self._idle_since: float | None = self.started
 
-    def start(self, resumed: list[tuple[Ticket, Admitted]] = []) -> None:
+    def start(self, resumed: Sequence[tuple[Ticket, Admitted]] = ()) -> None:
         """Admit samples from now on; ``resumed``: a checkpoint's samples still to finish (their
         loops go on from their states)."""
         for ticket, sample in resumed:
@@ -118,7 +117,7 @@ class Rollouter:
 
     async def _sample(self, ticket: Ticket, sample: Admitted) -> None:
         params = msgspec.structs.replace(self.run.params, seed=sample.seed)
-        trajectories = await self.run.rollout([sample.row], name=f"sample{ticket.index}", params=params, states=sample.loops or None)
+        trajectories = await self.run.rollout([sample.row], name=_name(ticket.index), params=params, states=sample.loops or None)
         sample.loops = {}
         await self.queue.put(ticket, trajectories)
 
@@ -126,21 +125,28 @@ class Rollouter:
         """These samples were trained on: forgotten; their uses."""
         return [self.admitted.pop(ticket.index).use for ticket in tickets]
 
-    async def snapshot(self) -> tuple[InFlight, dict[str, Any]]:
-        """The work in flight now, for a checkpoint, and the data position and sampling RNG of
-        the same instant (taken together, with no await between: a sample admitted after is
-        admitted again on resume, never lost). Partial samples get their loops' states from the
-        workers; a trajectory no worker holds at that moment starts again on resume."""
+    def capture(self) -> tuple[InFlight, dict[str, Any]]:
+        """The work in flight this instant, for a checkpoint, with the data position and sampling
+        RNG of the same instant (no await: a sample admitted after is admitted again on resume,
+        never lost). Partial samples' loops come later (``fill_loops``)."""
         queue, finished = self.queue.state()
         position = {"sampler": self.run.sampler.state_dict(), "rng": self.run.rng.getstate()}
         samples = [msgspec.structs.replace(self.admitted[index], trajectories=finished.get(index)) for index, *_ in queue.open]
-        group = self.run.config.train.group_size
-        partial = [f"sample{s.index}/{i}" for s in samples if s.trajectories is None for i in range(group)]
-        states = await self.run.rollouts.loop_states(partial) if partial else {}
-        for s in samples:
-            if s.trajectories is None:
-                s.loops = {uid: state for i in range(group) if (state := states.get(uid := f"sample{s.index}/{i}")) is not None}
         return InFlight(queue=queue, samples=samples), position
+
+    async def fill_loops(self, in_flight: InFlight) -> bytes:
+        """The captured work with its partial samples' loop states, from the workers, encoded.
+        Asked for after ``capture`` (the checkpoint's files are written in the background): a
+        later state of the same trajectory is as good a place to resume from, and one no worker
+        holds by then (finished meanwhile, or a resumed call still in transit) keeps the state it
+        resumed from, or starts again."""
+        group = self.run.config.train.group_size
+        partial = {s.index: [f"{_name(s.index)}/{i}" for i in range(group)] for s in in_flight.samples if s.trajectories is None}
+        states = await self.run.rollouts.loop_states([uid for uids in partial.values() for uid in uids]) if partial else {}
+        for s in in_flight.samples:
+            if s.index in partial:
+                s.loops = {uid: state for uid in partial[s.index] if (state := states.get(uid) or s.loops.get(uid)) is not None}
+        return msgspec.msgpack.encode(in_flight)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -202,9 +208,10 @@ async def train_fully_async(
             return
         assert rollouter is not None
         started = time.perf_counter()
-        in_flight, position = await rollouter.snapshot()
+        in_flight, position = rollouter.capture()
         state_now = {"weight_version": version, "initial_accuracy": initial, "accuracy": accuracy, **position}
-        record["checkpoint"] = await run.checkpoint(step, state_now, {IN_FLIGHT: msgspec.msgpack.encode(in_flight)}, stopping=stopping)
+        files = {IN_FLIGHT: asyncio.ensure_future(rollouter.fill_loops(in_flight))}  # written once the trainer's state is taken
+        record["checkpoint"] = await run.checkpoint(step, state_now, files, stopping=stopping)
         record["checkpoint/in_flight"] = len(in_flight.samples)
         record["checkpoint/s"] = time.perf_counter() - started
 
@@ -286,6 +293,11 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, partia
     finally:
         await engine.resume()
     return report, time.perf_counter() - started
+
+
+def _name(index: int) -> str:
+    """The rollout name of the sample with ticket ``index``: its trajectories are ``<name>/<i>``."""
+    return f"sample{index}"
 
 
 def _processing_times(tickets: list[Ticket]) -> dict[str, float]:

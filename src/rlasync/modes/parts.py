@@ -444,12 +444,12 @@ class Run:
         due = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps or (stopping and cfg.checkpoint_on_interrupt)
         return self.checkpointing and due
 
-    async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None, *, stopping: bool = False) -> str | None:
+    async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, Any] | None = None, *, stopping: bool = False) -> str | None:
         """Save checkpoint ``step`` if one is due (``checkpoint_due``); its folder, else None.
         ``state``: the schedule's own (weight version, accuracies); the data position, the
         sampling RNG and the mode are added here, unless ``state`` has them (``sampler``,
-        ``rng``: taken at the instant its ``files`` describe). ``files``: the schedule's own, e.g. samples
-        in flight."""
+        ``rng``: taken at the instant its ``files`` describe). ``files``: the schedule's own, e.g.
+        samples in flight (name -> bytes, or an awaitable of them, finished in the background)."""
         from ..trainer.checkpoint import Checkpoints
 
         cfg = self.config.train
@@ -460,8 +460,8 @@ class Run:
             self.checkpoints = Checkpoints(self.run_dir, keep=cfg.keep_checkpoints)
             self._closers.append(self.checkpoints.wait)  # closed first: the last save is sealed before the ranks stop
         # The trainer's state is taken now; its files are written and sealed while the next steps
-        # run (the trainer's loop waits ~1/10 of the time a whole save takes). A crash before the
-        # seal leaves a `.partial` folder that resuming skips.
+        # run, at the lowest CPU priority. A crash before the seal leaves a `.partial` folder that
+        # resuming skips.
         folder = await self.checkpoints.save(step, self.trainer, full, model_source=self.model_dir, files=files, background=True)
         return str(folder)
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable
 
 from .actor import TrainerActor
+from .background import in_background
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +52,13 @@ class Checkpoints:
         self._sealing: asyncio.Future[Path] | None = None  # a save finishing in the background
 
     async def save(
-        self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path, files: dict[str, bytes] | None = None,
-        background: bool = False,
+        self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path,
+        files: dict[str, bytes | Awaitable[bytes]] | None = None, background: bool = False,
     ) -> Path:  # fmt: skip
         """Save the trainer and ``state`` as checkpoint ``step``; ``model_source`` (the folder
         the model was loaded from) provides the tokenizer files; ``files``: more of the
-        schedule's own (name -> contents), sealed with the rest. ``background``: return once the
+        schedule's own (name -> contents, or an awaitable of them: a snapshot finishing in the
+        background), sealed with the rest. ``background``: return once the
         trainer's state is taken; the files are written and sealed while training goes on
         (``wait`` for it; the next save does). Its folder (whole once sealed)."""
         await self.wait()
@@ -75,10 +78,13 @@ class Checkpoints:
         if sealing is not None:
             await sealing
 
-    async def _finish(self, trainer: TrainerActor, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, bytes], source: Path) -> Path:
+    async def _finish(
+        self, trainer: TrainerActor, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, Any], source: Path
+    ) -> Path:
+        contents = {name: await data if inspect.isawaitable(data) else data for name, data in files.items()}
         await trainer.saved()
         # Writing, checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.
-        await asyncio.to_thread(self._write_and_seal, partial, final, step, state, files, source)
+        await in_background(self._write_and_seal, partial, final, step, state, contents, source)
         return final
 
     def _write_and_seal(self, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, bytes], source: Path) -> None:

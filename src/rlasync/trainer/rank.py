@@ -40,6 +40,7 @@ import torch.distributed as dist
 from ..config.train import TrainerConfig
 from ..runtime import Actor, endpoint
 from ..runtime.address import host_of, interface_of
+from .background import in_background
 from .policy import PolicyTrainer
 from .types import TrainBatch
 
@@ -364,7 +365,7 @@ class TrainerRank(Actor):
         (``saved`` waits for them)."""
         await self.saved()  # one checkpoint at a time
         state = await self._run(self._state_to_save)
-        writing = asyncio.ensure_future(asyncio.to_thread(self._write, folder, *state))
+        writing = in_background(self._write, folder, *state)
         if background:
             self._writing = writing
         else:
