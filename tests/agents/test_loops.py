@@ -215,13 +215,19 @@ class SlowTool(Tool):
         return "2146"
 
 
-async def test_interrupted_mid_tool_call_resumes_to_the_same_trajectory(tok: Any) -> None:
+async def _in_a_tool_call(tok: Any) -> tuple[Any, ToolAgentLoop, asyncio.Future[Any], SlowTool]:
+    """The uninterrupted trajectory, and a loop of the same row now inside its tool call."""
     whole = await ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
     slow = SlowTool()
     loop = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools={"calculator": slow})
     task = asyncio.ensure_future(loop.run(PARAMS, **ROW))
     while slow.calls == 0:
         await asyncio.sleep(0.001)
+    return whole, loop, task, slow
+
+
+async def test_interrupted_mid_tool_call_resumes_to_the_same_trajectory(tok: Any) -> None:
+    whole, loop, task, slow = await _in_a_tool_call(tok)
     task.cancel()  # mid-tool-call
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -274,12 +280,7 @@ async def test_a_saved_loop_state_goes_on_in_a_fresh_loop(tok: Any, nano: Any) -
     def saved(loop: Any) -> LoopState:
         return msgspec.msgpack.decode(msgspec.msgpack.encode(loop.state), type=LoopState)
 
-    whole = await ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
-    slow = SlowTool()
-    loop = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools={"calculator": slow})
-    task = asyncio.ensure_future(loop.run(PARAMS, **ROW))
-    while slow.calls == 0:
-        await asyncio.sleep(0.001)
+    whole, loop, task, _ = await _in_a_tool_call(tok)
     state = saved(loop)
     task.cancel()
     assert state.state == "PROCESSING_TOOLS" and state.pending_calls[0].name == "calculator"

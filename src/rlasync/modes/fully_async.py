@@ -39,14 +39,14 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import msgspec
 
 from ..agents import LoopState, Trajectory
 from ..config import Config
 from .offpolicy import train_step
-from .parts import Run, TrainResult, checkpoint_to_resume
+from .parts import OnStep, Run, TrainResult, checkpoint_to_resume
 from .queue import QueueState, SampleQueue, Ticket
 
 log = logging.getLogger(__name__)
@@ -179,12 +179,7 @@ class Rollouter:
 
 
 async def train_fully_async(
-    config: Config,
-    *,
-    resume: bool = False,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    run: Run | None = None,
-    stop: asyncio.Event | None = None,
+    config: Config, *, resume: bool = False, on_step: OnStep = None, run: Run | None = None, stop: asyncio.Event | None = None
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir``: its queue (tickets with their versions and deadlines) and every sample

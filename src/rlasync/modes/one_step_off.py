@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
 from ..agents.trajectory import Trajectory
 from ..config import Config, ConfigError
 from .offpolicy import train_step
-from .parts import Run, TrainResult, checkpoint_to_resume
+from .parts import OnStep, Run, TrainResult, checkpoint_to_resume
 
 IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its rows' uses and samples
 
@@ -37,12 +37,7 @@ class InFlightBatch(msgspec.Struct, kw_only=True):
 
 
 async def train_one_step_off(
-    config: Config,
-    *,
-    resume: bool = False,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    run: Run | None = None,
-    stop: asyncio.Event | None = None,
+    config: Config, *, resume: bool = False, on_step: OnStep = None, run: Run | None = None, stop: asyncio.Event | None = None
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` as if the run had not stopped: a checkpoint holds the batch that was in

@@ -39,6 +39,9 @@ class TrainResult(msgspec.Struct, kw_only=True):
     wall_s: float
 
 
+OnStep = Callable[[dict[str, Any]], None] | None  # a schedule's ``on_step``: each line of metrics.jsonl as it is written
+
+
 class RunInterrupted(Exception):
     """The run stopped at the end of a step because it was asked to (``train(stop=...)``: Ctrl-C
     or SIGTERM under ``rlasync train``); ``checkpoint``: the one it saved then, if any."""
@@ -489,7 +492,7 @@ class Run:
         trajectories = await self.rollouts.trajectories(rows, greedy)
         return sum(t.reward for t in trajectories) / len(trajectories)
 
-    def write(self, record: dict[str, Any], on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def write(self, record: dict[str, Any], on_step: OnStep = None) -> None:
         """One line of ``metrics.jsonl``, stamped with the seconds since the run began
         (``elapsed_s``) and the fleet's state, then handed to ``on_step`` (progress lines, tests)."""
         record.setdefault("elapsed_s", round(time.perf_counter() - self.started, 3))

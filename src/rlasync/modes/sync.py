@@ -21,19 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..config import Config
-from .parts import Run, RunInterrupted, TrainResult, checkpoint_to_resume
+from .parts import OnStep, Run, RunInterrupted, TrainResult, checkpoint_to_resume
 
 
 async def train_sync(
-    config: Config,
-    *,
-    resume: bool = False,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    run: Run | None = None,
-    stop: asyncio.Event | None = None,
+    config: Config, *, resume: bool = False, on_step: OnStep = None, run: Run | None = None, stop: asyncio.Event | None = None
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` exactly as if the run had not stopped. ``run``: parts made elsewhere
