@@ -164,6 +164,31 @@ def test_a_sharded_checkpoint_loads(tmp_path: Path) -> None:
         assert torch.equal(a, b), name
 
 
+def test_a_checkpoint_taken_for_the_background_is_a_copy_in_the_distributed_layout(tmp_path: Path) -> None:
+    """``state_to_save`` of a whole model is what ``torch.distributed.checkpoint`` gives (names,
+    groups, values), as copies: a step taken while it is written changes nothing in it."""
+    from torch.distributed.checkpoint import state_dict as dcp
+
+    trainer = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=6))[0], TrainerConfig(lr=1e-2))
+    ids = torch.randint(0, 100, (2, 16))
+    trainer.model(ids).logits.sum().backward()
+    trainer.optimizer.step()
+    taken = trainer.state_to_save()
+    assert taken is not None
+    full = dcp.StateDictOptions(full_state_dict=True)
+    model, optimizer = dcp.get_model_state_dict(trainer.model, options=full), dcp.get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)
+    assert list(taken["model"]) == list(model) and all(torch.equal(taken["model"][k], v) for k, v in model.items())
+    assert taken["optimizer"]["param_groups"] == optimizer["param_groups"] and list(taken["optimizer"]["state"]) == list(optimizer["state"])
+    before = {k: v.clone() for k, v in taken["model"].items()}
+    trainer.model(ids).logits.sum().backward()
+    trainer.optimizer.step()  # training goes on while the checkpoint is written
+    assert all(torch.equal(before[k], taken["model"][k]) for k in before) and not torch.equal(before["model.embed_tokens.weight"], model["model.embed_tokens.weight"])
+    trainer.write_saved(tmp_path, taken)
+    fresh = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=7))[0], TrainerConfig(lr=1e-2))
+    fresh.load(tmp_path)
+    assert all(torch.equal(before[name], p) for name, p in fresh.model.named_parameters())
+
+
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={tmp_path}", "--resume"], capture_output=True, text=True, timeout=120

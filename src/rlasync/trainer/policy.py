@@ -212,6 +212,8 @@ class PolicyTrainer:
         """What ``save`` writes, taken now (every rank: gathering shards is collective), as
         copies the training that goes on cannot change: ``write_saved`` may then write it while
         the next steps run. None where not ``keep`` (the ranks that do not write)."""
+        if not self.sharded:  # a whole copy here: no collective, and copies made directly (2x faster)
+            return self._whole_state() if keep else None
         sd = _state_dict()
         full = sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state = sd.get_model_state_dict(self.model, options=full)
@@ -231,6 +233,19 @@ class PolicyTrainer:
             return value
 
         return {"model": owned(model_state), "optimizer": owned(optimizer_state), "scheduler": self.scheduler.state_dict(), "steps": self.steps}
+
+    def _whole_state(self) -> dict[str, Any]:
+        """``state_to_save`` of an unsharded model, in the layout ``torch.distributed.checkpoint``
+        gives a whole one (optimizer state and groups by parameter name), as copies."""
+        name = {id(p): n for n, p in self.model.named_parameters()}
+        order = [name[id(p)] for group in self.optimizer.param_groups for p in group["params"]]  # the optimizer's own indices
+        saved = self.optimizer.state_dict()
+        optimizer = {
+            "state": {order[i]: {k: v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in state.items()} for i, state in saved["state"].items()},
+            "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]],
+        }  # fmt: skip
+        model = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "steps": self.steps}
 
     def write_saved(self, folder: str | Path, state: dict[str, Any]) -> None:
         """Write a ``state_to_save`` into ``folder`` (blocking: any thread)."""

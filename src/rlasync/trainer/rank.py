@@ -196,8 +196,11 @@ class TrainerRank(Actor):
         return dict(await self._run(self._load, model_dir, total_steps))
 
     def _load(self, model_dir: str, total_steps: int) -> dict[str, Any]:
+        from transformers.utils import logging as hf_logging
+
         from ..models import load_pretrained_dir
 
+        hf_logging.disable_progress_bar()  # a rank's output is the run's log: no bar per load and per checkpoint
         model, _ = load_pretrained_dir(model_dir, device=str(self.device))
         self.trainer = PolicyTrainer(model, self.config, total_steps=total_steps)
         gc.freeze()  # start-up's objects live as long as the rank: full collections never rescan them
