@@ -4,7 +4,7 @@
 
 A checkpoint's writes, checksums and fsyncs must not slow the steps that run meanwhile (the
 trainer's rank shares its core with them, the controller with the engine): the thread runs at
-``nice`` 19, so it takes the CPU only when the step leaves it idle. A fresh thread each time: a
+``nice`` 19 and may use any core, so it takes CPU time only where the run leaves some idle. A fresh thread each time: a
 pool's thread would keep the low priority for whatever it runs next.
 """
 
@@ -32,9 +32,10 @@ def in_background(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
             done.set_result(result)
 
     def work() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
-        except (OSError, AttributeError):  # elsewhere: normal priority
+        try:  # this thread only (Linux): the lowest priority, on any core (a rank pinned to one shares it with nothing)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        except (OSError, AttributeError):  # elsewhere: as the process is
             pass
         try:
             result: Any = fn(*args)
