@@ -12,11 +12,13 @@ Both start from the same warm-started model (made once, first). Figures:
 - ``samples_lost`` / ``samples_duplicated``: the row uses (``[epoch, row]``, ``data/rows``) the
   resumed run trained, against the uninterrupted run's: missing ones, and ones trained more
   often than there;
-- ``checkpoint_s``: median seconds the trainer's loop spends on a checkpoint (``checkpoint/s``:
-  the samples in flight and the trainer's state taken; files are written in the background),
-  ``step_s``: median seconds of a step after neither a checkpoint nor a validation;
-  ``trainer_wait_per_checkpoint_vs_step``: how much longer the step after a checkpoint takes
-  (the wait and the background writes' cost), over ``step_s`` (goal <= 0.2);
+- ``checkpoint_s``: median seconds the trainer's loop waits for a checkpoint (``checkpoint/s``:
+  until the samples in flight and the trainer's state are taken; the files are written and
+  sealed in the background), ``step_s``: median seconds of a step after neither a checkpoint
+  nor a validation; ``trainer_wait_per_checkpoint_vs_step`` = their ratio (goal <= 0.2);
+- ``step_slowdown_per_checkpoint_vs_step``: how much longer the step after a checkpoint takes
+  than ``step_s`` (the wait, plus what the background writes take from the steps running
+  meanwhile on a busy machine), over ``step_s``: the whole cost of a checkpoint to training;
 - ``redone_steps``: steps between the checkpoint resumed from and the kill (trained again);
 - ``wal_append_s_per_step``: what a write-ahead log would cost instead: one fsynced append per
   admission, per finished sample (its trajectories) and per trained batch, measured here on this
@@ -158,14 +160,15 @@ def main() -> None:
     batch = len(whole[1].get("data/rows", [])) or 1
     result = {
         "samples_lost": lost, "samples_duplicated": duplicated, "checkpoint_s": round(checkpoint_s, 4), "step_s": round(step_s, 4),
-        "trainer_wait_per_checkpoint_vs_step": round(wait_s / step_s, 3),
+        "trainer_wait_per_checkpoint_vs_step": round(checkpoint_s / step_s, 3), "step_slowdown_per_checkpoint_vs_step": round(wait_s / step_s, 3),
         "resumed_final_accuracy": cut[-1].get("val_accuracy"), "uninterrupted_final_accuracy": whole[-1].get("val_accuracy"),
         "killed_at_step": killed_at, "resumed_from_step": resumed_from, "redone_steps": killed_at - resumed_from,
         "in_flight_at_checkpoint": statistics.median(r["checkpoint/in_flight"] for r in whole if "checkpoint/in_flight" in r),
         "wal_append_s_per_step": round(wal_append_cost(work / "whole", batch), 4), "seed": seed,
     }  # fmt: skip
     print(f"trained row uses: {sum(expected.values())} uninterrupted, {sum(got.values())} resumed; lost {lost}, duplicated {result['samples_duplicated']}")
-    print(f"a checkpoint holds the trainer's loop {checkpoint_s:.3f} s; the step after one takes {wait_s:+.3f} s more than a step ({step_s:.3f} s): {wait_s / step_s:.2f} of a step")
+    print(f"a checkpoint holds the trainer's loop {checkpoint_s:.3f} s: {checkpoint_s / step_s:.2f} of a step ({step_s:.3f} s);"
+          f" the step after one takes {wait_s:+.3f} s more, writes in the background included: {wait_s / step_s:.2f} of a step")
     print(f"a write-ahead log would cost {result['wal_append_s_per_step']:.4f} s per step ({3 * batch} fsynced appends)")
     print(json.dumps(result))
 

@@ -463,7 +463,7 @@ class Run:
             self.checkpoints = Checkpoints(self.run_dir, keep=cfg.keep_checkpoints)
             self._closers.append(self.checkpoints.wait)  # closed first: the last save is sealed before the ranks stop
         # The trainer's state is taken now; its files are written and sealed while the next steps
-        # run, at the lowest CPU priority. A crash before the seal leaves a `.partial` folder that
+        # run, on any core. A crash before the seal leaves a `.partial` folder that
         # resuming skips.
         folder = await self.checkpoints.save(step, self.trainer, full, model_source=self.model_dir, files=files, background=True)
         return str(folder)

@@ -1,11 +1,13 @@
-"""Work a checkpoint does while training goes on: in a thread of the lowest CPU priority.
+"""Work a checkpoint does while training goes on: in a thread that may run on any core.
 
     await in_background(write_files, folder)
 
-A checkpoint's writes, checksums and fsyncs must not slow the steps that run meanwhile (the
-trainer's rank shares its core with them, the controller with the engine): the thread runs at
-``nice`` 19 and may use any core, so it takes CPU time only where the run leaves some idle. A fresh thread each time: a
-pool's thread would keep the low priority for whatever it runs next.
+A checkpoint's writes, checksums and fsyncs should not slow the steps that run meanwhile: a
+trainer rank pinned to one core (``trainer.cpu_affinity``) would share it with them, so the
+thread may use every core and takes time where the run leaves some idle. (At ``nice`` 19 it
+was starved on a saturated machine: a checkpoint then waited seconds for the one before it,
+and a one_step_off resume test ran 20% slower under load.) A fresh thread each time: a pool's
+thread would keep the wider affinity for whatever it runs next.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ T = TypeVar("T")
 
 
 def in_background(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-    """``fn(*args)`` in a new low-priority thread; its result (or error) as a future of this loop."""
+    """``fn(*args)`` in a new thread free to use any core; its result (or error) as a future of this loop."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
 
@@ -32,8 +34,7 @@ def in_background(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
             done.set_result(result)
 
     def work() -> None:
-        try:  # this thread only (Linux): the lowest priority, on any core (a rank pinned to one shares it with nothing)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:  # this thread only (Linux)
             os.sched_setaffinity(0, range(os.cpu_count() or 1))
         except (OSError, AttributeError):  # elsewhere: as the process is
             pass
