@@ -9,9 +9,18 @@ avoid is timed: rendering and encoding the prompt, decoding each model turn, ren
 encoding what the chat template puts after it (timed inside the run, and also alone for
 reference). The loop's overhead per turn is the wall time per model turn minus that
 tokenisation time (it includes parsing, running the calculator, the state machine, and the
-scripted engine's own answer). Last line: JSON
-``{"turns_per_s", "overhead_us_per_turn", "overhead_vs_tokenize"}``; the goal is
-``overhead_vs_tokenize`` <= 1.0. ``--smoke`` runs 50 trajectories (for ``make test``).
+scripted engine's own answer). The goal is ``overhead_vs_tokenize`` <= 1.0.
+
+Then both tool-call parsers read adversarial model turns (``ADVERSARIAL``: the same malformed
+or degenerate block repeated, e.g. 1 MB of ``<tool_call>x</tool_call>`` or of ``<|start|>``) of
+10 KB, 100 KB and 1 MB; per size, the median of a few parses. Reported: the worst milliseconds
+per MB over every input and size (goal <= 50); the worst growth from 100 KB to 1 MB (linear is
+10x; goal <= 12x; over the inputs whose 1 MB parse takes 10 ms or more: below that the timer
+and the caches decide); and, for scale, the worst input's parse time against decoding its tokens
+(``tokenizer.decode``, which the loop does for every model turn anyway). Last line: JSON
+``{"turns_per_s", "overhead_us_per_turn", "overhead_vs_tokenize", "parser_ms_per_mb_worst",
+"parser_growth_worst", "parser_worst_input", "parser_vs_decode"}``. ``--smoke`` runs 50
+trajectories and parses 10 KB and 100 KB once (for ``make test``).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from typing import Any, AsyncIterator
 
@@ -26,7 +36,7 @@ from rlasync.agents import ChatTurns, ToolAgentLoop
 from rlasync.config import AgentConfig
 from rlasync.engines import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
 from rlasync.models import build_tokenizer
-from rlasync.tools import HermesParser, ToolResult, build_tools
+from rlasync.tools import HermesParser, ToolResult, build_tools, get_parser
 
 QUESTION = [{"role": "user", "content": "What is ((12*7)+5)*3?"}]
 TURNS = [
@@ -120,6 +130,60 @@ def tokenize_cost(tok: Any, repeats: int) -> float:
     return (time.perf_counter() - start) / (repeats * len(model_turns))
 
 
+# Each input is one block repeated to the size: malformed calls, calls past the per-turn cap,
+# strings holding the closing tag, deep nesting, degenerate headers, runs of control tokens.
+ADVERSARIAL = {
+    "hermes": [
+        "<tool_call>x</tool_call>", "<tool_call>x", '<tool_call>{"name": "a</tool_call>', "<tool_call>[[[[[[[[",
+        '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>', "<think></think><tool_call>{",
+        '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>', "</think><tool_call>1e999999</tool_call>",
+    ],
+    "gpt-oss": [
+        "<|channel|>", "<|start|>", "<|message|>", "<|constrain|>x", "<|end|>x", "to=functions.aaaa", "<|start|>x",
+        "<|channel|>x", "<|start|> <|start|>", "<|start|>to=functions.x<|end|>",
+        "<|channel|>commentary to=functions.x<|message|>{bad<|call|>",
+        "<|start|>assistant<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{}<|call|>",
+    ],
+}  # fmt: skip
+SIZES = (10_000, 100_000, 1_000_000)
+
+
+def _size(n: int) -> str:
+    return f"{n // 1_000_000} MB" if n >= 1_000_000 else f"{n // 1000} KB"
+
+
+def ms_per_mb(parse: Any, text: str, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        parse(text)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3 / (len(text) / 1e6)
+
+
+def parser_costs(tok: Any, sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """ms per MB of each parser on each adversarial input and size; the worst, and the growth."""
+    worst, growth, worst_input, worst_text = 0.0, 0.0, "", ""
+    for fmt, blocks in ADVERSARIAL.items():
+        parse = get_parser(fmt).parse
+        for block in blocks:
+            costs = []
+            for size in sizes:
+                text = (block * (size // len(block) + 1))[:size]
+                costs.append(ms_per_mb(parse, text, repeats if size < 1_000_000 else max(repeats // 2, 1)))
+                if costs[-1] > worst:
+                    worst, worst_input, worst_text = costs[-1], f"{fmt}: {block[:40]!r} at {_size(size)}", text
+            print(f"  {fmt:8} {block[:44]!r:48} " + "  ".join(f"{c:6.1f}" for c in costs) + " ms/MB")
+            if len(costs) > 1 and costs[-1] * sizes[-1] / 1e6 >= 10.0:  # 10 ms or more at the largest size
+                growth = max(growth, costs[-1] * sizes[-1] / (costs[-2] * sizes[-2]))
+    ids = tok.encode(worst_text, add_special_tokens=False)
+    decode = ms_per_mb(lambda _: tok.decode(ids, skip_special_tokens=False), worst_text, repeats)
+    return {
+        "parser_ms_per_mb_worst": round(worst, 1), "parser_growth_worst": round(growth, 1), "parser_worst_input": worst_input,
+        "parser_vs_decode": round(worst / decode, 2),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trajectories", type=int, default=2000)
@@ -140,7 +204,14 @@ def main() -> None:
     overhead = max(per_turn - tokenize, 0.0)
     print(f"{args.trajectories} trajectories x {len(TURNS)} model turns (+{len(TURNS) - 1} tool turns) concurrently: {elapsed:.2f} s, {turns / elapsed:,.0f} model turns/s")
     print(f"per model turn: {per_turn * 1e6:.0f} us in all; tokenisation {tokenize * 1e6:.0f} us of it (the same work timed alone: {alone * 1e6:.0f} us); loop overhead {overhead * 1e6:.0f} us")
-    print(json.dumps({"turns_per_s": round(turns / elapsed), "overhead_us_per_turn": round(overhead * 1e6, 1), "overhead_vs_tokenize": round(overhead / tokenize, 3)}))
+    sizes = SIZES[:2] if args.smoke else SIZES
+    print(f"tool-call parsers on adversarial turns of {', '.join(_size(s) for s in sizes)} (median ms per MB):")
+    parsers = parser_costs(tok, sizes, 1 if args.smoke else 5)
+    print(f"worst {parsers['parser_ms_per_mb_worst']} ms/MB ({parsers['parser_worst_input']}; {parsers['parser_vs_decode']}x the time to "
+          f"decode its tokens), worst growth {_size(sizes[-2])} -> {_size(sizes[-1])} {parsers['parser_growth_worst']}x "
+          f"(linear: {sizes[-1] // sizes[-2]}x)")  # fmt: skip
+    loop = {"turns_per_s": round(turns / elapsed), "overhead_us_per_turn": round(overhead * 1e6, 1), "overhead_vs_tokenize": round(overhead / tokenize, 3)}
+    print(json.dumps(loop | parsers))
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class AgentLoop(abc.ABC):
             if inspect.isawaitable(value):
                 value = await value
             return float(value)
-        except Exception as exc:  # a reward bug is a recorded zero, not a lost trajectory, and said once
+        except (Exception, SystemExit) as exc:  # a reward bug (sys.exit too) is a recorded zero, not a lost trajectory, said once
             from ..rewards.registry import warn_once
 
             trajectory.metrics.reward_error = f"{type(exc).__name__}: {exc}"

@@ -27,10 +27,12 @@ from ..engines.router import EngineLostError
 from ..engines.types import GenerateRequest, SamplingParams
 from ..runtime import ActorError
 from ..tools.base import ToolCall
+from ..tools.parsers import MAX_NAME_CHARS, clean_text
 from .base import AgentLoop, LoopReuseError, register
 from .trajectory import Trajectory, TrajectoryMetrics
 
 MAX_ENGINE_ABORTS = 64  # a turn the engine keeps aborting (it is paused again and again) gives up
+PARSE_INLINE_CHARS = 65536  # a model turn longer than this is parsed in a thread, off the event loop
 
 
 class LoopState(msgspec.Struct, kw_only=True):
@@ -52,6 +54,7 @@ class LoopState(msgspec.Struct, kw_only=True):
     # The tool calls of the last model turn, until their responses are appended.
     pending_calls: list[ToolCall] = []
     pending_errors: list[str] = []
+    pending_dropped: int = 0  # calls past the parser's per-turn cap: counted, never read
     termination: str = ""
     turn_scores: list[float] = []
     metrics: TrajectoryMetrics = msgspec.field(default_factory=TrajectoryMetrics)
@@ -255,9 +258,10 @@ class ToolAgentLoop(ResumableLoop):
                 elif cfg.max_assistant_turns and s.assistant_turns >= cfg.max_assistant_turns:
                     s.termination = "max_assistant_turns"
                 else:
-                    parsed = parser.parse(text)
-                    if parsed.calls or parsed.errors:
-                        s.pending_calls, s.pending_errors = list(parsed.calls), list(parsed.errors)
+                    # Parsing is linear, but a long turn is parsed off the event loop's thread.
+                    parsed = await asyncio.to_thread(parser.parse, text) if len(text) > PARSE_INLINE_CHARS else parser.parse(text)
+                    if parsed.calls or parsed.errors or parsed.dropped:
+                        s.pending_calls, s.pending_errors, s.pending_dropped = list(parsed.calls), list(parsed.errors), parsed.dropped
                         s.state = "PROCESSING_TOOLS"
                         continue
                     if self.interaction is not None:
@@ -270,7 +274,7 @@ class ToolAgentLoop(ResumableLoop):
                     s.termination = "max_user_turns"
                     break
                 messages, ids = await self._run_tools(parser)
-                s.pending_calls, s.pending_errors = [], []
+                s.pending_calls, s.pending_errors, s.pending_dropped = [], [], 0
                 if not self._append_environment(messages, ids):
                     s.termination = "response_length"
                     break
@@ -285,7 +289,7 @@ class ToolAgentLoop(ResumableLoop):
                 if done:
                     s.termination = "interaction"
                     break
-                if not self._append_environment([{"role": "user", "content": reply}]):
+                if not self._append_environment([{"role": "user", "content": clean_text(str(reply))}]):
                     s.termination = "response_length"
                     break
                 s.state = "GENERATING"
@@ -293,8 +297,12 @@ class ToolAgentLoop(ResumableLoop):
 
     async def _run_tools(self, parser: Any) -> tuple[list[dict[str, Any]], list[int]]:
         """PROCESSING_TOOLS: run the pending calls (at most ``max_parallel_calls``, together);
-        every failure becomes a message the model reads. The ids of the environment's turn."""
-        from ..tools import HarmonyParser, ToolContext, error_result, run_tool_call
+        every failure becomes a message the model reads. The ids of the environment's turn.
+
+        However the model misbehaves, the turn stays small: at most ``max_parallel_calls`` call
+        results and as many parse errors, then one line counting the rest, each message cut to
+        ``max_tool_response_length``; every text in it is tokenised as plain text."""
+        from ..tools import HarmonyParser, ToolContext, error_result, run_tool_call, truncate_text
 
         s = self.state
         cfg = self.config
@@ -312,13 +320,29 @@ class ToolAgentLoop(ResumableLoop):
             )
         finally:
             s.metrics.tool_s += time.perf_counter() - started
-        results += [error_result("parse_error", message) for message in s.pending_errors]
+        failed = sum(1 for r in results if not r.ok)
+        shown = s.pending_errors[: cfg.max_parallel_calls]
+        results += [error_result("parse_error", message) for message in shown]
         skipped = len(s.pending_calls) - len(calls)
-        if skipped:
-            results.append(error_result("parse_error", f"only {cfg.max_parallel_calls} tool call(s) per turn are run; {skipped} were skipped"))
+        unanswered = len(s.pending_errors) - len(shown) + s.pending_dropped
+        if skipped or unanswered:
+            results.append(error_result("parse_error", _not_run(cfg.max_parallel_calls, skipped, unanswered)))
+        for r in results:  # environment text: valid, bounded, and named within bounds
+            r.text = truncate_text(clean_text(r.text), cfg.max_tool_response_length, cfg.tool_response_truncate_side)[0]
+            r.name = clean_text(r.name[:MAX_NAME_CHARS])
         s.metrics.tool_calls += len(calls)
-        s.metrics.tool_errors += sum(1 for r in results if not r.ok)
+        s.metrics.tool_errors += failed + len(s.pending_errors) + s.pending_dropped + skipped
         messages = parser.format_responses(results)
         if isinstance(parser, HarmonyParser):  # chat templates do not know harmony: its own text
-            return messages, self.turns.encode(parser.render_responses(results))
+            return messages, self.turns.encode_pieces(parser.response_pieces(results))
         return messages, self.turns.after_model_turn(messages)
+
+
+def _not_run(limit: int, skipped: int, unanswered: int) -> str:
+    """The one message for the calls of a turn that were neither run nor answered."""
+    said = []
+    if skipped:
+        said.append(f"only {limit} tool call(s) per turn are run; {skipped} were skipped")
+    if unanswered:
+        said.append(f"{unanswered} more malformed or excess call(s) were not read")
+    return "; ".join(said)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -59,36 +60,74 @@ class ChatTurns:
                 cache.popitem(last=False)
         return list(ids)
 
+    def encode_text(self, text: str) -> list[int]:
+        """``text`` that came from outside the model (a tool, a user, an error about a model's
+        call): special-token strings in it are plain text, never control tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def encode_pieces(self, pieces: Iterable[tuple[str, bool]]) -> list[int]:
+        """Markup and environment text in order: ``(text, True)`` is environment text
+        (``encode_text``), ``(text, False)`` markup, whose special tokens stay special."""
+        ids: list[int] = []
+        for text, environment in pieces:
+            if text:
+                ids += self.encode_text(text) if environment else self.encode(text)
+        return ids
+
+    def special_ids(self) -> set[int]:
+        """Ids of the tokenizer's special tokens (control tokens: turn ends, headers, tool tags)."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        return set(self.tokenizer.all_special_ids) | {i for i, token in added.items() if getattr(token, "special", False)}
+
     def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """What the template puts after a model turn that ended with its end token, then
         ``messages`` (tool or user turns), then the next assistant header.
 
-        Message contents are tokenised as plain text: a tool that prints ``<|im_end|>`` must
-        not end a turn the model did not end (the template's own markup keeps its special
-        tokens). Each content is swapped for a placeholder while rendering, then encoded on
-        its own with special tokens split.
+        Message contents and names are tokenised as plain text: a tool that prints
+        ``<|im_end|>`` must not end a turn the model did not end, whatever its name (the
+        template's own markup keeps its special tokens). Each is swapped for a placeholder while
+        rendering, then encoded on its own with special tokens split. A template that changes
+        the placeholders (it transforms what it renders) is rendered plainly, and refused
+        (``TemplateError``) if that turns environment text into control tokens.
         """
         if not self._before:
             self._before = self.render(self._base, generation_prompt=False)
         before = self._before
-        marked = [dict(m, content=f"\x00{i}\x00") if isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
-        after = self.render(self._base + marked, generation_prompt=True)
-        if not after.startswith(before):
-            raise TemplateError("the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends")
         end = before.rfind(self.turn_end)
         if end < 0:
             raise TemplateError(f"the chat template does not end an assistant turn with the eos token {self.turn_end!r}")
+        values: dict[str, str] = {}
+        marked = []
+        for i, message in enumerate(messages):
+            swapped = dict(message)
+            for field in _ENVIRONMENT_FIELDS:
+                if isinstance(message.get(field), str):
+                    values[key := f"{i}.{field}"] = message[field]
+                    swapped[field] = f"\x00{key}\x00"
+            marked.append(swapped)
+        after = self._after(before, marked)
         text = before[end + len(self.turn_end) :] + after[len(before) :]
         pieces = text.split("\x00")
-        if len(pieces) != 2 * sum(1 for m in marked if m is not None and isinstance(m.get("content"), str)) + 1:
-            # The template changed the placeholders (it transforms contents): render plainly.
-            plain = self.render(self._base + list(messages), generation_prompt=True)
-            return self.encode(before[end + len(self.turn_end) :] + plain[len(before) :])
-        ids: list[int] = []
-        for k, piece in enumerate(pieces):
-            if k % 2 == 0:
-                ids += self.encode(piece)
-            else:
-                content = messages[int(piece)]["content"]
-                ids += self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
+        if len(pieces) % 2 == 1 and all(key in values for key in pieces[1::2]):
+            return self.encode_pieces((values[piece] if k % 2 else piece, bool(k % 2)) for k, piece in enumerate(pieces))
+        # The template changed the placeholders: render plainly, if no control token comes of it.
+        ids = self.encode(before[end + len(self.turn_end) :] + self._after(before, messages)[len(before) :])
+        neutral = [dict(m, **{f: "" for f in _ENVIRONMENT_FIELDS if isinstance(m.get(f), str)}) for m in messages]
+        expected = self.encode(before[end + len(self.turn_end) :] + self._after(before, neutral)[len(before) :])
+        specials = self.special_ids()
+        if [i for i in ids if i in specials] != [i for i in expected if i in specials]:
+            raise TemplateError(
+                "a tool or user message holds special-token text, and this chat template transforms message "
+                "contents, so they cannot be kept as plain text: use a template that renders contents as they are"
+            )
         return ids
+
+    def _after(self, before: str, messages: list[dict[str, Any]]) -> str:
+        after = self.render(self._base + messages, generation_prompt=True)
+        if not after.startswith(before):
+            raise TemplateError("the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends")
+        return after
+
+
+_ENVIRONMENT_FIELDS = ("content", "name")
+"""Message fields whose text comes from outside the model (a template may render either)."""

@@ -32,7 +32,7 @@ from ..runtime import Actor
 from .base import AgentLoop, RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
 from .loops import LoopState, ResumableLoop
-from .trajectory import Trajectory
+from .trajectory import Trajectory, TrajectoryMetrics
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,10 @@ class AgentLoopWorker(Actor):
         return loop
 
     async def _run(self, loop: AgentLoop, row: dict[str, Any], params: SamplingParams) -> Trajectory:
-        trajectory = await loop.run(params, **row)
+        try:
+            trajectory = await loop.run(params, **row)
+        except (Exception, SystemExit) as exc:  # one trajectory's failure ends it, never its batch
+            trajectory = failed_trajectory(loop, row, exc)
         self.rolled_out += 1
         return trajectory
 
@@ -138,6 +141,40 @@ class AgentLoopWorker(Actor):
         """Send requests to ``engine`` too (it entered rotation)."""
         if isinstance(self._engine, Router) and engine.name not in {ref.name for ref in self._engine.engines}:
             self._engine.add_engine(engine)
+
+
+def failed_trajectory(loop: AgentLoop, row: dict[str, Any], exc: BaseException) -> Trajectory:
+    """The trajectory a loop that raised leaves: what its state holds (the turns it finished),
+    termination ``error`` with the exception in ``metrics.error``, reward 0. Said in the log once
+    per loop and exception type, with its traceback: it is a bug (of a loop, a tool or a
+    template), and may hit thousands of trajectories."""
+    error = f"{type(exc).__name__}: {exc}"[:1000]
+    key = (type(loop), type(exc))
+    if key not in _reported:
+        _reported.add(key)
+        log.warning("agent loop %s raised on trajectory %s (it ends with termination 'error'; further %s of this loop are not logged)",
+                    type(loop).__name__, loop.trajectory_id, type(exc).__name__, exc_info=exc)  # fmt: skip
+    state = getattr(loop, "state", None) if isinstance(loop, ResumableLoop) else None
+    if isinstance(state, LoopState) and state.prompt_ids:
+        metrics = state.metrics
+        metrics.error = error
+        return Trajectory(
+            prompt_ids=list(state.prompt_ids), response_ids=list(state.response_ids), response_mask=list(state.response_mask),
+            logprobs=list(state.logprobs), versions=list(state.versions), reward=0.0,
+            num_turns=state.assistant_turns + state.user_turns + 1, termination="error", metrics=metrics,
+            messages=list(state.messages), extra={"turn_scores": list(state.turn_scores)},
+        )  # fmt: skip
+    try:  # it failed before it had a state: the prompt alone
+        prompt_ids = loop.turns.prompt_ids(list(row.get("messages") or []))
+    except Exception:  # noqa: BLE001  (the row itself may be what failed)
+        prompt_ids = []
+    return Trajectory(
+        prompt_ids=prompt_ids, response_ids=[], response_mask=[], logprobs=[], versions=[], reward=0.0, num_turns=1,
+        termination="error", metrics=TrajectoryMetrics(error=error), messages=list(row.get("messages") or []),
+    )  # fmt: skip
+
+
+_reported: set[tuple[type, type]] = set()  # (loop class, exception type) already logged
 
 
 class AgentLoopManager:

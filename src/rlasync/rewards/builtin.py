@@ -20,10 +20,31 @@ from .registry import RewardInput, RewardOutput, register_reward
 _NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|(?<!\d)\.\d+)")
 
 
-def parse_last_number(text: str) -> Fraction | None:
-    """The last number in ``text`` as an exact ``Fraction`` (``"-1,234.5"`` → -2469/2), or None."""
+MAX_EXACT_DIGITS = 4000
+"""A number with more significant digits is compared as its canonical digit string: Python
+refuses ``int``/``Fraction`` of more than 4,300 digits, and a reward must score such an answer
+(wrong, surely), not fail on it."""
+
+Number = Fraction | str
+"""An exact number: a ``Fraction``, or the canonical digits of one too long for it."""
+
+
+def exact_number(token: str) -> Number:
+    """``"-1,234.50"`` as ``Fraction(-2469, 2)``; past ``MAX_EXACT_DIGITS`` significant digits the
+    canonical string (``"-1234.5"``: no grouping commas, leading or trailing zeros)."""
+    token = token.replace(",", "")
+    sign = "-" if token.startswith("-") else ""
+    whole, _, part = token.lstrip("+-").partition(".")
+    whole, part = whole.lstrip("0"), part.rstrip("0")
+    if len(whole) + len(part) <= MAX_EXACT_DIGITS:
+        return Fraction(f"{sign}{whole or 0}.{part or 0}")
+    return f"{sign}{whole or 0}" + (f".{part}" if part else "")
+
+
+def parse_last_number(text: str) -> Number | None:
+    """The last number in ``text``, exact (``"-1,234.5"`` → ``Fraction(-2469, 2)``, see ``exact_number``), or None."""
     matches = _NUMBER.findall(text.replace("\u2212", "-"))  # U+2212 MINUS SIGN
-    return Fraction(matches[-1].replace(",", "")) if matches else None
+    return exact_number(matches[-1]) if matches else None
 
 
 def _truth(inp: RewardInput, reward: str) -> str:
@@ -46,6 +67,11 @@ def exact_numeric(inp: RewardInput) -> RewardOutput:
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
+MAX_ANSWER_CHARS = 1000
+"""A boxed answer longer than this is compared as written, not normalised (no math answer is
+that long; normalising one is superlinear)."""
+
+
 def extract_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` (braces balanced, ``\\{`` skipped); None if absent or cut off."""
     found, pos = None, 0
@@ -57,21 +83,21 @@ def extract_boxed(text: str) -> str | None:
     return found
 
 
+_BRACE = re.compile(r"\\.|[{}]", re.DOTALL)
+
+
 def _closing_brace(text: str, start: int) -> int | None:
-    """Index of the ``}`` closing the group whose ``{`` is just before ``start``."""
-    depth, i = 1, start
-    while i < len(text):
-        char = text[i]
-        if char == "\\":
-            i += 2  # an escaped character (\{, \}) never opens or closes a group
-            continue
+    """Index of the ``}`` closing the group whose ``{`` is just before ``start`` (braces found in C)."""
+    depth = 1
+    for match in _BRACE.finditer(text, start):
+        char = match.group()
         if char == "{":
             depth += 1
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return match.start()
+        # an escaped character (\{, \}) never opens or closes a group
     return None
 
 
@@ -147,7 +173,8 @@ _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d
 
 
 def _as_number(s: str) -> Fraction | None:
-    """``s`` as an exact number when it is one: ``-3``, ``1,000``, ``0.25``, ``-1/2``, ``1.5/3``."""
+    """``s`` as an exact number when it is one: ``-3``, ``1,000``, ``0.25``, ``-1/2``, ``1.5/3``
+    (None for any other text; answers are at most ``MAX_ANSWER_CHARS`` long, so digits fit)."""
     parts = s.split("/")
     if len(parts) > 2 or not all(_PLAIN_NUMBER.fullmatch(p) for p in parts):
         return None
@@ -158,7 +185,10 @@ def _as_number(s: str) -> Fraction | None:
 
 
 def math_answers_equal(a: str, b: str) -> bool:
-    """Equal as numbers when both normalised answers parse as numbers, else as normalised strings."""
+    """Equal as numbers when both normalised answers parse as numbers, else as normalised strings.
+    An answer longer than ``MAX_ANSWER_CHARS`` is compared as written (whitespace stripped)."""
+    if len(a) > MAX_ANSWER_CHARS or len(b) > MAX_ANSWER_CHARS:
+        return a.strip() == b.strip()
     a, b = normalize_math_answer(a), normalize_math_answer(b)
     x, y = _as_number(a), _as_number(b)
     return x == y if x is not None and y is not None else a == b

@@ -161,7 +161,8 @@ async def compute_reward(
     thread finishes in the background, so a reward that can hang should be async and own its
     subprocess.
 
-    Any ``Exception`` (an unknown name included), a timeout, or a score that is not a finite
+    Any ``Exception`` (an unknown name included), ``SystemExit`` (a reward calling
+    ``sys.exit`` must not stop the node), a timeout, or a score that is not a finite
     number gives ``score=0.0`` and ``metrics["error"] = "Type: message"``. ``CancelledError``
     (the caller cancelled) propagates.
     """
@@ -183,7 +184,7 @@ async def compute_reward(
         else:  # the reward raised TimeoutError itself
             error = f"TimeoutError: {e}"
         return _failed(label, error)
-    except Exception as e:  # noqa: BLE001  (the contract: a reward's failure is a recorded 0.0)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (the contract: a reward's failure is a recorded 0.0; sys.exit too)
         return _failed(label, f"{type(e).__name__}: {e}")
 
 

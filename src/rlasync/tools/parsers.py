@@ -26,6 +26,14 @@ Formats:
 
 ``content`` never contains reasoning or calls: it is what a reward reads. The training tokens
 are the model's own, untouched by parsing.
+
+Hostile text: parsing is linear in the text and cheap per tag (a JSON body is decoded from its
+own block, never from the whole text; harmony's text is split in C and headers built in lists).
+Once ``MAX_CALLS_PER_TURN`` calls and malformed calls are read, the rest of the turn is not: its
+calls are counted in ``ParsedTurn.dropped`` (one per ``<tool_call>``, or per ``to=`` recipient)
+and its text is not in ``content``. A name shown in an error is cut to ``MAX_NAME_CHARS``, and
+decoded strings are valid UTF-8 text (a ``"\\ud800"`` escape becomes U+FFFD: a lone surrogate
+cannot be tokenised or sent).
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class ParsedTurn(msgspec.Struct, kw_only=True):
     calls: list[ToolCall] = []
     errors: list[str] = []
     """One message per malformed call, written for the model (show them; count them)."""
+    dropped: int = 0
+    """Calls past ``MAX_CALLS_PER_TURN`` (well-formed or not): counted, never read."""
 
 
 class ToolParser(abc.ABC):
@@ -67,13 +77,20 @@ class ToolParser(abc.ABC):
         """The text a model of this format generates for this turn (scripted engines, SFT data, tests)."""
 
     @abc.abstractmethod
-    def render_responses(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> str:
-        """Tool replies as text in this format, for a tokenizer whose chat template does not know it.
+    def response_pieces(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+        """Tool replies in this format, for a tokenizer whose chat template does not know it: the
+        text in pieces, ``(text, True)`` for what came from outside the model (a tool's output, a
+        name the model chose), ``(text, False)`` for the format's markup. Tokenise the first kind
+        with special tokens split (``ChatTurns.encode_pieces``): a tool printing the format's
+        control tokens must not forge a turn.
 
         The text follows the assistant's end token; with ``add_generation_prompt`` it ends with the
-        next assistant turn's header. Contents are inserted verbatim: tokenize them without
-        special-token parsing if a tool's output could contain the format's special tokens.
+        next assistant turn's header.
         """
+
+    def render_responses(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> str:
+        """``response_pieces`` as one text (for reading; tokenise the pieces, not this)."""
+        return "".join(text for text, _ in self.response_pieces(results, add_generation_prompt=add_generation_prompt))
 
     def format_responses(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
         """Tool replies as chat messages (role ``tool``) to append before ``apply_chat_template``."""
@@ -115,8 +132,46 @@ def registered_parsers() -> list[str]:
 
 
 # -- shared helpers --------------------------------------------------------------------------
+MAX_CALLS_PER_TURN = 32
+"""Calls and malformed calls read from one turn; later ones only count (``ParsedTurn.dropped``)."""
+MAX_NAME_CHARS = 64
+"""A name (a recipient, a tool) quoted in an error message is cut to this many characters."""
+
 _DECODER = json.JSONDecoder()
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (tokenisers and msgspec refuse them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def _clean(value: Any) -> Any:
+    """A decoded JSON value with lone surrogates replaced, in strings and keys alike."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _decode_json(raw: str) -> Any:
+    """``json.loads`` of a call's own text (its errors count lines in it alone), surrogates cleaned."""
+    value = json.loads(raw)
+    return _clean(value) if _SURROGATE_ESCAPE.search(raw) else value
+
+
+def _shown(name: str) -> str:
+    """A model-chosen name as quoted in an error: cut to ``MAX_NAME_CHARS``."""
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
 
 
 def _json_error(e: Exception, offset: int = 0) -> str:
@@ -132,7 +187,7 @@ def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str]:
     """Arguments as a dict, or None and why; a JSON string of an object is decoded (some models double-encode)."""
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw) if raw.strip() else {}
+            raw = _decode_json(raw) if raw.strip() else {}
         except (ValueError, RecursionError) as e:
             return None, f'"arguments" is a string but not JSON: {_json_error(e)}'
     if not isinstance(raw, dict):
@@ -142,7 +197,7 @@ def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str]:
 
 
 def _join(pieces: list[str]) -> str:
-    return "\n".join(p for p in (piece.strip() for piece in pieces) if p)
+    return "\n".join(filter(None, map(str.strip, pieces)))  # in C: a turn may hold 100k pieces
 
 
 def _dumps(value: Any) -> str:
@@ -151,6 +206,7 @@ def _dumps(value: Any) -> str:
 
 # -- hermes ----------------------------------------------------------------------------------
 _HERMES_TAG = re.compile(r"<think>|</think>|<tool_call>")
+_HERMES_CLOSE = "</tool_call>"
 _HERMES_HINT = 'write each call as <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>'
 
 
@@ -162,20 +218,34 @@ class HermesParser(ToolParser):
         content: list[str] = []
         reasoning: list[str] = []
         turn = ParsedTurn()
-        pos, opened = 0, False
-        while (tag := _HERMES_TAG.search(text, pos)) is not None:
-            content.append(text[pos : tag.start()])
-            if tag.group() == "</think>":
+        search = _HERMES_TAG.search
+        pos, opened, retry = 0, False, True
+        while (tag := search(text, pos)) is not None:
+            kind, start = tag.group(), tag.start()
+            content.append(text[pos:start])
+            if kind == "<tool_call>":
+                if len(turn.calls) + len(turn.errors) < MAX_CALLS_PER_TURN:
+                    pos, retry = self._read_call(text, tag.end(), turn, call_id_prefix, retry)
+                elif opened or text.find("</think>", start) == -1:  # the turn's calls are read: the rest only counts
+                    turn.dropped += text.count("<tool_call>", start)
+                    pos = len(text)
+                    break
+                else:  # a </think> ahead may yet make all of this reasoning: read on, counting
+                    turn.dropped += 1
+                    close = text.find(_HERMES_CLOSE, tag.end())
+                    pos = len(text) if close == -1 else close + len(_HERMES_CLOSE)
+            elif kind == "</think>":
                 if not opened:  # the generation prompt opened <think>: all before is reasoning, calls included
                     turn.calls.clear()
                     turn.errors.clear()
+                    turn.dropped = 0
                     content.clear()
-                    reasoning.append(text[: tag.start()])
+                    reasoning.append(text[:start])
                     opened = True
                 else:
-                    content.append(tag.group())  # a stray closing tag: text
+                    content.append(kind)  # a stray closing tag: text
                 pos = tag.end()
-            elif tag.group() == "<think>":
+            else:  # <think>
                 opened = True
                 end = text.find("</think>", tag.end())
                 if end == -1:  # never closed: everything after is thinking, calls included
@@ -184,36 +254,54 @@ class HermesParser(ToolParser):
                     break
                 reasoning.append(text[tag.end() : end])
                 pos = end + len("</think>")
-            else:
-                pos = self._read_call(text, tag.end(), turn, call_id_prefix)
         content.append(text[pos:])
         turn.content, turn.reasoning = "".join(content).strip(), _join(reasoning)
         return turn
 
-    def _read_call(self, text: str, start: int, turn: ParsedTurn, prefix: str) -> int:
-        """Read one call whose body starts at ``start``; record it or its error; return where to go on."""
+    def _read_call(self, text: str, start: int, turn: ParsedTurn, prefix: str, retry: bool) -> tuple[int, bool]:
+        """Read one call whose body starts at ``start``; record it or its error. Where to go on,
+        and whether the retry is still unspent.
+
+        The JSON is decoded from its block alone (up to the next ``</tool_call>``, or the end of the
+        text when the engine stripped it): decoding from the whole text made every error count the
+        lines before it, quadratic in the number of calls. A JSON string may hold ``</tool_call>``:
+        a block whose string runs past its end is decoded once more over the rest of the text (one
+        such retry per turn keeps the parse linear)."""
         number = len(turn.calls) + len(turn.errors) + 1
         body = _WHITESPACE.match(text, start).end()  # type: ignore[union-attr]  # matches the empty string
-        try:
-            obj, end = _DECODER.raw_decode(text, body)  # not a regex to </tool_call>: it may be inside a string
-        except (ValueError, RecursionError) as e:
-            problem = _json_error(e, body)
-        else:
-            after = _WHITESPACE.match(text, end).end()  # type: ignore[union-attr]
-            if text.startswith("</tool_call>", after) or after == len(text):
+        close = text.find(_HERMES_CLOSE, body)
+        stop = len(text) if close == -1 else close
+        obj, end, problem = self._decode(text[body:stop])
+        if retry and close != -1 and problem.startswith("invalid JSON (Unterminated string"):
+            retry = False  # a string holding </tool_call>: decode the rest of the text, once
+            obj, end, problem = self._decode(text[body:])
+            if not problem:
+                close = text.find(_HERMES_CLOSE, body + end)
+                stop = len(text) if close == -1 else close
+        if not problem:
+            after = _WHITESPACE.match(text, body + end).end()  # type: ignore[union-attr]
+            if after == stop:
                 call, problem = self._call(obj, f"{prefix}{len(turn.calls)}")
                 if call is not None:
                     turn.calls.append(call)
                 else:
                     turn.errors.append(f"invalid tool call #{number}: {problem}; {_HERMES_HINT}")
-                return min(after + len("</tool_call>"), len(text))
+                return min(stop + len(_HERMES_CLOSE), len(text)), retry
             problem = "unexpected text after the JSON object"
-        close = text.find("</tool_call>", start)
         if close == -1:
             turn.errors.append(f"invalid tool call #{number}: {problem}, and no </tool_call>; {_HERMES_HINT}")
-            return len(text)
+            return len(text), retry
         turn.errors.append(f"invalid tool call #{number}: {problem}; {_HERMES_HINT}")
-        return close + len("</tool_call>")
+        return close + len(_HERMES_CLOSE), retry
+
+    @staticmethod
+    def _decode(block: str) -> tuple[Any, int, str]:
+        """(value, where it ended in ``block``, "") or (None, 0, why it is not JSON)."""
+        try:
+            obj, end = _DECODER.raw_decode(block)
+        except (ValueError, RecursionError) as e:
+            return None, 0, _json_error(e)
+        return (_clean(obj) if _SURROGATE_ESCAPE.search(block, 0, end) else obj), end, ""
 
     @staticmethod
     def _call(obj: Any, call_id: str) -> tuple[ToolCall | None, str]:
@@ -233,36 +321,61 @@ class HermesParser(ToolParser):
         rendered = (f'<tool_call>{{"name": {_dumps(c.name)}, "arguments": {_dumps(c.arguments)}}}</tool_call>' for c in calls)
         return think + content + "".join(rendered)
 
-    def render_responses(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> str:
+    def response_pieces(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
         # rlasync's CHAT_TEMPLATE: each tool message is a user turn. Other ChatML templates (Qwen's)
         # group them differently: for those, render format_responses with the tokenizer's template.
-        turns = "".join(f"<|im_start|>user\n<tool_response>{r.text}</tool_response><|im_end|>\n" for r in results)
-        return turns + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+        pieces: list[tuple[str, bool]] = []
+        for r in results:
+            pieces += [("<|im_start|>user\n<tool_response>", False), (r.text, True), ("</tool_response><|im_end|>\n", False)]
+        return pieces + ([("<|im_start|>assistant\n", False)] if add_generation_prompt else [])
 
 
 # -- gpt-oss (harmony) -----------------------------------------------------------------------
-_HARMONY_TOKEN = re.compile(r"<\|(start|end|message|channel|constrain|call|return)\|>")
+# Linear, and cheap per token: the text is split once, in C, at the structural tokens; ends
+# (<|end|>, <|call|>, <|return|>) are found inside the chunks in C too, so text between ends
+# outside any message is taken in bulk; a body is one join. A run of one token counts as one (a
+# second <|channel|> changes nothing; a second <|message|> is body text), and so does a run of
+# <|start|> whose headers hold words without a recipient (such a header holds nothing).
+_STRUCTURE = re.compile(
+    r"(<\|(?:start\|>(?:(?:(?!to=)[^<])*+<\|start\|>)*+|message\|>(?:<\|message\|>)*+"
+    r"|channel\|>(?:<\|channel\|>)*+|constrain\|>(?:<\|constrain\|>)*+))"
+)  # a literal first, so the scan is fast
+_ENDS = re.compile(r"<\|(?:end|call|return)\|>")
+_MESSAGE = "<|message|>"
+_RECIPIENT = re.compile(r"(?<!\S)to=(\S*)")
+_FIRST_WORD = re.compile(r"\s*(\S+)")
 _HARMONY_HINT = "call a function as <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"
 
 
 class _Header:
     """A harmony message header being read: ``role [to=R]<|channel|>channel [to=R] <|constrain|>json``."""
 
-    __slots__ = ("parts", "part", "explicit")
+    __slots__ = ("role", "channel", "constrain", "part", "explicit", "to")
 
     def __init__(self, explicit: bool) -> None:
-        self.parts = {"role": "", "channel": "", "constrain": ""}
-        self.part = "role"
+        self.role: list[str] = []
+        self.channel: list[str] = []
+        self.constrain: list[str] = []
+        self.part = self.role  # the part the next text goes to
         self.explicit = explicit  # opened by <|start|> (rather than implied by the prompt or sloppiness)
+        self.to = False  # some part names a recipient (``to=``): a call, or a message to someone else
+
+    def add(self, text: str) -> None:
+        if text:
+            self.part.append(text)
+            if "to=" in text:
+                self.to = True
 
     def fields(self) -> tuple[str, str, str | None]:
-        """(role, channel, recipient)."""
-        role_words, channel_words = self.parts["role"].split(), self.parts["channel"].split()
-        words = role_words + channel_words + self.parts["constrain"].split()
-        recipient = next((w[3:] for w in words if w.startswith("to=")), None)
-        role = role_words[0] if role_words and not role_words[0].startswith("to=") else "assistant"
-        channel = channel_words[0] if channel_words and not channel_words[0].startswith("to=") else ""
-        return role, channel, recipient
+        """(role, channel, recipient): the first word of each part, and the first ``to=`` word of any."""
+        role_text, channel_text = "".join(self.role), "".join(self.channel)
+        to = _RECIPIENT.search(role_text) or _RECIPIENT.search(channel_text) or _RECIPIENT.search("".join(self.constrain))
+        role, channel = _FIRST_WORD.match(role_text), _FIRST_WORD.match(channel_text)
+        return (
+            role.group(1) if role and not role.group(1).startswith("to=") else "assistant",
+            channel.group(1) if channel and not channel.group(1).startswith("to=") else "",
+            to.group(1) if to else None,
+        )
 
 
 @register_parser("gpt-oss")
@@ -274,36 +387,74 @@ class HarmonyParser(ToolParser):
         content: list[str] = []
         reasoning: list[str] = []
         header = _Header(explicit=False)  # the prompt ends with <|start|>assistant
-        in_body = False
-        body: list[str] = []
-        pos = 0
-        for token in _HARMONY_TOKEN.finditer(text):
-            chunk, kind = text[pos : token.start()], token.group(1)
-            pos = token.end()
-            if not in_body:
-                header.parts[header.part] += chunk
-                if kind in ("channel", "constrain"):
-                    header.part = kind
-                elif kind == "message":
-                    in_body, body = True, []
-                else:  # <|start|>, or a terminator: this header never got a body
+        body: list[str] | None = None  # the body being read, in pieces; None while reading a header
+        pieces = _STRUCTURE.split(text)  # chunk, token, chunk, token, ..., chunk
+        i, n = 0, len(pieces)
+        while True:
+            chunk = pieces[i]
+            if body is not None:  # a body ends at the first end in it (or at the next <|start|>)
+                end = _ENDS.search(chunk) if "<|" in chunk else None
+                if end is None:
+                    body.append(chunk)
+                    chunk = ""
+                else:
+                    body.append(chunk[: end.start()])
+                    self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
+                    header, body, chunk = _Header(explicit=False), None, chunk[end.end() :]
+                    if self._full(turn, header, pieces, i + 1, chunk):
+                        break
+            if chunk:
+                ends = _ENDS.split(chunk) if "<|" in chunk else None
+                if ends is None or len(ends) == 1:
+                    header.part.append(chunk)  # header.add, inlined: the hot path of degenerate headers
+                    if "to=" in chunk:
+                        header.to = True
+                else:  # the header ends: what follows each end up to the next is a header of its own
+                    header.add(ends[0])
                     self._stray(header, turn, content)
-                    header = _Header(explicit=kind == "start")
-            elif kind in ("end", "call", "return", "start"):
-                body.append(chunk)
-                self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
-                header, in_body = _Header(explicit=kind == "start"), False
-            else:  # <|channel|>, <|constrain|> or <|message|> inside a body: literal text
-                body.append(chunk + token.group())
-        tail = text[pos:]
-        if in_body:  # cut off, or the engine dropped the stop token
-            body.append(tail)
-            self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
-        else:
-            header.parts[header.part] += tail
-            self._stray(header, turn, content)
+                    content += ends[1:-1]  # text between two ends, outside any message: what the model said
+                    header = _Header(explicit=False)
+                    header.add(ends[-1])
+                    if self._full(turn, header, pieces, i + 1, ""):
+                        break
+            if i + 1 >= n:
+                if body is not None:  # cut off, or the engine dropped the stop token
+                    self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
+                else:
+                    self._stray(header, turn, content)
+                break
+            token, i = pieces[i + 1], i + 2
+            kind = token[2]  # s(tart), m(essage), c(hannel) or c(onstrain)
+            if body is not None:
+                if kind == "s":  # <|start|>: the body ends, the next message begins
+                    self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
+                    header, body = _Header(explicit=True), None
+                    if self._full(turn, header, pieces, i, ""):
+                        break
+                else:  # <|channel|>, <|constrain|> or <|message|> inside a body: literal text
+                    body.append(token)
+            elif kind == "c":
+                header.part = header.channel if token[3] == "h" else header.constrain
+            elif kind == "m":
+                body = [token[len(_MESSAGE) :]]  # the run's later <|message|> tokens are text
+            elif header.explicit and not header.to and header.part is header.role and not header.channel:
+                header.role.clear()  # <|start|> after a header of words alone: nothing to keep (and cheap)
+            else:  # <|start|>: the header so far never got a body
+                self._stray(header, turn, content)
+                header = _Header(explicit=True)
+                if self._full(turn, header, pieces, i, ""):
+                    break
         turn.content, turn.reasoning = _join(content), _join(reasoning)
         return turn
+
+    @staticmethod
+    def _full(turn: ParsedTurn, header: _Header, pieces: list[str], i: int, chunk: str) -> bool:
+        """Whether the turn's calls are all read: then the rest (``chunk``, ``pieces[i:]``) is only
+        counted, one call per recipient, and not read."""
+        if len(turn.calls) + len(turn.errors) < MAX_CALLS_PER_TURN:
+            return False
+        turn.dropped += chunk.count("to=") + "".join(pieces[i:]).count("to=") + header.to
+        return True
 
     def _message(
         self, header: _Header, body: str, turn: ParsedTurn, content: list[str], reasoning: list[str], prefix: str
@@ -315,33 +466,40 @@ class HarmonyParser(ToolParser):
             (reasoning if channel == "analysis" else content).append(body)
             return
         number = len(turn.calls) + len(turn.errors) + 1
+        if number > MAX_CALLS_PER_TURN:
+            turn.dropped += 1
+            return
         if not recipient.startswith("functions.") or recipient == "functions.":
-            turn.errors.append(f"invalid tool call #{number}: '{recipient}' is not a function tool; {_HARMONY_HINT}")
+            turn.errors.append(f"invalid tool call #{number}: '{_shown(recipient)}' is not a function tool; {_HARMONY_HINT}")
             return
         name, raw = recipient[len("functions.") :], body.strip()
         try:
-            decoded: Any = json.loads(raw) if raw else {}
+            decoded: Any = _decode_json(raw) if raw else {}
         except (ValueError, RecursionError) as e:
-            turn.errors.append(f"invalid tool call #{number} to {name}: {_json_error(e)}; {_HARMONY_HINT}")
+            turn.errors.append(f"invalid tool call #{number} to {_shown(name)}: {_json_error(e)}; {_HARMONY_HINT}")
             return
         arguments, problem = _arguments(decoded)
         if arguments is None:
-            turn.errors.append(f"invalid tool call #{number} to {name}: {problem}; {_HARMONY_HINT}")
+            turn.errors.append(f"invalid tool call #{number} to {_shown(name)}: {problem}; {_HARMONY_HINT}")
             return
         turn.calls.append(ToolCall(name, arguments, f"{prefix}{len(turn.calls)}"))
 
     @staticmethod
     def _stray(header: _Header, turn: ParsedTurn, content: list[str]) -> None:
         """A header that never reached ``<|message|>`` (cut off, or text outside the format)."""
-        if not any(part.strip() for part in header.parts.values()):
+        if not (header.explicit or header.channel or header.constrain):
+            content.append("".join(header.role))  # plain text with no harmony structure: what the model said
+            return
+        if not header.to:
             return
         role, _, recipient = header.fields()
-        if header.explicit or header.parts["channel"] or header.parts["constrain"]:
-            if recipient is not None and role == "assistant":
-                number = len(turn.calls) + len(turn.errors) + 1
-                turn.errors.append(f"invalid tool call #{number} to {recipient}: no <|message|> body; {_HARMONY_HINT}")
+        if recipient is None or role != "assistant":
             return
-        content.append(header.parts["role"])  # plain text with no harmony structure: what the model said
+        number = len(turn.calls) + len(turn.errors) + 1
+        if number > MAX_CALLS_PER_TURN:
+            turn.dropped += 1
+        else:
+            turn.errors.append(f"invalid tool call #{number} to {_shown(recipient)}: no <|message|> body; {_HARMONY_HINT}")
 
     def render_turn(self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None) -> str:
         messages = [] if reasoning is None else [f"<|channel|>analysis<|message|>{reasoning}<|end|>"]
@@ -356,10 +514,12 @@ class HarmonyParser(ToolParser):
             messages.append(f"<|channel|>final<|message|>{content}<|return|>")
         return "<|start|>assistant".join(messages)  # the first message's header start is in the prompt
 
-    def render_responses(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> str:
+    def response_pieces(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
         # A reply to a malformed call has no name: "functions.unknown" keeps the header well-formed.
-        replies = "".join(
-            f"<|start|>functions.{r.name or 'unknown'} to=assistant<|channel|>commentary<|message|>{r.text}<|end|>"
-            for r in results
-        )
-        return replies + ("<|start|>assistant" if add_generation_prompt else "")
+        pieces: list[tuple[str, bool]] = []
+        for r in results:
+            pieces += [
+                ("<|start|>functions.", False), (r.name or "unknown", True),
+                (" to=assistant<|channel|>commentary<|message|>", False), (r.text, True), ("<|end|>", False),
+            ]  # fmt: skip
+        return pieces + ([("<|start|>assistant", False)] if add_generation_prompt else [])
