@@ -15,6 +15,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # is set every process compiled them again (~0.1 s of CPU per node and trainer process).
 setup: $(STAMP)
 	@$(PY) -m compileall -q src
+	@# The python tool's sandbox is bubblewrap (rlasync/tools/builtin.py). As root with apt (CI) it is
+	@# installed here (~8 s, once); elsewhere, or if that fails, the tool needs `isolation: weaker`.
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+			|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } \
+		|| echo "bubblewrap (bwrap) is not installed: the python tool will refuse to start unless given isolation=weaker (apt-get install bubblewrap)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

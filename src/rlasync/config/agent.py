@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -42,8 +42,10 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """How tool calls are read from model text: ``hermes`` (``<tool_call>{json}</tool_call>``)
     or ``gpt-oss`` (the harmony format)."""
 
-    tools: list[str] = []
-    """Built-in or registered tools offered to the model, by name (``calculator``, ``python``)."""
+    tools: list[str] | dict[str, dict[str, Any]] = []
+    """Built-in or registered tools offered to the model: by name (``[calculator, python]``), or
+    name -> its settings (``{python: {wall_time_s: 5, isolation: weaker}}``; see each tool's
+    class, e.g. ``rlasync.tools.PythonTool``)."""
 
     rollout_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
     """Deadline of one call from the head to an agent-loop worker: every trajectory of the rows

@@ -26,7 +26,7 @@ from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
 from ..runtime.node import rank_of
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
-from ..tools import build_tools
+from ..tools import SandboxUnavailable, build_tools
 from .placement import Placement
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,12 @@ class RunInterrupted(Exception):
 def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
     """``agent.tools``, built; fails at start-up, not mid-run, on a loop or tool the rows need
     and the config lacks."""
-    tools = build_tools(config.agent.tools)
+    try:
+        tools = build_tools(config.agent.tools)
+    except SandboxUnavailable as exc:
+        raise ConfigError(f"agent.tools: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:  # an unknown tool, or settings it does not take
+        raise ConfigError(f"agent.tools: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
     for row in rows:
         try:
             get_loop(str(row.get("agent_name") or config.agent.default_loop))

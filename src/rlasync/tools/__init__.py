@@ -9,7 +9,8 @@
     results = await asyncio.gather(*(run_tool_call(tools, call, context, max_response_chars=256) for call in turn.calls))
     results += [error_result("parse_error", e) for e in turn.errors]   # the model sees these too
     messages = parser.format_responses(results)               # role "tool", for a chat template
-    text = parser.render_responses(results)                   # or the format's own text (harmony)
+    pieces = parser.response_pieces(results)                  # or the format's own text (harmony): encode
+                                                              # with ChatTurns.encode_pieces (tool text stays plain)
 
 Importing this package registers the built-in tools and parsers.
 """
@@ -34,7 +35,7 @@ from .base import (
     truncate_text,
     validate_arguments,
 )
-from .builtin import CalculatorTool, PythonRun, PythonTool, network_isolation_available, run_python
+from .builtin import CalculatorTool, PythonRun, PythonTool, SandboxUnavailable, run_python, sandbox_layers
 from .parsers import (
     HarmonyParser,
     HermesParser,
@@ -53,6 +54,7 @@ __all__ = [
     "ParsedTurn",
     "PythonRun",
     "PythonTool",
+    "SandboxUnavailable",
     "Tool",
     "ToolCall",
     "ToolContext",
@@ -64,13 +66,13 @@ __all__ = [
     "error_result",
     "get_parser",
     "get_tool",
-    "network_isolation_available",
     "register_parser",
     "register_tool",
     "registered_parsers",
     "registered_tools",
     "run_python",
     "run_tool_call",
+    "sandbox_layers",
     "schemas",
     "truncate_text",
     "validate_arguments",
