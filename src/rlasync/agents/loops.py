@@ -198,15 +198,20 @@ class ResumableLoop(AgentLoop):
         s.user_turns += 1
         return True
 
-    async def _finish(self, row: dict[str, Any]) -> Trajectory:
+    def trajectory(self) -> Trajectory:
+        """The trajectory as the state holds it: its finished turns (not a turn being
+        generated), its termination so far, reward 0."""
         s = self.state
-        s.state = "TERMINATED"
-        trajectory = Trajectory(
+        return Trajectory(
             prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids), response_mask=list(s.response_mask),
             logprobs=list(s.logprobs), versions=list(s.versions), reward=0.0,
             num_turns=s.assistant_turns + s.user_turns + 1, termination=s.termination, metrics=s.metrics,
             messages=list(s.messages), extra={"turn_scores": list(s.turn_scores)},
         )  # fmt: skip
+
+    async def _finish(self, row: dict[str, Any]) -> Trajectory:
+        self.state.state = "TERMINATED"
+        trajectory = self.trajectory()
         trajectory.reward = await self._reward(row, trajectory)
         return trajectory
 

@@ -15,7 +15,7 @@ class TrajectoryMetrics(msgspec.Struct, kw_only=True):
     aborts: int = 0  # model turns the engine aborted (pause, weight update) and the loop resumed
     interrupts: int = 0  # times the loop itself was interrupted and resumed
     reward_error: str = ""  # the reward function's exception, if it raised (the reward is then 0)
-    error: str = ""  # the engine's error that ended the trajectory (termination "error")
+    error: str = ""  # the engine's error, or the loop's exception, that ended the trajectory (termination "error")
 
 
 class Trajectory(msgspec.Struct, kw_only=True):
@@ -37,7 +37,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     """Why it ended: ``stop`` (the model answered), ``response_length`` (the token budget),
     ``max_new_tokens`` (one turn hit the sampling limit), ``max_assistant_turns``,
     ``max_user_turns``, ``interaction`` (the simulated user ended it), ``aborted`` (the engine
-    kept aborting the turn), ``error`` (the engine refused or lost the request: ``metrics.error``)."""
+    kept aborting the turn), ``error`` (the engine refused or lost the request, or the loop raised:
+    ``metrics.error``)."""
     metrics: TrajectoryMetrics
     messages: list[dict[str, Any]] = []
     """The conversation as text (for rewards, logs and humans; never re-tokenised)."""

@@ -154,16 +154,9 @@ def failed_trajectory(loop: AgentLoop, row: dict[str, Any], exc: BaseException) 
         _reported.add(key)
         log.warning("agent loop %s raised on trajectory %s (it ends with termination 'error'; further %s of this loop are not logged)",
                     type(loop).__name__, loop.trajectory_id, type(exc).__name__, exc_info=exc)  # fmt: skip
-    state = getattr(loop, "state", None) if isinstance(loop, ResumableLoop) else None
-    if isinstance(state, LoopState) and state.prompt_ids:
-        metrics = state.metrics
-        metrics.error = error
-        return Trajectory(
-            prompt_ids=list(state.prompt_ids), response_ids=list(state.response_ids), response_mask=list(state.response_mask),
-            logprobs=list(state.logprobs), versions=list(state.versions), reward=0.0,
-            num_turns=state.assistant_turns + state.user_turns + 1, termination="error", metrics=metrics,
-            messages=list(state.messages), extra={"turn_scores": list(state.turn_scores)},
-        )  # fmt: skip
+    if isinstance(loop, ResumableLoop) and isinstance(getattr(loop, "state", None), LoopState) and loop.state.prompt_ids:
+        loop.state.termination, loop.state.metrics.error = "error", error
+        return loop.trajectory()
     try:  # it failed before it had a state: the prompt alone
         prompt_ids = loop.turns.prompt_ids(list(row.get("messages") or []))
     except Exception:  # noqa: BLE001  (the row itself may be what failed)
