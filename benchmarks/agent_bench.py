@@ -13,10 +13,10 @@ scripted engine's own answer). The goal is ``overhead_vs_tokenize`` <= 1.0.
 
 Then both tool-call parsers read adversarial model turns (``ADVERSARIAL``: the same malformed
 or degenerate block repeated, e.g. 1 MB of ``<tool_call>x</tool_call>`` or of ``<|start|>``) of
-10 KB, 100 KB and 1 MB; per size, the median of a few parses. Reported: the worst milliseconds
+10 KB, 100 KB and 1 MB; per size, the fastest of five parses. Reported: the worst milliseconds
 per MB over every input and size (goal <= 50); the worst growth from 100 KB to 1 MB (linear is
-10x; goal <= 12x; over the inputs whose 1 MB parse takes 10 ms or more: below that the timer
-and the caches decide); and, for scale, the worst input's parse time against decoding its tokens
+10x; goal <= 12x; over the inputs whose 1 MB parse takes 1 ms or more: below that the timer
+decides; an input read only up to the parser's per-turn caps grows less than 10x); and, for scale, the worst input's parse time against decoding its tokens
 (``tokenizer.decode``, which the loop does for every model turn anyway). Last line: JSON
 ``{"turns_per_s", "overhead_us_per_turn", "overhead_vs_tokenize", "parser_ms_per_mb_worst",
 "parser_growth_worst", "parser_worst_input", "parser_vs_decode"}``. ``--smoke`` runs 50
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 from typing import Any, AsyncIterator
 
@@ -131,16 +130,19 @@ def tokenize_cost(tok: Any, repeats: int) -> float:
 
 
 # Each input is one block repeated to the size: malformed calls, calls past the per-turn cap,
-# strings holding the closing tag, deep nesting, degenerate headers, runs of control tokens.
+# strings holding the closing tag, deep nesting, degenerate headers, runs of control tokens,
+# floods of tiny messages and tags.
 ADVERSARIAL = {
     "hermes": [
         "<tool_call>x</tool_call>", "<tool_call>x", '<tool_call>{"name": "a</tool_call>', "<tool_call>[[[[[[[[",
         '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>', "<think></think><tool_call>{",
         '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>', "</think><tool_call>1e999999</tool_call>",
+        "<think>x</think>", "x</think>",
     ],
     "gpt-oss": [
         "<|channel|>", "<|start|>", "<|message|>", "<|constrain|>x", "<|end|>x", "to=functions.aaaa", "<|start|>x",
-        "<|channel|>x", "<|start|> <|start|>", "<|start|>to=functions.x<|end|>",
+        "<|channel|>x", "<|start|> <|start|>", "<|start|>to=functions.x<|end|>", "<|channel|>x<|constrain|>x",
+        "<|message|>x<|end|>x", "<|call|><|message|>", "<|start|>a<|message|>x", "<|channel|>analysis<|message|>x<|end|>",
         "<|channel|>commentary to=functions.x<|message|>{bad<|call|>",
         "<|start|>assistant<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{}<|call|>",
     ],
@@ -153,12 +155,13 @@ def _size(n: int) -> str:
 
 
 def ms_per_mb(parse: Any, text: str, repeats: int) -> float:
+    """The fastest of ``repeats`` parses, per MB: on a shared machine, others only ever slow one down."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         parse(text)
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3 / (len(text) / 1e6)
+    return min(times) * 1e3 / (len(text) / 1e6)
 
 
 def parser_costs(tok: Any, sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
@@ -170,11 +173,11 @@ def parser_costs(tok: Any, sizes: tuple[int, ...], repeats: int) -> dict[str, An
             costs = []
             for size in sizes:
                 text = (block * (size // len(block) + 1))[:size]
-                costs.append(ms_per_mb(parse, text, repeats if size < 1_000_000 else max(repeats // 2, 1)))
+                costs.append(ms_per_mb(parse, text, repeats))
                 if costs[-1] > worst:
                     worst, worst_input, worst_text = costs[-1], f"{fmt}: {block[:40]!r} at {_size(size)}", text
             print(f"  {fmt:8} {block[:44]!r:48} " + "  ".join(f"{c:6.1f}" for c in costs) + " ms/MB")
-            if len(costs) > 1 and costs[-1] * sizes[-1] / 1e6 >= 10.0:  # 10 ms or more at the largest size
+            if len(costs) > 1 and costs[-1] * sizes[-1] / 1e6 >= 1.0:  # 1 ms or more at the largest size
                 growth = max(growth, costs[-1] * sizes[-1] / (costs[-2] * sizes[-2]))
     ids = tok.encode(worst_text, add_special_tokens=False)
     decode = ms_per_mb(lambda _: tok.decode(ids, skip_special_tokens=False), worst_text, repeats)
@@ -205,7 +208,7 @@ def main() -> None:
     print(f"{args.trajectories} trajectories x {len(TURNS)} model turns (+{len(TURNS) - 1} tool turns) concurrently: {elapsed:.2f} s, {turns / elapsed:,.0f} model turns/s")
     print(f"per model turn: {per_turn * 1e6:.0f} us in all; tokenisation {tokenize * 1e6:.0f} us of it (the same work timed alone: {alone * 1e6:.0f} us); loop overhead {overhead * 1e6:.0f} us")
     sizes = SIZES[:2] if args.smoke else SIZES
-    print(f"tool-call parsers on adversarial turns of {', '.join(_size(s) for s in sizes)} (median ms per MB):")
+    print(f"tool-call parsers on adversarial turns of {', '.join(_size(s) for s in sizes)} (fastest of {1 if args.smoke else 5}, ms per MB):")
     parsers = parser_costs(tok, sizes, 1 if args.smoke else 5)
     print(f"worst {parsers['parser_ms_per_mb_worst']} ms/MB ({parsers['parser_worst_input']}; {parsers['parser_vs_decode']}x the time to "
           f"decode its tokens), worst growth {_size(sizes[-2])} -> {_size(sizes[-1])} {parsers['parser_growth_worst']}x "

@@ -27,10 +27,10 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     max_user_turns: NonNegativeInt = 0
     """Tool-response and simulated-user turns per trajectory; 0: no limit."""
 
-    max_parallel_calls: Annotated[int, msgspec.Meta(ge=1, le=32)] = 1
+    max_parallel_calls: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
     """Tool calls of one model turn that run (concurrently); later ones are counted and answered
     with one message. As many malformed calls get their error message; the rest are counted in
-    that one message too. At most 32: a parser reads at most 32 calls of a turn."""
+    that one message too. At most 16: a parser reads at most 16 calls of a turn."""
 
     max_tool_response_length: PositiveInt = 256
     """Characters of one tool response (or error message) shown to the model; longer ones are cut."""

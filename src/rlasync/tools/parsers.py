@@ -29,9 +29,13 @@ are the model's own, untouched by parsing.
 
 Hostile text: parsing is linear in the text and cheap per tag (a JSON body is decoded from its
 own block, never from the whole text; harmony's text is split in C and headers built in lists).
-Once ``MAX_CALLS_PER_TURN`` calls and malformed calls are read, the rest of the turn is not: its
-calls are counted in ``ParsedTurn.dropped`` (one per ``<tool_call>``, or per ``to=`` recipient)
-and its text is not in ``content``. A name shown in an error is cut to ``MAX_NAME_CHARS``, and
+Once ``MAX_CALLS_PER_TURN`` calls and malformed calls, or ``MAX_TAGS_PER_TURN`` tags (Hermes'
+``<tool_call>``/``<think>``/``</think>``; harmony's control tokens, and its messages and headers
+ended by an end token) are read,
+the rest of the turn is not: its calls are counted in ``ParsedTurn.dropped`` (one per
+``<tool_call>``, or per ``to=`` recipient) and its text is neither ``content`` nor reasoning. A
+turn of 16 harmony calls holds about 80; a flood of tiny messages would otherwise cost Python work
+per message, a few microseconds each. A name shown in an error is cut to ``MAX_NAME_CHARS``, and
 decoded strings are valid UTF-8 text (a ``"\\ud800"`` escape becomes U+FFFD: a lone surrogate
 cannot be tokenised or sent).
 """
@@ -132,8 +136,11 @@ def registered_parsers() -> list[str]:
 
 
 # -- shared helpers --------------------------------------------------------------------------
-MAX_CALLS_PER_TURN = 32
+MAX_CALLS_PER_TURN = 16
 """Calls and malformed calls read from one turn; later ones only count (``ParsedTurn.dropped``)."""
+MAX_TAGS_PER_TURN = 128
+"""Tags read from one turn (Hermes' tags; harmony's tokens, a run of one counting once, and the
+messages and headers its ends close)."""
 MAX_NAME_CHARS = 64
 """A name (a recipient, a tool) quoted in an error message is cut to this many characters."""
 
@@ -219,10 +226,14 @@ class HermesParser(ToolParser):
         reasoning: list[str] = []
         turn = ParsedTurn()
         search = _HERMES_TAG.search
-        pos, opened, retry = 0, False, True
+        pos, opened, retry, tags = 0, False, True, 0
         while (tag := search(text, pos)) is not None:
             kind, start = tag.group(), tag.start()
             content.append(text[pos:start])
+            if (tags := tags + 1) > MAX_TAGS_PER_TURN:  # the rest is not read: its calls only count
+                turn.dropped += text.count("<tool_call>", start)
+                pos = len(text)
+                break
             if kind == "<tool_call>":
                 if len(turn.calls) + len(turn.errors) < MAX_CALLS_PER_TURN:
                     pos, retry = self._read_call(text, tag.end(), turn, call_id_prefix, retry)
@@ -331,17 +342,19 @@ class HermesParser(ToolParser):
 
 
 # -- gpt-oss (harmony) -----------------------------------------------------------------------
-# Linear, and cheap per token: the text is split once, in C, at the structural tokens; ends
-# (<|end|>, <|call|>, <|return|>) are found inside the chunks in C too, so text between ends
-# outside any message is taken in bulk; a body is one join. A run of one token counts as one (a
-# second <|channel|> changes nothing; a second <|message|> is body text), and so does a run of
-# <|start|> whose headers hold words without a recipient (such a header holds nothing).
+# Linear, and cheap per token: the structural tokens are found in C, one at a time (a turn read
+# far enough leaves the rest unscanned but for a count); ends (<|end|>, <|call|>, <|return|>) are
+# found between them in C too, so text between ends outside any message is taken in bulk, and a
+# body is one slice. A run of one token with plain text
+# between counts as one: a second <|channel|> (or <|constrain|>) only adds its text to the part, a
+# second <|message|> is body text, and a <|start|> after words without a recipient ends a header
+# that holds nothing.
 _STRUCTURE = re.compile(
-    r"(<\|(?:start\|>(?:(?:(?!to=)[^<])*+<\|start\|>)*+|message\|>(?:<\|message\|>)*+"
-    r"|channel\|>(?:<\|channel\|>)*+|constrain\|>(?:<\|constrain\|>)*+))"
+    r"(<\|(?:start\|>(?:(?:(?!to=)[^<])*+<\|start\|>)*+|message\|>(?:[^<]*+<\|message\|>)*+"
+    r"|channel\|>(?:[^<]*+<\|channel\|>)*+|constrain\|>(?:[^<]*+<\|constrain\|>)*+))"
 )  # a literal first, so the scan is fast
 _ENDS = re.compile(r"<\|(?:end|call|return)\|>")
-_MESSAGE = "<|message|>"
+_MESSAGE, _CHANNEL, _CONSTRAIN = "<|message|>", "<|channel|>", "<|constrain|>"
 _RECIPIENT = re.compile(r"(?<!\S)to=(\S*)")
 _FIRST_WORD = re.compile(r"\s*(\S+)")
 _HARMONY_HINT = "call a function as <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"
@@ -369,8 +382,9 @@ class _Header:
     def fields(self) -> tuple[str, str, str | None]:
         """(role, channel, recipient): the first word of each part, and the first ``to=`` word of any."""
         role_text, channel_text = "".join(self.role), "".join(self.channel)
-        to = _RECIPIENT.search(role_text) or _RECIPIENT.search(channel_text) or _RECIPIENT.search("".join(self.constrain))
-        role, channel = _FIRST_WORD.match(role_text), _FIRST_WORD.match(channel_text)
+        to = self.to and (_RECIPIENT.search(role_text) or _RECIPIENT.search(channel_text) or _RECIPIENT.search("".join(self.constrain)))
+        role = _FIRST_WORD.match(role_text) if role_text else None
+        channel = _FIRST_WORD.match(channel_text) if channel_text else None
         return (
             role.group(1) if role and not role.group(1).startswith("to=") else "assistant",
             channel.group(1) if channel and not channel.group(1).startswith("to=") else "",
@@ -387,74 +401,69 @@ class HarmonyParser(ToolParser):
         content: list[str] = []
         reasoning: list[str] = []
         header = _Header(explicit=False)  # the prompt ends with <|start|>assistant
-        body: list[str] | None = None  # the body being read, in pieces; None while reading a header
-        pieces = _STRUCTURE.split(text)  # chunk, token, chunk, token, ..., chunk
-        i, n = 0, len(pieces)
+        body = -1  # where the body being read starts in the text; -1 while reading a header
+        pos = steps = 0  # where the text not yet read starts; tokens read and messages and headers ended
+        tokens = _STRUCTURE.finditer(text)
         while True:
-            chunk = pieces[i]
-            if body is not None:  # a body ends at the first end in it (or at the next <|start|>)
-                end = _ENDS.search(chunk) if "<|" in chunk else None
-                if end is None:
-                    body.append(chunk)
-                    chunk = ""
-                else:
-                    body.append(chunk[: end.start()])
-                    self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
-                    header, body, chunk = _Header(explicit=False), None, chunk[end.end() :]
-                    if self._full(turn, header, pieces, i + 1, chunk):
+            token = next(tokens, None)
+            stop = len(text) if token is None else token.start()  # the text up to the next token
+            if body >= 0:  # a body ends at the first end in it, or at the next <|start|>
+                end = _ENDS.search(text, pos, stop)
+                if end is not None:
+                    self._message(header, text[body : end.start()], turn, content, reasoning, call_id_prefix)
+                    header, body, pos, steps = _Header(explicit=False), -1, end.end(), steps + 1
+                    if steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN:  # read far enough
                         break
-            if chunk:
-                ends = _ENDS.split(chunk) if "<|" in chunk else None
-                if ends is None or len(ends) == 1:
+                elif token is None:  # cut off, or the engine dropped the stop token
+                    self._message(header, text[body:], turn, content, reasoning, call_id_prefix)
+                    return self._done(turn, content, reasoning)
+            if body < 0 and pos < stop:  # header text
+                if _ENDS.search(text, pos, stop) is None:
+                    chunk = text[pos:stop]
                     header.part.append(chunk)  # header.add, inlined: the hot path of degenerate headers
                     if "to=" in chunk:
                         header.to = True
                 else:  # the header ends: what follows each end up to the next is a header of its own
+                    ends = _ENDS.split(text[pos:stop], maxsplit=max(MAX_TAGS_PER_TURN - steps, 1))
                     header.add(ends[0])
                     self._stray(header, turn, content)
                     content += ends[1:-1]  # text between two ends, outside any message: what the model said
-                    header = _Header(explicit=False)
+                    header, steps = _Header(explicit=False), steps + len(ends) - 1
                     header.add(ends[-1])
-                    if self._full(turn, header, pieces, i + 1, ""):
+                    if steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN:  # read far enough
                         break
-            if i + 1 >= n:
-                if body is not None:  # cut off, or the engine dropped the stop token
-                    self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
-                else:
-                    self._stray(header, turn, content)
-                break
-            token, i = pieces[i + 1], i + 2
-            kind = token[2]  # s(tart), m(essage), c(hannel) or c(onstrain)
-            if body is not None:
+            if token is None:
+                self._stray(header, turn, content)
+                return self._done(turn, content, reasoning)
+            pos, steps = token.end(), steps + 1
+            tag = token.group()
+            kind = tag[2]  # s(tart), m(essage), c(hannel) or c(onstrain)
+            if body >= 0:
                 if kind == "s":  # <|start|>: the body ends, the next message begins
-                    self._message(header, "".join(body), turn, content, reasoning, call_id_prefix)
-                    header, body = _Header(explicit=True), None
-                    if self._full(turn, header, pieces, i, ""):
-                        break
-                else:  # <|channel|>, <|constrain|> or <|message|> inside a body: literal text
-                    body.append(token)
+                    self._message(header, text[body:stop], turn, content, reasoning, call_id_prefix)
+                    header, body = _Header(explicit=True), -1
+                # <|channel|>, <|constrain|> or <|message|> inside a body: its text
             elif kind == "c":
-                header.part = header.channel if token[3] == "h" else header.constrain
+                header.part, name = (header.channel, _CHANNEL) if tag[3] == "h" else (header.constrain, _CONSTRAIN)
+                if len(tag) > len(name):  # a run: the text between its tokens goes to the part
+                    header.add(tag.replace(name, ""))
             elif kind == "m":
-                body = [token[len(_MESSAGE) :]]  # the run's later <|message|> tokens are text
+                body = stop + len(_MESSAGE)  # the run's later <|message|> tokens are body text
             elif header.explicit and not header.to and header.part is header.role and not header.channel:
                 header.role.clear()  # <|start|> after a header of words alone: nothing to keep (and cheap)
             else:  # <|start|>: the header so far never got a body
                 self._stray(header, turn, content)
                 header = _Header(explicit=True)
-                if self._full(turn, header, pieces, i, ""):
-                    break
-        turn.content, turn.reasoning = _join(content), _join(reasoning)
-        return turn
+            if steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN:  # read far enough
+                break
+        # Read far enough: the rest (the header and any body being read, the text after) only counts.
+        turn.dropped += header.to + text.count("to=", pos if body < 0 else body)
+        return self._done(turn, content, reasoning)
 
     @staticmethod
-    def _full(turn: ParsedTurn, header: _Header, pieces: list[str], i: int, chunk: str) -> bool:
-        """Whether the turn's calls are all read: then the rest (``chunk``, ``pieces[i:]``) is only
-        counted, one call per recipient, and not read."""
-        if len(turn.calls) + len(turn.errors) < MAX_CALLS_PER_TURN:
-            return False
-        turn.dropped += chunk.count("to=") + "".join(pieces[i:]).count("to=") + header.to
-        return True
+    def _done(turn: ParsedTurn, content: list[str], reasoning: list[str]) -> ParsedTurn:
+        turn.content, turn.reasoning = _join(content), _join(reasoning)
+        return turn
 
     def _message(
         self, header: _Header, body: str, turn: ParsedTurn, content: list[str], reasoning: list[str], prefix: str
