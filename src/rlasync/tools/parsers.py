@@ -227,6 +227,7 @@ class HermesParser(ToolParser):
         turn = ParsedTurn()
         search = _HERMES_TAG.search
         pos, opened, retry, tags = 0, False, True, 0
+        closing = -2  # where the first </think> after the calls' cap lies (-1: none; found once)
         while (tag := search(text, pos)) is not None:
             kind, start = tag.group(), tag.start()
             content.append(text[pos:start])
@@ -237,7 +238,8 @@ class HermesParser(ToolParser):
             if kind == "<tool_call>":
                 if len(turn.calls) + len(turn.errors) < MAX_CALLS_PER_TURN:
                     pos, retry = self._read_call(text, tag.end(), turn, call_id_prefix, retry)
-                elif opened or text.find("</think>", start) == -1:  # the turn's calls are read: the rest only counts
+                elif opened or (closing := text.find("</think>", start) if closing == -2 else closing) == -1:
+                    # The turn's calls are read: the rest only counts.
                     turn.dropped += text.count("<tool_call>", start)
                     pos = len(text)
                     break
