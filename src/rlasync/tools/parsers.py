@@ -347,10 +347,9 @@ class HermesParser(ToolParser):
 # Linear, and cheap per token: the structural tokens are found in C, one at a time (a turn read
 # far enough leaves the rest unscanned but for a count); ends (<|end|>, <|call|>, <|return|>) are
 # found between them in C too, so text between ends outside any message is taken in bulk, and a
-# body is one slice. A run of one token with plain text
-# between counts as one: a second <|channel|> (or <|constrain|>) only adds its text to the part, a
-# second <|message|> is body text, and a <|start|> after words without a recipient ends a header
-# that holds nothing.
+# body is one slice. A run of one token with plain text between counts as one: a second
+# <|channel|> (or <|constrain|>) only adds its text to the part, a second <|message|> is body
+# text, and a <|start|> after words without a recipient ends a header that holds nothing.
 _STRUCTURE = re.compile(
     r"(<\|(?:start\|>(?:(?:(?!to=)[^<])*+<\|start\|>)*+|message\|>(?:[^<]*+<\|message\|>)*+"
     r"|channel\|>(?:[^<]*+<\|channel\|>)*+|constrain\|>(?:[^<]*+<\|constrain\|>)*+))"
