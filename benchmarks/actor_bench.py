@@ -22,7 +22,8 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import zmq
@@ -183,11 +184,17 @@ async def bench_ours_and_zmq() -> tuple[dict[str, float], dict[str, float]]:
             zmq_calls.append(PIPELINED_CALLS / zmq_ref.pipelined(PIPELINED_CALLS, WINDOW))
             our_calls.append(PIPELINED_CALLS / await _window(echo.echo, PIPELINED_CALLS, WINDOW))
             zmq_mib.append(MIB_CALLS * MIB / zmq_ref.pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9)
-            our_mib.append(MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9)
+            our_mib.append(
+                MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9
+            )
         stats = cluster.head.stats()
     zmq_ref.close()
     median = statistics.median
-    zmq_r = {"rtt_p50_us": median(zmq_rtt) * 1e6, "calls_per_s": median(zmq_calls), "mib_payload_gb_s": median(zmq_mib)}
+    zmq_r = {
+        "rtt_p50_us": median(zmq_rtt) * 1e6,
+        "calls_per_s": median(zmq_calls),
+        "mib_payload_gb_s": median(zmq_mib),
+    }
     ours = {
         "rtt_p50_us": median(our_rtts) * 1e6,
         "calls_per_s": median(our_calls),
@@ -243,13 +250,24 @@ def bench_ray() -> dict[str, float] | str:
     blob = os.urandom(MIB)
     gb_s = MIB_CALLS * MIB / pipelined(MIB_CALLS, MIB_WINDOW, lambda i: actor.size.remote(blob)) / 1e9
     ray.shutdown()
-    return {"rtt_p50_us": statistics.median(samples) * 1e6, "calls_per_s": calls_s, "mib_payload_gb_s": gb_s, "cluster_start_s": start_s}
+    return {
+        "rtt_p50_us": statistics.median(samples) * 1e6,
+        "calls_per_s": calls_s,
+        "mib_payload_gb_s": gb_s,
+        "cluster_start_s": start_s,
+    }
 
 
 def main() -> None:
     global RTT_CALLS, PIPELINED_CALLS, MIB_CALLS, ROUNDS
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a few calls of each kind, Ray left out (seconds; the figures mean nothing)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few calls of each kind, Ray left out (seconds; the figures mean nothing)",
+    )
     args = parser.parse_args()
     if args.smoke:
         RTT_CALLS, PIPELINED_CALLS, MIB_CALLS, ROUNDS = 120, 2000, 16, 1
@@ -261,7 +279,9 @@ def main() -> None:
     print(f"{'':24} {'RTT p50 us':>11} {'calls/s':>10} {'1MiB GB/s':>10} {'start s':>8}")
     for label, r in rows:
         start = f"{r['cluster_start_s']:8.2f}" if "cluster_start_s" in r else f"{'-':>8}"
-        print(f"{label:24} {r['rtt_p50_us']:11.0f} {r['calls_per_s']:10.0f} {r['mib_payload_gb_s']:10.2f} {start}")
+        print(
+            f"{label:24} {r['rtt_p50_us']:11.0f} {r['calls_per_s']:10.0f} {r['mib_payload_gb_s']:10.2f} {start}"
+        )
     if not isinstance(ray_r, dict):
         print(f"Ray skipped: {ray_r}")
     print(f"lost wake-ups rescued by the safety timer: {ours['lost_wakeups']}")
@@ -271,7 +291,9 @@ def main() -> None:
         "rtt_vs_ray": round(ours["rtt_p50_us"] / ray_r["rtt_p50_us"], 3) if isinstance(ray_r, dict) else None,
         "calls_per_s": round(ours["calls_per_s"]),
         "calls_vs_zmq": round(ours["calls_per_s"] / zmq_r["calls_per_s"], 3),
-        "calls_vs_ray": round(ours["calls_per_s"] / ray_r["calls_per_s"], 2) if isinstance(ray_r, dict) else None,
+        "calls_vs_ray": round(ours["calls_per_s"] / ray_r["calls_per_s"], 2)
+        if isinstance(ray_r, dict)
+        else None,
         "mib_payload_gb_s": round(ours["mib_payload_gb_s"], 3),
         "cluster_start_s": round(ours["cluster_start_s"], 3),
     }

@@ -29,7 +29,8 @@ import argparse
 import asyncio
 import json
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from rlasync.agents import ChatTurns, ToolAgentLoop
 from rlasync.config import AgentConfig
@@ -54,17 +55,31 @@ class InstantEngine:
         self.turns = [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in turns]
 
     def _turn(self, request: GenerateRequest) -> list[int]:
-        turn = int(request.request_id.split(".")[1])  # the loop's request ids: trajectory.turn.partial.attempt
+        turn = int(
+            request.request_id.split(".")[1]
+        )  # the loop's request ids: trajectory.turn.partial.attempt
         return self.turns[min(turn, len(self.turns) - 1)]
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         ids = self._turn(request)
-        return GenerateOutput(request_id=request.request_id, prompt_ids=request.prompt_ids, token_ids=ids, logprobs=[0.0] * len(ids),
-                              versions=[0] * len(ids), finish_reason="stop")  # fmt: skip
+        return GenerateOutput(
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            token_ids=ids,
+            logprobs=[0.0] * len(ids),
+            versions=[0] * len(ids),
+            finish_reason="stop",
+        )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         ids = self._turn(request)
-        yield TokenChunk(request_id=request.request_id, token_ids=ids, logprobs=[0.0] * len(ids), versions=[0] * len(ids), finish_reason="stop")
+        yield TokenChunk(
+            request_id=request.request_id,
+            token_ids=ids,
+            logprobs=[0.0] * len(ids),
+            versions=[0] * len(ids),
+            finish_reason="stop",
+        )
 
 
 class Stopwatch:
@@ -88,7 +103,10 @@ async def run_loops(tok: Any, n: int) -> tuple[float, int, float]:
     """Wall time, model turns, and the time spent tokenising inside the run."""
     watch = Stopwatch()
     originals = ChatTurns.prompt_ids, ChatTurns.after_model_turn, type(tok).decode
-    ChatTurns.prompt_ids, ChatTurns.after_model_turn = watch.wrap(ChatTurns.prompt_ids), watch.wrap(ChatTurns.after_model_turn)  # type: ignore[method-assign]
+    ChatTurns.prompt_ids, ChatTurns.after_model_turn = (
+        watch.wrap(ChatTurns.prompt_ids),
+        watch.wrap(ChatTurns.after_model_turn),
+    )  # type: ignore[method-assign]
     type(tok).decode = watch.wrap(type(tok).decode)
     try:
         elapsed, turns = await _run_loops(tok, n)
@@ -118,7 +136,10 @@ def tokenize_cost(tok: Any, repeats: int) -> float:
     parser = HermesParser()
     schemas = [tool.schema() for tool in build_tools(["calculator"]).values()]
     model_turns = [tok.encode(t + tok.eos_token, add_special_tokens=False) for t in TURNS]
-    replies = [parser.format_responses([ToolResult(text=r, name="calculator", call_id="call_0")]) for r in ("84", "89", "267")]
+    replies = [
+        parser.format_responses([ToolResult(text=r, name="calculator", call_id="call_0")])
+        for r in ("84", "89", "267")
+    ]
     start = time.perf_counter()
     for _ in range(repeats):
         turns.prompt_ids(QUESTION, schemas)
@@ -134,19 +155,37 @@ def tokenize_cost(tok: Any, repeats: int) -> float:
 # floods of tiny messages and tags.
 ADVERSARIAL = {
     "hermes": [
-        "<tool_call>x</tool_call>", "<tool_call>x", '<tool_call>{"name": "a</tool_call>', "<tool_call>[[[[[[[[",
-        '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>', "<think></think><tool_call>{",
-        '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>', "</think><tool_call>1e999999</tool_call>",
-        "<think>x</think>", "x</think>",
+        "<tool_call>x</tool_call>",
+        "<tool_call>x",
+        '<tool_call>{"name": "a</tool_call>',
+        "<tool_call>[[[[[[[[",
+        '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
+        "<think></think><tool_call>{",
+        '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',
+        "</think><tool_call>1e999999</tool_call>",
+        "<think>x</think>",
+        "x</think>",
     ],
     "gpt-oss": [
-        "<|channel|>", "<|start|>", "<|message|>", "<|constrain|>x", "<|end|>x", "to=functions.aaaa", "<|start|>x",
-        "<|channel|>x", "<|start|> <|start|>", "<|start|>to=functions.x<|end|>", "<|channel|>x<|constrain|>x",
-        "<|message|>x<|end|>x", "<|call|><|message|>", "<|start|>a<|message|>x", "<|channel|>analysis<|message|>x<|end|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|message|>",
+        "<|constrain|>x",
+        "<|end|>x",
+        "to=functions.aaaa",
+        "<|start|>x",
+        "<|channel|>x",
+        "<|start|> <|start|>",
+        "<|start|>to=functions.x<|end|>",
+        "<|channel|>x<|constrain|>x",
+        "<|message|>x<|end|>x",
+        "<|call|><|message|>",
+        "<|start|>a<|message|>x",
+        "<|channel|>analysis<|message|>x<|end|>",
         "<|channel|>commentary to=functions.x<|message|>{bad<|call|>",
         "<|start|>assistant<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{}<|call|>",
     ],
-}  # fmt: skip
+}
 SIZES = (10_000, 100_000, 1_000_000)
 
 
@@ -175,22 +214,34 @@ def parser_costs(tok: Any, sizes: tuple[int, ...], repeats: int) -> dict[str, An
                 text = (block * (size // len(block) + 1))[:size]
                 costs.append(ms_per_mb(parse, text, repeats))
                 if costs[-1] > worst:
-                    worst, worst_input, worst_text = costs[-1], f"{fmt}: {block[:40]!r} at {_size(size)}", text
+                    worst, worst_input, worst_text = (
+                        costs[-1],
+                        f"{fmt}: {block[:40]!r} at {_size(size)}",
+                        text,
+                    )
             print(f"  {fmt:8} {block[:44]!r:48} " + "  ".join(f"{c:6.1f}" for c in costs) + " ms/MB")
             if len(costs) > 1 and costs[-1] * sizes[-1] / 1e6 >= 1.0:  # 1 ms or more at the largest size
                 growth = max(growth, costs[-1] * sizes[-1] / (costs[-2] * sizes[-2]))
     ids = tok.encode(worst_text, add_special_tokens=False)
     decode = ms_per_mb(lambda _: tok.decode(ids, skip_special_tokens=False), worst_text, repeats)
     return {
-        "parser_ms_per_mb_worst": round(worst, 1), "parser_growth_worst": round(growth, 1), "parser_worst_input": worst_input,
+        "parser_ms_per_mb_worst": round(worst, 1),
+        "parser_growth_worst": round(growth, 1),
+        "parser_worst_input": worst_input,
         "parser_vs_decode": round(worst / decode, 2),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trajectories", type=int, default=2000)
-    parser.add_argument("--smoke", action="store_true", help="a few trajectories, to check that it runs (seconds; the figures mean nothing)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few trajectories, to check that it runs (seconds; the figures mean nothing)",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.trajectories = 50
@@ -205,15 +256,27 @@ def main() -> None:
     tokenize = in_run / turns  # timed inside the run: the same cache and GC conditions as the loop
     alone = min(tokenize_cost(tok, 50 if args.smoke else 500) for _ in range(2))
     overhead = max(per_turn - tokenize, 0.0)
-    print(f"{args.trajectories} trajectories x {len(TURNS)} model turns (+{len(TURNS) - 1} tool turns) concurrently: {elapsed:.2f} s, {turns / elapsed:,.0f} model turns/s")
-    print(f"per model turn: {per_turn * 1e6:.0f} us in all; tokenisation {tokenize * 1e6:.0f} us of it (the same work timed alone: {alone * 1e6:.0f} us); loop overhead {overhead * 1e6:.0f} us")
+    print(
+        f"{args.trajectories} trajectories x {len(TURNS)} model turns (+{len(TURNS) - 1} tool turns) concurrently: {elapsed:.2f} s, {turns / elapsed:,.0f} model turns/s"
+    )
+    print(
+        f"per model turn: {per_turn * 1e6:.0f} us in all; tokenisation {tokenize * 1e6:.0f} us of it (the same work timed alone: {alone * 1e6:.0f} us); loop overhead {overhead * 1e6:.0f} us"
+    )
     sizes = SIZES[:2] if args.smoke else SIZES
-    print(f"tool-call parsers on adversarial turns of {', '.join(_size(s) for s in sizes)} (fastest of {1 if args.smoke else 5}, ms per MB):")
+    print(
+        f"tool-call parsers on adversarial turns of {', '.join(_size(s) for s in sizes)} (fastest of {1 if args.smoke else 5}, ms per MB):"
+    )
     parsers = parser_costs(tok, sizes, 1 if args.smoke else 5)
-    print(f"worst {parsers['parser_ms_per_mb_worst']} ms/MB ({parsers['parser_worst_input']}; {parsers['parser_vs_decode']}x the time to "
-          f"decode its tokens), worst growth {_size(sizes[-2])} -> {_size(sizes[-1])} {parsers['parser_growth_worst']}x "
-          f"(linear: {sizes[-1] // sizes[-2]}x)")  # fmt: skip
-    loop = {"turns_per_s": round(turns / elapsed), "overhead_us_per_turn": round(overhead * 1e6, 1), "overhead_vs_tokenize": round(overhead / tokenize, 3)}
+    print(
+        f"worst {parsers['parser_ms_per_mb_worst']} ms/MB ({parsers['parser_worst_input']}; {parsers['parser_vs_decode']}x the time to "
+        f"decode its tokens), worst growth {_size(sizes[-2])} -> {_size(sizes[-1])} {parsers['parser_growth_worst']}x "
+        f"(linear: {sizes[-1] // sizes[-2]}x)"
+    )
+    loop = {
+        "turns_per_s": round(turns / elapsed),
+        "overhead_us_per_turn": round(overhead * 1e6, 1),
+        "overhead_vs_tokenize": round(overhead / tokenize, 3),
+    }
     print(json.dumps(loop | parsers))
 
 

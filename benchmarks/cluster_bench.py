@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from rlasync.config import load_config
 from rlasync.modes.parts import Run, model_dir_for
@@ -54,30 +53,51 @@ def step_time(placement: list[str], steps: int, model_dir: Path) -> float:
     """Seconds per step of a quickstart run with ``placement`` overrides, from its metrics."""
     with tempfile.TemporaryDirectory() as run_dir:
         command = [
-            sys.executable, "-m", "rlasync", "train", str(QUICKSTART), f"train.steps={steps}", "train.validate_every=100000",
-            "train.checkpoint_every=0", f"train.run_dir={run_dir}", f"train.model_dir={model_dir}", *placement,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "rlasync",
+            "train",
+            str(QUICKSTART),
+            f"train.steps={steps}",
+            "train.validate_every=100000",
+            "train.checkpoint_every=0",
+            f"train.run_dir={run_dir}",
+            f"train.model_dir={model_dir}",
+            *placement,
+        ]
         subprocess.run(command, check=True, capture_output=True, timeout=1800)
         records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     elapsed = {r["step"]: r["elapsed_s"] for r in records}
     first = min(WARMUP_STEPS, steps - 2)
-    return (elapsed[steps - 1] - elapsed[first]) / (steps - 1 - first)  # the last step also validates: left out
+    return (elapsed[steps - 1] - elapsed[first]) / (
+        steps - 1 - first
+    )  # the last step also validates: left out
 
 
 async def head_cpu_per_trajectory(loops: str, steps: int, model_dir: Path, run_dir: Path) -> float:
     """The head's CPU milliseconds per trajectory rolling out ``steps`` steps on simulated engines."""
     sim = {"base_s": 0.002, "per_seq_s": 0.00002, "median": 24, "sigma": 0.5, "cap": 48}
-    config = load_config(QUICKSTART, [
-        f"train.run_dir={run_dir}", f"train.model_dir={model_dir}", "cluster.engines=[1, 2]", f"cluster.agent_loops={loops}",
-        "engine.backend=sim", f"engine.engine_kwargs={json.dumps(sim)}", "weights.transport=broadcast",
-    ])  # fmt: skip
+    config = load_config(
+        QUICKSTART,
+        [
+            f"train.run_dir={run_dir}",
+            f"train.model_dir={model_dir}",
+            "cluster.engines=[1, 2]",
+            f"cluster.agent_loops={loops}",
+            "engine.backend=sim",
+            f"engine.engine_kwargs={json.dumps(sim)}",
+            "weights.transport=broadcast",
+        ],
+    )
     run = await Run.open(config)
     try:
         await run.rollout(run.sampler.next_batch(config.train.prompts_per_step), name="warmup")
         trajectories = 0
         started = time.process_time()
         for step in range(steps):
-            trajectories += len(await run.rollout(run.sampler.next_batch(config.train.prompts_per_step), name=f"step{step}"))
+            trajectories += len(
+                await run.rollout(run.sampler.next_batch(config.train.prompts_per_step), name=f"step{step}")
+            )
         cpu = time.process_time() - started
     finally:
         await run.close()
@@ -85,12 +105,23 @@ async def head_cpu_per_trajectory(loops: str, steps: int, model_dir: Path, run_d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=60, help="quickstart steps per run in (a)")
-    parser.add_argument("--repeats", type=int, default=2, help="local/cluster pairs in (a); the median pair counts")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="local/cluster pairs in (a); the median pair counts"
+    )
     parser.add_argument("--sim-steps", type=int, default=20, help="rollout steps per placement in (b)")
-    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "cluster_bench", help="where the warm-started model is cached")
-    parser.add_argument("--smoke", action="store_true", help="a few steps of everything, to check that it runs")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=ROOT / "runs" / "cluster_bench",
+        help="where the warm-started model is cached",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few steps of everything, to check that it runs"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.repeats, args.sim_steps = 8, 1, 2
@@ -98,38 +129,60 @@ def main() -> None:
     if args.smoke:  # an untrained model: no warm-start
         from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 
-        model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), args.run_dir / "nano")
+        model_dir = save_pretrained_dir(
+            *build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), args.run_dir / "nano"
+        )
     else:
         model_dir = warm_model(args.run_dir)
 
-    print(f"(a) quickstart, {args.steps} steps a run, {args.repeats} alternating pair(s): local placement vs engine and loops on node-1", flush=True)
+    print(
+        f"(a) quickstart, {args.steps} steps a run, {args.repeats} alternating pair(s): local placement vs engine and loops on node-1",
+        flush=True,
+    )
     pairs = []
     for repeat in range(args.repeats):
         local = step_time([], args.steps, model_dir)
         cluster = step_time(["cluster.engines=[1]"], args.steps, model_dir)
         pairs.append((cluster / local, local, cluster))
-        print(f"    pair {repeat + 1}: local {local * 1000:.1f} ms/step, cluster {cluster * 1000:.1f} ms/step, ratio {cluster / local:.3f}", flush=True)
+        print(
+            f"    pair {repeat + 1}: local {local * 1000:.1f} ms/step, cluster {cluster * 1000:.1f} ms/step, ratio {cluster / local:.3f}",
+            flush=True,
+        )
     ratio, local_s, cluster_s = sorted(pairs)[len(pairs) // 2] if len(pairs) % 2 else _median_pair(pairs)
 
-    print(f"(b) head CPU per trajectory, simulated engines on node-1 and node-2, {args.sim_steps} steps of 128 trajectories", flush=True)
+    print(
+        f"(b) head CPU per trajectory, simulated engines on node-1 and node-2, {args.sim_steps} steps of 128 trajectories",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         on_head = asyncio.run(head_cpu_per_trajectory("head", args.sim_steps, model_dir, Path(tmp) / "head"))
         print(f"    loops on the head:  {on_head:.3f} ms of head CPU per trajectory", flush=True)
-        on_nodes = asyncio.run(head_cpu_per_trajectory("engines", args.sim_steps, model_dir, Path(tmp) / "nodes"))
+        on_nodes = asyncio.run(
+            head_cpu_per_trajectory("engines", args.sim_steps, model_dir, Path(tmp) / "nodes")
+        )
         print(f"    loops on the nodes: {on_nodes:.3f} ms of head CPU per trajectory", flush=True)
 
     result = {
-        "local_step_s": round(local_s, 4), "cluster_step_s": round(cluster_s, 4), "cluster_vs_local": round(ratio, 3),
-        "head_cpu_ms_per_trajectory_loops_on_head": round(on_head, 3), "head_cpu_ms_per_trajectory_loops_on_nodes": round(on_nodes, 3),
+        "local_step_s": round(local_s, 4),
+        "cluster_step_s": round(cluster_s, 4),
+        "cluster_vs_local": round(ratio, 3),
+        "head_cpu_ms_per_trajectory_loops_on_head": round(on_head, 3),
+        "head_cpu_ms_per_trajectory_loops_on_nodes": round(on_nodes, 3),
         "head_cpu_ratio": round(on_nodes / on_head, 3),
-    }  # fmt: skip
-    print(f"goals: cluster_vs_local {result['cluster_vs_local']} <= 1.15; head_cpu_ratio {result['head_cpu_ratio']} <= 0.3")
+    }
+    print(
+        f"goals: cluster_vs_local {result['cluster_vs_local']} <= 1.15; head_cpu_ratio {result['head_cpu_ratio']} <= 0.3"
+    )
     print(json.dumps(result))
 
 
 def _median_pair(pairs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
     """With an even number of pairs: the median ratio, and the medians of each side."""
-    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs), statistics.median(p[2] for p in pairs)
+    return (
+        statistics.median(p[0] for p in pairs),
+        statistics.median(p[1] for p in pairs),
+        statistics.median(p[2] for p in pairs),
+    )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def workload(tok: object, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     sigma = math.log(256 / 32) / 2.326  # p99 = 256 for a median of 32
     lengths = [max(1, min(256, round(32 * math.exp(rng.gauss(0, sigma))))) for _ in range(PROMPTS)]
     words = ["Reverse", "What is", "hello", "tool", "abc", "12+34", "calc", "the answer"]
-    prompts = [tok.encode(" ".join(rng.choice(words) for _ in range(rng.randint(2, 8)))) for _ in range(PROMPTS)]  # type: ignore[attr-defined]
+    prompts = [
+        tok.encode(" ".join(rng.choice(words) for _ in range(rng.randint(2, 8)))) for _ in range(PROMPTS)
+    ]  # type: ignore[attr-defined]
     return prompts, lengths
 
 
@@ -53,7 +55,14 @@ def bench_hf(model: object, prompts: list[list[int]], lengths: list[int], batch:
         for j, p in enumerate(group):
             ids[j, width - len(p) :] = torch.tensor(p)
             mask[j, width - len(p) :] = 1
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(wants), do_sample=False, eos_token_id=None, pad_token_id=0)  # type: ignore[attr-defined]
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(wants),
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )  # type: ignore[attr-defined]
     return time.perf_counter() - start
 
 
@@ -61,7 +70,9 @@ def _fmt(runs: list[float]) -> str:
     return ", ".join(f"{r:.2f}" for r in runs) + " s"
 
 
-async def bench_engine(model: object, prompts: list[list[int]], lengths: list[int], batch: int, threads: int = 1) -> float:
+async def bench_engine(
+    model: object, prompts: list[list[int]], lengths: list[int], batch: int, threads: int = 1
+) -> float:
     return await _timed(TorchEngine(model, max_batch=batch, cpu_threads=threads), prompts, lengths)
 
 
@@ -69,7 +80,13 @@ async def _timed(engine: object, prompts: list[list[int]], lengths: list[int]) -
     start = time.perf_counter()
     outs = await asyncio.gather(
         *[
-            engine.generate(GenerateRequest(request_id=f"{start}-{i}", prompt_ids=p, params=SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)))  # type: ignore[attr-defined]
+            engine.generate(
+                GenerateRequest(
+                    request_id=f"{start}-{i}",
+                    prompt_ids=p,
+                    params=SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True),
+                )
+            )  # type: ignore[attr-defined]
             for i, (p, n) in enumerate(zip(prompts, lengths))
         ]
     )
@@ -88,7 +105,9 @@ def vllm_child(model_dir: str, batch: int, repeats: int) -> None:
     prompts, lengths = workload(tok)
 
     async def run() -> list[float]:
-        engine = await VLLMEngine.create(EngineConfig(backend="vllm", model=model_dir, max_batch=batch, max_seq_len=1024))
+        engine = await VLLMEngine.create(
+            EngineConfig(backend="vllm", model=model_dir, max_batch=batch, max_seq_len=1024)
+        )
         engine.close = _no_close  # type: ignore[method-assign]  # one engine for every run
         await _timed(engine, prompts[:8], [4] * 8)  # warm-up: vLLM compiles on its first requests
         runs = [await _timed(engine, prompts, lengths) for _ in range(repeats)]
@@ -105,10 +124,22 @@ async def _no_close() -> None:
 def bench_vllm(python: Path, model: object, tok: object, batch: int, repeats: int) -> list[float] | None:
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained_dir(model, tok, folder)
-        cmd = [str(python), __file__, "--vllm-child", folder, "--batch", str(batch), "--repeats", str(repeats)]
+        cmd = [
+            str(python),
+            __file__,
+            "--vllm-child",
+            folder,
+            "--batch",
+            str(batch),
+            "--repeats",
+            str(repeats),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        print(f"vLLM run failed (exit {done.returncode}); its last output:\n{done.stderr[-2000:]}", file=sys.stderr)
+        print(
+            f"vLLM run failed (exit {done.returncode}); its last output:\n{done.stderr[-2000:]}",
+            file=sys.stderr,
+        )
         return None
     runs: list[float] = json.loads(done.stdout.strip().splitlines()[-1])["vllm_runs"]
     return runs
@@ -119,10 +150,20 @@ def main() -> None:
     parser.add_argument("--preset", default="nano", choices=sorted(TinyLMConfig.PRESETS))
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each, alternating; the best counts")
-    parser.add_argument("--engine-threads", type=int, default=1, help="the engine's cpu_threads (its default: 1)")
-    parser.add_argument("--vllm-python", type=Path, default=Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
+    parser.add_argument(
+        "--engine-threads", type=int, default=1, help="the engine's cpu_threads (its default: 1)"
+    )
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python",
+    )
     parser.add_argument("--vllm-child", help=argparse.SUPPRESS)
-    parser.add_argument("--smoke", action="store_true", help="32 prompts, one run each, vLLM left out (seconds; the figures mean nothing)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="32 prompts, one run each, vLLM left out (seconds; the figures mean nothing)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.smoke:
@@ -141,17 +182,35 @@ def main() -> None:
     hf_runs, engine_runs = [], []
     for _ in range(args.repeats):
         hf_runs.append(bench_hf(model, prompts, lengths, args.batch))
-        engine_runs.append(asyncio.run(bench_engine(model, prompts, lengths, args.batch, args.engine_threads)))
+        engine_runs.append(
+            asyncio.run(bench_engine(model, prompts, lengths, args.batch, args.engine_threads))
+        )
     hf_s, engine_s = min(hf_runs), min(engine_runs)
     hf_rate, engine_rate = tokens / hf_s, tokens / engine_s
-    print(f"model {args.preset}, {PROMPTS} prompts, {tokens} tokens (median {sorted(lengths)[len(lengths) // 2]}, max {max(lengths)}), batch {args.batch}")
-    print(f"transformers generate, static batches: {hf_s:6.2f} s  {hf_rate:8.0f} tokens/s  ({torch.get_num_threads()} torch threads; runs {_fmt(hf_runs)})")
-    print(f"rlasync torch engine, continuous:      {engine_s:6.2f} s  {engine_rate:8.0f} tokens/s  ({args.engine_threads} worker thread(s); runs {_fmt(engine_runs)})")
-    result: dict[str, object] = {"engine_tokens_per_s": round(engine_rate), "hf_tokens_per_s": round(hf_rate), "vs_hf_generate": round(engine_rate / hf_rate, 3)}
-    vllm_runs = bench_vllm(args.vllm_python, model, tok, args.batch, args.repeats) if args.vllm_python.exists() else None
+    print(
+        f"model {args.preset}, {PROMPTS} prompts, {tokens} tokens (median {sorted(lengths)[len(lengths) // 2]}, max {max(lengths)}), batch {args.batch}"
+    )
+    print(
+        f"transformers generate, static batches: {hf_s:6.2f} s  {hf_rate:8.0f} tokens/s  ({torch.get_num_threads()} torch threads; runs {_fmt(hf_runs)})"
+    )
+    print(
+        f"rlasync torch engine, continuous:      {engine_s:6.2f} s  {engine_rate:8.0f} tokens/s  ({args.engine_threads} worker thread(s); runs {_fmt(engine_runs)})"
+    )
+    result: dict[str, object] = {
+        "engine_tokens_per_s": round(engine_rate),
+        "hf_tokens_per_s": round(hf_rate),
+        "vs_hf_generate": round(engine_rate / hf_rate, 3),
+    }
+    vllm_runs = (
+        bench_vllm(args.vllm_python, model, tok, args.batch, args.repeats)
+        if args.vllm_python.exists()
+        else None
+    )
     if vllm_runs:
         vllm_rate = tokens / min(vllm_runs)
-        print(f"vLLM (CPU build), continuous:          {min(vllm_runs):6.2f} s  {vllm_rate:8.0f} tokens/s  (runs {_fmt(vllm_runs)})")
+        print(
+            f"vLLM (CPU build), continuous:          {min(vllm_runs):6.2f} s  {vllm_rate:8.0f} tokens/s  (runs {_fmt(vllm_runs)})"
+        )
         result.update(vllm_tokens_per_s=round(vllm_rate), engine_vs_vllm=round(engine_rate / vllm_rate, 3))
     else:
         print(f"vLLM: not measured ({args.vllm_python} missing or failed; `make setup-vllm` builds it)")

@@ -53,11 +53,19 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def until_line(command: list[str], marker: str, *, env: dict[str, str] | None = None, stop: signal.Signals = signal.SIGINT) -> float:
+def until_line(
+    command: list[str],
+    marker: str,
+    *,
+    env: dict[str, str] | None = None,
+    stop: signal.Signals = signal.SIGINT,
+) -> float:
     """Seconds from starting ``command`` until a line of its output contains ``marker``; then it
     is stopped (``stop``, then killed) and reaped."""
     started = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     assert proc.stdout is not None
     tail: list[str] = []
     try:
@@ -81,23 +89,46 @@ def launch_s(folder: Path, model: Path) -> float:
     hosts = folder / "hosts.txt"
     hosts.write_text("".join(f"127.0.0.1 port={port}\n" for port in free_ports(3)))
     command = [
-        sys.executable, "-m", "rlasync", "launch", "--nodes", str(hosts), "--via", "sh -c {command}", str(CLUSTER),
-        "cluster.trainer=[0, 1, 2]", "trainer.world_size=3", f"train.model_dir={model}", f"train.run_dir={folder / 'run'}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rlasync",
+        "launch",
+        "--nodes",
+        str(hosts),
+        "--via",
+        "sh -c {command}",
+        str(CLUSTER),
+        "cluster.trainer=[0, 1, 2]",
+        "trainer.world_size=3",
+        f"train.model_dir={model}",
+        f"train.run_dir={folder / 'run'}",
+    ]
     return until_line(command, "did their first collective")
 
 
 def torchrun_s(folder: Path) -> float:
     script = folder / "first_all_reduce.py"
     script.write_text(FIRST_ALL_REDUCE)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=3", str(script)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=3",
+        str(script),
+    ]
     return until_line(command, "first all_reduce done", stop=signal.SIGTERM)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--smoke", action="store_true", help="one of each (for make test): figures mean nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one of each (for make test): figures mean nothing"
+    )
     args = parser.parse_args()
     repeats = 1 if args.smoke else args.repeats
     from rlasync.models import TinyLMConfig, build_tiny_lm
@@ -112,7 +143,10 @@ def main() -> None:
             ours.append(launch_s(folder, folder / "model"))
             theirs.append(torchrun_s(folder))
             print(f"repeat {i + 1}: launch {ours[-1]:.2f} s, torchrun {theirs[-1]:.2f} s", flush=True)
-    result = {"launch_s": round(statistics.median(ours), 3), "torchrun_s": round(statistics.median(theirs), 3)}
+    result = {
+        "launch_s": round(statistics.median(ours), 3),
+        "torchrun_s": round(statistics.median(theirs), 3),
+    }
     result["launch_vs_torchrun"] = round(result["launch_s"] / result["torchrun_s"], 3)
     print(json.dumps(result))
 

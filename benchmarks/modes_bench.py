@@ -69,20 +69,43 @@ MODES = [
     Mode(label="sync (32 colocated)", mode="sync", steps=4, warmup=0),
     Mode(label="one-step-off (16:16)", mode="one_step_off", steps=6, warmup=1),
     # 160 steps, the first 60 left out: the bound lets the pipeline hold about 28 steps of samples.
-    Mode(label="fully async, no partial (16:16)", mode="fully_async", steps=160, warmup=60, partial=False, trigger=ASYNC["trigger_parameter_sync_step"]),
-    Mode(label="fully async + partial (16:16)", mode="fully_async", steps=160, warmup=60, partial=True, trigger=ASYNC["trigger_parameter_sync_step"]),
+    Mode(
+        label="fully async, no partial (16:16)",
+        mode="fully_async",
+        steps=160,
+        warmup=60,
+        partial=False,
+        trigger=ASYNC["trigger_parameter_sync_step"],
+    ),
+    Mode(
+        label="fully async + partial (16:16)",
+        mode="fully_async",
+        steps=160,
+        warmup=60,
+        partial=True,
+        trigger=ASYNC["trigger_parameter_sync_step"],
+    ),
 ]
 
 
 def sim_config(mode: Mode, run_dir: str) -> Config:
     max_new = -(-LENGTHS.cap // BLOCK)  # simulated tokens: each stands for BLOCK tokens
     overrides = [
-        f"train.mode={mode.mode}", f"train.steps={mode.steps}", f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}",
-        f"train.max_new_tokens={max_new}", f"agent.response_length={max_new + 64}", "train.validate_every=100000", f"train.run_dir={run_dir}",
-        "train.model_dir=simulated", f"async_training.partial_rollout={str(mode.partial).lower()}",
-        f"async_training.trigger_parameter_sync_step={mode.trigger}", f"async_training.staleness_threshold={ASYNC['staleness_threshold']}",
-        f"async_training.require_batches={ASYNC['require_batches']}", f"async_training.max_concurrent_samples={ASYNC.get('max_concurrent_samples', 0)}",
-    ]  # fmt: skip
+        f"train.mode={mode.mode}",
+        f"train.steps={mode.steps}",
+        f"train.prompts_per_step={PROMPTS}",
+        f"train.group_size={GROUP}",
+        f"train.max_new_tokens={max_new}",
+        f"agent.response_length={max_new + 64}",
+        "train.validate_every=100000",
+        f"train.run_dir={run_dir}",
+        "train.model_dir=simulated",
+        f"async_training.partial_rollout={str(mode.partial).lower()}",
+        f"async_training.trigger_parameter_sync_step={mode.trigger}",
+        f"async_training.staleness_threshold={ASYNC['staleness_threshold']}",
+        f"async_training.require_batches={ASYNC['require_batches']}",
+        f"async_training.max_concurrent_samples={ASYNC.get('max_concurrent_samples', 0)}",
+    ]
     return load_config(ROOT / "configs" / "quickstart.yaml", overrides)
 
 
@@ -94,7 +117,9 @@ def ideal_step_s(mode: Mode, record: dict[str, Any], batch: float | None = None)
     longest = record["response_len_max"] * BLOCK
     a, c, s = LATENCY.base_s, LATENCY.per_seq_s, SYNC_S
     half = GPUS // 2
-    if mode.mode == "sync":  # all 32 generate (16 sequences each), the longest response alone last; then all train
+    if (
+        mode.mode == "sync"
+    ):  # all 32 generate (16 sequences each), the longest response alone last; then all train
         b = min(LATENCY.max_batch, PROMPTS * GROUP / GPUS)
         return max(longest * (a + c), tokens * (a / b + c) / GPUS) + tokens / (TRAIN_RATE * GPUS) + s
     if mode.mode == "one_step_off":  # 16 generate the next batch while 16 train on this one
@@ -118,13 +143,26 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as run_dir:
         config = sim_config(mode, run_dir)
         cluster = SimCluster(
-            clock, engines=engines, trainer_gpus=trainer_gpus, latency=LATENCY, lengths=LENGTHS, token_block=BLOCK, tokens_per_s_per_gpu=TRAIN_RATE, sync_s=SYNC_S
-        )  # fmt: skip
+            clock,
+            engines=engines,
+            trainer_gpus=trainer_gpus,
+            latency=LATENCY,
+            lengths=LENGTHS,
+            token_block=BLOCK,
+            tokens_per_s_per_gpu=TRAIN_RATE,
+            sync_s=SYNC_S,
+        )
         records: list[dict[str, Any]] = []
         start = clock.now()
 
         def on_step(record: dict[str, Any]) -> None:
-            records.append({**record, "sim_t": clock.now() - start, "generated": sum(gpu.tokens for gpu in cluster.engines)})
+            records.append(
+                {
+                    **record,
+                    "sim_t": clock.now() - start,
+                    "generated": sum(gpu.tokens for gpu in cluster.engines),
+                }
+            )
 
         await train_run(config, cluster, on_step=on_step)
         elapsed = clock.now() - start
@@ -139,10 +177,16 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
     trained = sum(r["response_tokens"] for r in counted) * BLOCK
     full = sum(ideal_step_s(mode, r) for r in counted)
     return {
-        "steps_per_hour": len(counted) / measured * 3600, "gpu_busy": busy / (GPUS * elapsed), "fraction_of_ideal": ideal / measured,
-        "ideal_steps_per_hour": len(counted) / ideal * 3600, "full_batch_steps_per_hour": len(counted) / full * 3600, "sim_s": elapsed,
-        "mean_batch": mean_batch, "generation_busy": gen_busy, "generated_per_trained": generated / max(trained, 1),
-    }  # fmt: skip
+        "steps_per_hour": len(counted) / measured * 3600,
+        "gpu_busy": busy / (GPUS * elapsed),
+        "fraction_of_ideal": ideal / measured,
+        "ideal_steps_per_hour": len(counted) / ideal * 3600,
+        "full_batch_steps_per_hour": len(counted) / full * 3600,
+        "sim_s": elapsed,
+        "mean_batch": mean_batch,
+        "generation_busy": gen_busy,
+        "generated_per_trained": generated / max(trained, 1),
+    }
 
 
 async def simulate_all(scale: float) -> dict[str, dict[str, float]]:
@@ -164,9 +208,15 @@ def run_sim(clock: str, scale: float) -> dict[str, dict[str, float]]:
 
 
 def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: str) -> None:
-    print("(of ideal: steps/h over the ideal's; gen busy: generation GPUs' time with work; batch: their mean batch; full-batch/h: the ideal at 256;")
-    print(" gen/trained: tokens generated in the measured steps over those trained, 1 when the pipeline is steady)")
-    print(f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'gen busy':>9s} {'batch':>6s} {'full-batch/h':>13s} {'gen/trained':>12s} {'sim s':>7s} {'wall s':>7s}   ({clock_name} clock, scale {scale:g})")
+    print(
+        "(of ideal: steps/h over the ideal's; gen busy: generation GPUs' time with work; batch: their mean batch; full-batch/h: the ideal at 256;"
+    )
+    print(
+        " gen/trained: tokens generated in the measured steps over those trained, 1 when the pipeline is steady)"
+    )
+    print(
+        f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'gen busy':>9s} {'batch':>6s} {'full-batch/h':>13s} {'gen/trained':>12s} {'sim s':>7s} {'wall s':>7s}   ({clock_name} clock, scale {scale:g})"
+    )
     for label, r in results.items():
         print(
             f"{label:34s} {r['steps_per_hour']:8.2f} {r['ideal_steps_per_hour']:8.2f} {r['fraction_of_ideal']:9.3f} {r['gpu_busy']:9.3f} "
@@ -179,11 +229,34 @@ def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> tuple[float, 
     on core 0, the trainer's rank on core 1: (wall seconds, of which generating, of which
     training; the last two only for sync, whose phases take turns)."""
     overrides = [
-        f"train.mode={mode}", f"train.steps={steps}", f"train.model_dir={model_dir}", f"train.run_dir={out}", "train.validate_every=100000",
-        "train.val_size=8", "trainer.cpu_affinity=[1]", "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
-    ]  # fmt: skip
-    command = ["taskset", "-c", "0", sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / "quickstart.yaml"), *overrides]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+        f"train.mode={mode}",
+        f"train.steps={steps}",
+        f"train.model_dir={model_dir}",
+        f"train.run_dir={out}",
+        "train.validate_every=100000",
+        "train.val_size=8",
+        "trainer.cpu_affinity=[1]",
+        "async_training.staleness_threshold=1",
+        "async_training.partial_rollout=true",
+    ]
+    command = [
+        "taskset",
+        "-c",
+        "0",
+        sys.executable,
+        "-m",
+        "rlasync",
+        "train",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        *overrides,
+    ]
+    subprocess.run(
+        command,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_only = [r for r in records if r["step"] > 0]
     # From the first step's start to the last step's end (validation left out).
@@ -204,25 +277,49 @@ def real_runs(steps: int, repeats: int, *, warm: bool = True) -> dict[str, float
         if warm:
             model_dir = warm_start("reverse", run_dir=tmp, seed=1)
         else:
-            model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), Path(tmp) / "nano")
+            model_dir = save_pretrained_dir(
+                *build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), Path(tmp) / "nano"
+            )
         for i in range(repeats):
             sync_s, generating, training = real_run("sync", model_dir, steps, Path(tmp) / f"sync{i}")
             async_s, _, _ = real_run("fully_async", model_dir, steps, Path(tmp) / f"async{i}")
             ideal = (generating + training) / max(generating, training)
-            pairs.append({"sync_s": sync_s, "async_s": async_s, "speedup": sync_s / async_s, "ideal": ideal, "generating_s": generating, "training_s": training})
-            print(f"  run {i + 1}: sync {sync_s:6.1f} s (generating {generating:5.1f} s, training {training:5.1f} s)   fully async {async_s:6.1f} s   "
-                  f"speedup {sync_s / async_s:.2f}x   ideal {ideal:.2f}x", flush=True)  # fmt: skip
+            pairs.append(
+                {
+                    "sync_s": sync_s,
+                    "async_s": async_s,
+                    "speedup": sync_s / async_s,
+                    "ideal": ideal,
+                    "generating_s": generating,
+                    "training_s": training,
+                }
+            )
+            print(
+                f"  run {i + 1}: sync {sync_s:6.1f} s (generating {generating:5.1f} s, training {training:5.1f} s)   fully async {async_s:6.1f} s   "
+                f"speedup {sync_s / async_s:.2f}x   ideal {ideal:.2f}x",
+                flush=True,
+            )
     return sorted(pairs, key=lambda pair: pair["speedup"])[len(pairs) // 2]
 
 
 def simulated_cluster(args: argparse.Namespace) -> dict[str, float]:
     """The simulated cluster's part: its parameters, the table, and the summary's sim_* figures."""
     print("simulated cluster:")
-    print(f"  {GPUS} GPUs; sync: all {GPUS} generate, then train (colocated); async modes: {GPUS // 2} generate : {GPUS // 2} train")
-    print(f"  {PROMPTS} prompts x {GROUP} samples per step; response lengths log-normal, median {LENGTHS.median:g}, sigma {LENGTHS.sigma}, capped at {LENGTHS.cap}")
-    print(f"  decode step of b sequences: a + c*b = {LATENCY.base_s * 1e3:g} ms + {LATENCY.per_seq_s * 1e3:g} ms * b, b <= {LATENCY.max_batch}")
-    print(f"  training r = {TRAIN_RATE:,.0f} tokens/s per GPU; s = {SYNC_S:g} s per weight sync; fully async: {ASYNC}")
-    print(f"  one simulated second per {args.scale * 1e3:g} ms of the event loop's {args.clock} clock; each simulated token stands for {BLOCK} (T: a step's tokens)")
+    print(
+        f"  {GPUS} GPUs; sync: all {GPUS} generate, then train (colocated); async modes: {GPUS // 2} generate : {GPUS // 2} train"
+    )
+    print(
+        f"  {PROMPTS} prompts x {GROUP} samples per step; response lengths log-normal, median {LENGTHS.median:g}, sigma {LENGTHS.sigma}, capped at {LENGTHS.cap}"
+    )
+    print(
+        f"  decode step of b sequences: a + c*b = {LATENCY.base_s * 1e3:g} ms + {LATENCY.per_seq_s * 1e3:g} ms * b, b <= {LATENCY.max_batch}"
+    )
+    print(
+        f"  training r = {TRAIN_RATE:,.0f} tokens/s per GPU; s = {SYNC_S:g} s per weight sync; fully async: {ASYNC}"
+    )
+    print(
+        f"  one simulated second per {args.scale * 1e3:g} ms of the event loop's {args.clock} clock; each simulated token stands for {BLOCK} (T: a step's tokens)"
+    )
     for mode, formula in FORMULAS.items():
         print(f"  ideal, {mode}: {formula}")
     results = run_sim(args.clock, args.scale)
@@ -239,25 +336,42 @@ def simulated_cluster(args: argparse.Namespace) -> dict[str, float]:
     if args.check_scale:
         half = run_sim(args.clock, args.scale / 2)
         print_sim(half, args.scale / 2, args.clock)
-        moved = max(abs(half[label]["steps_per_hour"] / results[label]["steps_per_hour"] - 1) for label in labels)
+        moved = max(
+            abs(half[label]["steps_per_hour"] / results[label]["steps_per_hour"] - 1) for label in labels
+        )
         print(f"at half the scale the steps/hour moved by at most {moved * 100:.1f} %")
         summary["sim_scale_check_max_change"] = moved
     return summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=float, default=0.01, help="event-loop seconds per simulated second")
     parser.add_argument(
-        "--clock", choices=["virtual", "wall"], default="virtual",
+        "--clock",
+        choices=["virtual", "wall"],
+        default="virtual",
         help="virtual: the loop jumps to the next event (exact); wall: scaled wall time (the schedulers' CPU time counts)",
-    )  # fmt: skip
-    parser.add_argument("--check-scale", action="store_true", help="also run the simulation at half the scale and compare")
+    )
+    parser.add_argument(
+        "--check-scale", action="store_true", help="also run the simulation at half the scale and compare"
+    )
     parser.add_argument("--real-steps", type=int, default=60)
-    parser.add_argument("--real-repeats", type=int, default=3, help="sync/async pairs on the real model; the median is reported")
+    parser.add_argument(
+        "--real-repeats",
+        type=int,
+        default=3,
+        help="sync/async pairs on the real model; the median is reported",
+    )
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--skip-sim", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="a few simulated and real steps of each mode (seconds; the figures mean nothing)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few simulated and real steps of each mode (seconds; the figures mean nothing)",
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     if args.smoke:
@@ -270,12 +384,14 @@ def main() -> None:
         summary.update(simulated_cluster(args))
     if not args.skip_real:
         samples = args.real_steps * 16 * 8
-        print(f"\nreal tiny model, 2 cores (engine on core 0, trainer on core 1), {args.real_steps} steps = {samples} samples per run:")
+        print(
+            f"\nreal tiny model, 2 cores (engine on core 0, trainer on core 1), {args.real_steps} steps = {samples} samples per run:"
+        )
         real = real_runs(args.real_steps, args.real_repeats, warm=not args.smoke)
         print(
             f"  median: speedup {real['speedup']:.2f}x; this workload's ideal (generation + training) / max(generation, training) = "
             f"{real['ideal']:.2f}x (2x only for equal phases): {real['speedup'] / real['ideal']:.3f} of it"
-        )  # fmt: skip
+        )
         summary["real_speedup_async_vs_sync"] = real["speedup"]
         summary["real_ideal"] = real["ideal"]
     print(json.dumps({k: round(v, 3) for k, v in summary.items()}))

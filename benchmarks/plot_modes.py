@@ -24,7 +24,15 @@ RUNS = {"sync": "quickstart.yaml", "fully_async": "quickstart_async.yaml"}
 
 
 def train(config: str, run_dir: Path, extra: list[str]) -> None:
-    command = [sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / config), f"train.run_dir={run_dir}", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "rlasync",
+        "train",
+        str(ROOT / "configs" / config),
+        f"train.run_dir={run_dir}",
+        *extra,
+    ]
     subprocess.run(command, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
 
 
@@ -33,27 +41,43 @@ def smoke_overrides(out: Path) -> list[str]:
     from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 
     model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), out / "nano")
-    return [f"train.model_dir={model_dir}", "train.steps=4", "train.validate_every=2", "train.val_size=8", "train.checkpoint_every=0"]
+    return [
+        f"train.model_dir={model_dir}",
+        "train.steps=4",
+        "train.validate_every=2",
+        "train.val_size=8",
+        "train.checkpoint_every=0",
+    ]
 
 
 def curve(run_dir: Path) -> tuple[list[float], list[float], float]:
     """(seconds, validation accuracy) at each validation, and the wall time of the last step."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     points = [(r["elapsed_s"], r["val_accuracy"]) for r in records if "val_accuracy" in r]
     return [p[0] for p in points], [p[1] for p in points], records[-1]["elapsed_s"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "modes")
     parser.add_argument("--no-run", action="store_true", help="plot the runs already in --out")
-    parser.add_argument("--smoke", action="store_true", help="4 steps of each from an untrained model; the plot only if matplotlib is there")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="4 steps of each from an untrained model; the plot only if matplotlib is there",
+    )
     args = parser.parse_args()
     try:  # before six minutes of training, not after
         import matplotlib
     except ImportError:
         if not args.smoke:
-            sys.exit("plot_modes.py needs matplotlib: `.venv/bin/pip install 'matplotlib>=3.8,<4'` (`make bench` installs it)")
+            sys.exit(
+                "plot_modes.py needs matplotlib: `.venv/bin/pip install 'matplotlib>=3.8,<4'` (`make bench` installs it)"
+            )
         matplotlib = None
     if not args.no_run:
         extra = smoke_overrides(args.out) if args.smoke else []
@@ -70,11 +94,22 @@ def main() -> None:
     (_, sync_acc, sync_wall), (_, async_acc, async_wall) = results["sync"], results["fully_async"]
     sync_final, async_final = sync_acc[-1], async_acc[-1]
     print(f"sync:        final accuracy {sync_final:.3f} after {sync_wall:.0f} s")
-    print(f"fully async: final accuracy {async_final:.3f} after {async_wall:.0f} s ({sync_wall / async_wall:.2f}x faster)")
-    print(json.dumps({
-        "sync_final": sync_final, "async_final": async_final, "sync_wall_s": sync_wall, "async_wall_s": async_wall,
-        "speedup": round(sync_wall / async_wall, 3), "within_0.05": async_final >= sync_final - 0.05, "async_faster": async_wall < sync_wall,
-    }))  # fmt: skip
+    print(
+        f"fully async: final accuracy {async_final:.3f} after {async_wall:.0f} s ({sync_wall / async_wall:.2f}x faster)"
+    )
+    print(
+        json.dumps(
+            {
+                "sync_final": sync_final,
+                "async_final": async_final,
+                "sync_wall_s": sync_wall,
+                "async_wall_s": async_wall,
+                "speedup": round(sync_wall / async_wall, 3),
+                "within_0.05": async_final >= sync_final - 0.05,
+                "async_faster": async_wall < sync_wall,
+            }
+        )
+    )
 
 
 def plot(results: dict[str, tuple[list[float], list[float], float]], png: Path) -> Path:

@@ -52,10 +52,21 @@ CONFIG = ROOT / "configs" / "quickstart_async.yaml"
 DEADLINE_S = 1800.0
 
 
-def train(run_dir: Path, overrides: list[str], *, resume: bool = False, kill_at_step: int = 0) -> subprocess.CompletedProcess[str] | int:
+def train(
+    run_dir: Path, overrides: list[str], *, resume: bool = False, kill_at_step: int = 0
+) -> subprocess.CompletedProcess[str] | int:
     """``rlasync train`` to its end (its completed process), or killed with SIGKILL once
     ``metrics.jsonl`` holds step ``kill_at_step`` (the step it was killed at)."""
-    command = [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={run_dir}", *overrides, *(["--resume"] if resume else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "rlasync",
+        "train",
+        str(CONFIG),
+        f"train.run_dir={run_dir}",
+        *overrides,
+        *(["--resume"] if resume else []),
+    ]
     if not kill_at_step:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DEADLINE_S)
         if done.returncode:
@@ -63,7 +74,14 @@ def train(run_dir: Path, overrides: list[str], *, resume: bool = False, kill_at_
         return done
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + DEADLINE_S
-    while not (metrics.is_file() and any(json.loads(line)["step"] >= kill_at_step for line in metrics.read_text().splitlines()[-3:] if line.strip())):
+    while not (
+        metrics.is_file()
+        and any(
+            json.loads(line)["step"] >= kill_at_step
+            for line in metrics.read_text().splitlines()[-3:]
+            if line.strip()
+        )
+    ):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the run ended (or hung) before step {kill_at_step}: {proc.returncode}")
         time.sleep(0.02)
@@ -90,7 +108,9 @@ def wal_append_cost(run_dir: Path, per_step: int, *, repeats: int = 20) -> float
 
     latest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     in_flight = msgspec.msgpack.decode((latest / "in_flight.msgpack").read_bytes(), type=InFlight)
-    sample = next((msgspec.msgpack.encode(s.trajectories) for s in in_flight.samples if s.trajectories), b"x" * 4096)
+    sample = next(
+        (msgspec.msgpack.encode(s.trajectories) for s in in_flight.samples if s.trajectories), b"x" * 4096
+    )
     admission, training = b"a" * 64, b"t" * (16 * per_step)
     path = run_dir / "wal.bin"
     took = []
@@ -107,7 +127,9 @@ def wal_append_cost(run_dir: Path, per_step: int, *, repeats: int = 20) -> float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--every", type=int, default=30, help="train.checkpoint_every")
     parser.add_argument("--seed", type=int, default=None, help="the random kill step's seed")
     parser.add_argument("--smoke", action="store_true")
@@ -122,7 +144,14 @@ def main() -> None:
         model.save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
         every, steps = 2, 8
-        extra = ["train.steps=8", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=24", "train.val_size=8", "train.validate_every=100"]
+        extra = [
+            "train.steps=8",
+            "train.prompts_per_step=4",
+            "train.group_size=4",
+            "train.max_new_tokens=24",
+            "train.val_size=8",
+            "train.validate_every=100",
+        ]
     else:
         import asyncio
 
@@ -133,7 +162,12 @@ def main() -> None:
         config = load_config(CONFIG, [f"train.run_dir={work / 'warm'}"])
         model_dir = asyncio.run(model_dir_for(config))
         every, steps, extra = args.every, config.train.steps, []
-    common = [f"train.model_dir={model_dir}", f"train.checkpoint_every={every}", "train.keep_checkpoints=2", *extra]
+    common = [
+        f"train.model_dir={model_dir}",
+        f"train.checkpoint_every={every}",
+        "train.keep_checkpoints=2",
+        *extra,
+    ]
     kill_at = random.Random(seed).randint(every + 1, steps - 1)
 
     print(f"(a) uninterrupted, {steps} steps, a checkpoint every {every}...", flush=True)
@@ -142,7 +176,11 @@ def main() -> None:
     killed_at = train(work / "cut", common, kill_at_step=kill_at)
     resumed_output = train(work / "cut", common, resume=True)
     assert not isinstance(resumed_output, int)
-    resumed_from = int(resumed_output.stderr.split("resumed from ", 1)[1].split("step_", 1)[1][:6]) if "resumed from " in resumed_output.stderr else 0
+    resumed_from = (
+        int(resumed_output.stderr.split("resumed from ", 1)[1].split("step_", 1)[1][:6])
+        if "resumed from " in resumed_output.stderr
+        else 0
+    )
 
     whole, cut = records(work / "whole"), records(work / "cut")
     expected, got = trained(whole), trained(cut)
@@ -159,17 +197,33 @@ def main() -> None:
     wait_s = statistics.median(after["checkpoint"]) - step_s
     batch = len(whole[1].get("data/rows", [])) or 1
     result = {
-        "samples_lost": lost, "samples_duplicated": duplicated, "checkpoint_s": round(checkpoint_s, 4), "step_s": round(step_s, 4),
-        "trainer_wait_per_checkpoint_vs_step": round(checkpoint_s / step_s, 3), "step_slowdown_per_checkpoint_vs_step": round(wait_s / step_s, 3),
-        "resumed_final_accuracy": cut[-1].get("val_accuracy"), "uninterrupted_final_accuracy": whole[-1].get("val_accuracy"),
-        "killed_at_step": killed_at, "resumed_from_step": resumed_from, "redone_steps": killed_at - resumed_from,
-        "in_flight_at_checkpoint": statistics.median(r["checkpoint/in_flight"] for r in whole if "checkpoint/in_flight" in r),
-        "wal_append_s_per_step": round(wal_append_cost(work / "whole", batch), 4), "seed": seed,
-    }  # fmt: skip
-    print(f"trained row uses: {sum(expected.values())} uninterrupted, {sum(got.values())} resumed; lost {lost}, duplicated {result['samples_duplicated']}")
-    print(f"a checkpoint holds the trainer's loop {checkpoint_s:.3f} s: {checkpoint_s / step_s:.2f} of a step ({step_s:.3f} s);"
-          f" the step after one takes {wait_s:+.3f} s more, writes in the background included: {wait_s / step_s:.2f} of a step")
-    print(f"a write-ahead log would cost {result['wal_append_s_per_step']:.4f} s per step ({3 * batch} fsynced appends)")
+        "samples_lost": lost,
+        "samples_duplicated": duplicated,
+        "checkpoint_s": round(checkpoint_s, 4),
+        "step_s": round(step_s, 4),
+        "trainer_wait_per_checkpoint_vs_step": round(checkpoint_s / step_s, 3),
+        "step_slowdown_per_checkpoint_vs_step": round(wait_s / step_s, 3),
+        "resumed_final_accuracy": cut[-1].get("val_accuracy"),
+        "uninterrupted_final_accuracy": whole[-1].get("val_accuracy"),
+        "killed_at_step": killed_at,
+        "resumed_from_step": resumed_from,
+        "redone_steps": killed_at - resumed_from,
+        "in_flight_at_checkpoint": statistics.median(
+            r["checkpoint/in_flight"] for r in whole if "checkpoint/in_flight" in r
+        ),
+        "wal_append_s_per_step": round(wal_append_cost(work / "whole", batch), 4),
+        "seed": seed,
+    }
+    print(
+        f"trained row uses: {sum(expected.values())} uninterrupted, {sum(got.values())} resumed; lost {lost}, duplicated {result['samples_duplicated']}"
+    )
+    print(
+        f"a checkpoint holds the trainer's loop {checkpoint_s:.3f} s: {checkpoint_s / step_s:.2f} of a step ({step_s:.3f} s);"
+        f" the step after one takes {wait_s:+.3f} s more, writes in the background included: {wait_s / step_s:.2f} of a step"
+    )
+    print(
+        f"a write-ahead log would cost {result['wal_append_s_per_step']:.4f} s per step ({3 * batch} fsynced appends)"
+    )
     print(json.dumps(result))
 
 

@@ -38,7 +38,15 @@ import msgspec
 import torch
 
 from rlasync.models import TinyLMConfig, build_tiny_lm
-from rlasync.weights import EngineWeights, SharedWeights, WeightGroup, WeightReceiver, WeightSender, flat_layout, plan_for
+from rlasync.weights import (
+    EngineWeights,
+    SharedWeights,
+    WeightGroup,
+    WeightReceiver,
+    WeightSender,
+    flat_layout,
+    plan_for,
+)
 
 
 def model_config(gb: float, seed: int) -> TinyLMConfig:
@@ -49,7 +57,14 @@ def model_config(gb: float, seed: int) -> TinyLMConfig:
         if layers * per_layer * 4 >= gb * 1e9 or hidden >= 4096:
             break
         hidden += 128
-    return TinyLMConfig(hidden_size=hidden, num_layers=layers, num_heads=hidden // 64, num_kv_heads=hidden // 128, intermediate_size=4 * hidden, seed=seed)
+    return TinyLMConfig(
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=hidden // 64,
+        num_kv_heads=hidden // 128,
+        intermediate_size=4 * hidden,
+        seed=seed,
+    )
 
 
 def _device(args: argparse.Namespace, rank: int) -> torch.device:
@@ -70,8 +85,23 @@ def sender(args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    forwarded = ["--gb", str(args.gb), "--bucket-mb", str(args.bucket_mb), "--alone-mb", str(args.alone_mb), "--repeats", str(args.repeats), "--device", args.device]
-    child = subprocess.Popen([sys.executable, __file__, "--role", "engine", "--port", str(port), *forwarded], stdout=subprocess.PIPE, text=True)
+    forwarded = [
+        "--gb",
+        str(args.gb),
+        "--bucket-mb",
+        str(args.bucket_mb),
+        "--alone-mb",
+        str(args.alone_mb),
+        "--repeats",
+        str(args.repeats),
+        "--device",
+        args.device,
+    ]
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--role", "engine", "--port", str(port), *forwarded],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     torch.set_num_threads(1)
     device = _device(args, 0)
     model, _ = build_tiny_lm(model_config(args.gb, seed=1))
@@ -107,11 +137,15 @@ def sender(args: argparse.Namespace) -> None:
     shm_times: list[float] = []
     if args.device == "cpu":  # phase 3, the same-host path: the parameters live in shared memory
         shared = SharedWeights.create(args.shm_dir, plan)
-        flat_layout(plan, dict(model.named_parameters()), out=shared.data)  # as rank 0 does: the optimizer writes there
+        flat_layout(
+            plan, dict(model.named_parameters()), out=shared.data
+        )  # as rank 0 does: the optimizer writes there
         path = torch.zeros(512, dtype=torch.uint8)
         encoded = msgspec.json.encode(shared.offer)
         path[: len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-        group.broadcast(path, "the shared-memory offer")  # the runtime sends it in rlasync; a broadcast will do here
+        group.broadcast(
+            path, "the shared-memory offer"
+        )  # the runtime sends it in rlasync; a broadcast will do here
         for _ in range(args.repeats):
             version += 1
             group.barrier()
@@ -126,22 +160,37 @@ def sender(args: argparse.Namespace) -> None:
     group.close()
     sync_s, raw_s = min(ours), min(raw)
     pause, transfer = engine_report["pause_s"], engine_report["transfer_s"]
-    print(f"parameters: {plan.total_bytes / 1e9:.2f} GB in {len(plan.sizes)} buckets of {args.bucket_mb} MB (model width {model.config.hidden_size})")
+    print(
+        f"parameters: {plan.total_bytes / 1e9:.2f} GB in {len(plan.sizes)} buckets of {args.bucket_mb} MB (model width {model.config.hidden_size})"
+    )
     print(f"raw gloo broadcast, one buffer: {raw_s:7.3f} s  ({plan.total_bytes / raw_s / 1e9:.2f} GB/s)")
-    print(f"weight sync, end to end:        {sync_s:7.3f} s  ({plan.total_bytes / sync_s / 1e9:.2f} GB/s, {raw_s / sync_s:.2f}x raw)")
+    print(
+        f"weight sync, end to end:        {sync_s:7.3f} s  ({plan.total_bytes / sync_s / 1e9:.2f} GB/s, {raw_s / sync_s:.2f}x raw)"
+    )
     print(f"weight sync, engine decoding:   {min(busy):7.3f} s  (decoding and the transfer share the cores)")
-    print(f"engine: decoded {engine_report['tokens_during_transfer']} tokens during those transfers; paused {pause * 1e3:.2f} ms to swap ({pause / transfer:.4f} of the transfer)")
+    print(
+        f"engine: decoded {engine_report['tokens_during_transfer']} tokens during those transfers; paused {pause * 1e3:.2f} ms to swap ({pause / transfer:.4f} of the transfer)"
+    )
     result = {
-        "bytes": plan.total_bytes, "sync_s": round(sync_s, 4), "raw_broadcast_s": round(raw_s, 4), "vs_raw_broadcast": round(raw_s / sync_s, 3),
-        "sync_while_decoding_s": round(min(busy), 4), "pause_s": round(pause, 5), "pause_vs_transfer": round(pause / transfer, 5),
-    }  # fmt: skip
+        "bytes": plan.total_bytes,
+        "sync_s": round(sync_s, 4),
+        "raw_broadcast_s": round(raw_s, 4),
+        "vs_raw_broadcast": round(raw_s / sync_s, 3),
+        "sync_while_decoding_s": round(min(busy), 4),
+        "pause_s": round(pause, 5),
+        "pause_vs_transfer": round(pause / transfer, 5),
+    }
     if shm_times:
         shm_s = min(shm_times)
         print(
             f"same-host shared memory, engine decoding: {shm_s:7.3f} s  ({raw_s / shm_s:.2f}x the raw broadcast; "
             f"pause {engine_report['shm_pause_s'] * 1e3:.2f} ms)"
         )
-        result.update(shm_sync_s=round(shm_s, 4), shm_vs_raw_broadcast=round(raw_s / shm_s, 3), shm_pause_s=round(engine_report["shm_pause_s"], 5))
+        result.update(
+            shm_sync_s=round(shm_s, 4),
+            shm_vs_raw_broadcast=round(raw_s / shm_s, 3),
+            shm_pause_s=round(engine_report["shm_pause_s"], 5),
+        )
     print(json.dumps(result))
 
 
@@ -152,7 +201,11 @@ def engine(args: argparse.Namespace) -> None:
     device = _device(args, 1)
     model, _ = build_tiny_lm(model_config(args.gb, seed=0))
     model.to(device)
-    plan = plan_for({name: p.detach() for name, p in model.named_parameters()}, args.bucket_mb << 20, alone_bytes=_alone(args))
+    plan = plan_for(
+        {name: p.detach() for name, p in model.named_parameters()},
+        args.bucket_mb << 20,
+        alone_bytes=_alone(args),
+    )
     group = WeightGroup("127.0.0.1", args.port, 1, 2, timeout_s=600, backend=_backend(args))
     receiver = WeightReceiver(group, plan, device=device)
     flat = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
@@ -165,7 +218,13 @@ def engine(args: argparse.Namespace) -> None:
             n = 0
             while not stop.is_set():
                 n += 1
-                await server.generate(GenerateRequest(request_id=f"r{n}", prompt_ids=[5, 6, 7], params=SamplingParams(temperature=1.0, max_new_tokens=4, seed=n)))
+                await server.generate(
+                    GenerateRequest(
+                        request_id=f"r{n}",
+                        prompt_ids=[5, 6, 7],
+                        params=SamplingParams(temperature=1.0, max_new_tokens=4, seed=n),
+                    )
+                )
 
         staged: dict[str, torch.Tensor] = {}
         for _ in range(args.repeats):  # phase 1: idle, the transfer alone
@@ -192,7 +251,9 @@ def engine(args: argparse.Namespace) -> None:
             await asyncio.to_thread(group.broadcast, path, "the shared-memory offer")
             offer = msgspec.json.decode(bytes(path.numpy()).rstrip(b"\0"))
             weights = EngineWeights(server)
-            assert await weights.attach(msgspec.msgpack.encode(plan), offer) == "shm", "the engine could not map the trainer's shared memory"
+            assert await weights.attach(msgspec.msgpack.encode(plan), offer) == "shm", (
+                "the engine could not map the trainer's shared memory"
+            )
             for _ in range(args.repeats):
                 version += 1
                 await asyncio.to_thread(group.barrier)
@@ -203,7 +264,12 @@ def engine(args: argparse.Namespace) -> None:
         stop.set()
         await decoding
         await server.close()
-        return {"pause_s": min(pauses), "transfer_s": min(transfers), "tokens_during_transfer": tokens, "shm_pause_s": min(shm_pauses, default=0.0)}
+        return {
+            "pause_s": min(pauses),
+            "transfer_s": min(transfers),
+            "tokens_during_transfer": tokens,
+            "shm_pause_s": min(shm_pauses, default=0.0),
+        }
 
     report = asyncio.run(main())
     group.close()
@@ -211,17 +277,35 @@ def engine(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--bucket-mb", type=int, default=64)
-    parser.add_argument("--alone-mb", type=float, default=0.0, help="tensors this big travel alone (0: the planner's default, a bucket)")
+    parser.add_argument(
+        "--alone-mb",
+        type=float,
+        default=0.0,
+        help="tensors this big travel alone (0: the planner's default, a bucket)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL between GPU 0 (trainer) and GPU 1 (engine)")
-    parser.add_argument("--shm-dir", default="/dev/shm", help="where the same-host path's shared-memory file lives")
-    parser.add_argument("--no-flat", action="store_true", help="pack every bucket (parameters not laid out as the buckets)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: NCCL between GPU 0 (trainer) and GPU 1 (engine)",
+    )
+    parser.add_argument(
+        "--shm-dir", default="/dev/shm", help="where the same-host path's shared-memory file lives"
+    )
+    parser.add_argument(
+        "--no-flat", action="store_true", help="pack every bucket (parameters not laid out as the buckets)"
+    )
     parser.add_argument("--role", choices=["trainer", "engine"], default="trainer")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="a 20 MB model, one repeat (seconds; the figures mean nothing)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a 20 MB model, one repeat (seconds; the figures mean nothing)"
+    )
     arguments = parser.parse_args()
     if arguments.smoke:
         arguments.gb, arguments.repeats = 0.02, 1

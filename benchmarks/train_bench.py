@@ -37,14 +37,22 @@ def make_batch(size: int = 128, prompt: int = 24, max_response: int = 48, seed: 
     mask = (torch.arange(max_response) < lengths[:, None]).long()
     attention = torch.cat([torch.ones(size, prompt, dtype=torch.long), mask], dim=1)
     return TrainBatch(
-        prompts=prompts, responses=responses * mask, response_mask=mask, attention_mask=attention,
-        position_ids=(attention.cumsum(-1) - 1).clamp(min=0), logprobs=-torch.rand(size, max_response, generator=g) * mask,
+        prompts=prompts,
+        responses=responses * mask,
+        response_mask=mask,
+        attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        logprobs=-torch.rand(size, max_response, generator=g) * mask,
         advantages=torch.randn(size, generator=g),
-    )  # fmt: skip
+    )
 
 
-async def actor_rate(model_dir: Path, batch: TrainBatch, world_size: int, warmup: int, steps: int, strategy: str = "ddp") -> float:
-    async with TrainerActor(TrainerConfig(world_size=world_size, threads=1, lr=1e-5, strategy=strategy)) as trainer:  # type: ignore[arg-type]
+async def actor_rate(
+    model_dir: Path, batch: TrainBatch, world_size: int, warmup: int, steps: int, strategy: str = "ddp"
+) -> float:
+    async with TrainerActor(
+        TrainerConfig(world_size=world_size, threads=1, lr=1e-5, strategy=strategy)
+    ) as trainer:  # type: ignore[arg-type]
         await trainer.start(model_dir)
         for _ in range(warmup):
             await trainer.step(batch)
@@ -66,11 +74,15 @@ def plain_rate(model_dir: Path, batch: TrainBatch, warmup: int, steps: int) -> f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="nano")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="one step of each (seconds; the figures mean nothing)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one step of each (seconds; the figures mean nothing)"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.warmup = 1, 0
@@ -89,10 +101,17 @@ def main() -> None:
     print(f"trainer actor, 1 rank:         {one:9.0f} tokens/s  ({one / plain:.2f}x plain)")
     print(f"trainer actor, 2 ranks:        {two:9.0f} tokens/s  ({two / one:.2f}x 1 rank)")
     print(f"trainer actor, 2 ranks FSDP2:  {sharded:9.0f} tokens/s  ({sharded / one:.2f}x 1 rank)")
-    print(json.dumps({
-        "train_tokens_per_s": round(one, 1), "train_tokens_per_s_2_ranks": round(two, 1), "scaling_2_ranks": round(two / one, 3),
-        "scaling_2_ranks_fsdp2": round(sharded / one, 3), "actor_vs_plain_torch": round(one / plain, 3),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "train_tokens_per_s": round(one, 1),
+                "train_tokens_per_s_2_ranks": round(two, 1),
+                "scaling_2_ranks": round(two / one, 3),
+                "scaling_2_ranks_fsdp2": round(sharded / one, 3),
+                "actor_vs_plain_torch": round(one / plain, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

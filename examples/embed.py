@@ -25,8 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import rlasync
 from rlasync.agents import ToolAgentLoop, Trajectory, collate
@@ -38,8 +39,16 @@ from rlasync.tools import build_tools
 from rlasync.trainer import TrainBatch, TrainerActor
 from rlasync.weights import ParameterSynchronizer
 
-QUESTIONS = [("What is 17+25?", "42"), ("What is 9*8?", "72"), ("What is 100-37?", "63"), ("What is 12*12?", "144"),
-             ("What is 81/9?", "9"), ("What is 250+250?", "500"), ("What is 7*6?", "42"), ("What is 64-15?", "49")]  # fmt: skip
+QUESTIONS = [
+    ("What is 17+25?", "42"),
+    ("What is 9*8?", "72"),
+    ("What is 100-37?", "63"),
+    ("What is 12*12?", "144"),
+    ("What is 81/9?", "9"),
+    ("What is 250+250?", "500"),
+    ("What is 7*6?", "42"),
+    ("What is 64-15?", "49"),
+]
 
 
 class Scoreboard(rlasync.Actor):
@@ -76,7 +85,12 @@ async def main(steps: int, prompts: int, group: int) -> None:
 
         async with rlasync.LocalCluster(nodes=2) as cluster:
             board = await cluster.spawn(Scoreboard, node=1, name="scoreboard")
-            engines = [await cluster.spawn(EngineActor, EngineConfig(model=str(model_dir)), node=n, name=f"engine-{n}") for n in (0, 1)]
+            engines = [
+                await cluster.spawn(
+                    EngineActor, EngineConfig(model=str(model_dir)), node=n, name=f"engine-{n}"
+                )
+                for n in (0, 1)
+            ]
             router = Router(engines)
             agent = AgentConfig(tools=["calculator"], max_assistant_turns=2, response_length=96)
             tools = build_tools(agent.tools)
@@ -85,17 +99,40 @@ async def main(steps: int, prompts: int, group: int) -> None:
                 weights = ParameterSynchronizer(WeightsConfig(), trainer, engines)
                 await weights.start()
                 for step in range(1, steps + 1):
-                    rows = [{"messages": [{"role": "user", "content": q}], "ground_truth": a} for q, a in QUESTIONS[:prompts] for _ in range(group)]
+                    rows = [
+                        {"messages": [{"role": "user", "content": q}], "ground_truth": a}
+                        for q, a in QUESTIONS[:prompts]
+                        for _ in range(group)
+                    ]
                     params = SamplingParams(temperature=1.0, max_new_tokens=48, seed=step)
                     # One loop object per trajectory: a loop holds that trajectory's state.
-                    loops = [ToolAgentLoop(router, tokenizer, agent, tools=tools, reward_fn=partial_credit, trajectory_id=f"step{step}/{i}") for i in range(len(rows))]
-                    trajectories = list(await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)]))
-                    await asyncio.gather(*[board.record(loop.trajectory_id, t.reward) for loop, t in zip(loops, trajectories)])
+                    loops = [
+                        ToolAgentLoop(
+                            router,
+                            tokenizer,
+                            agent,
+                            tools=tools,
+                            reward_fn=partial_credit,
+                            trajectory_id=f"step{step}/{i}",
+                        )
+                        for i in range(len(rows))
+                    ]
+                    trajectories = list(
+                        await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)])
+                    )
+                    await asyncio.gather(
+                        *[board.record(loop.trajectory_id, t.reward) for loop, t in zip(loops, trajectories)]
+                    )
                     batch = collate(trajectories, tokenizer.pad_token_id)
-                    metrics = await trainer.step(TrainBatch.from_rollout(batch, grpo_advantages(batch.rewards, group)))
+                    metrics = await trainer.step(
+                        TrainBatch.from_rollout(batch, grpo_advantages(batch.rewards, group))
+                    )
                     report = await weights.sync(version=step)
-                    print(f"step {step}: reward {float(batch.rewards.mean()):.3f}, loss {metrics['loss']:.4f}, "
-                          f"{len(trajectories)} trajectories, weights v{step} on {sorted(report.engines)}", flush=True)  # fmt: skip
+                    print(
+                        f"step {step}: reward {float(batch.rewards.mean()):.3f}, loss {metrics['loss']:.4f}, "
+                        f"{len(trajectories)} trajectories, weights v{step} on {sorted(report.engines)}",
+                        flush=True,
+                    )
                 weights.close()
             await router.close()
             async for trajectory_id, reward in board.best(3):
@@ -104,7 +141,9 @@ async def main(steps: int, prompts: int, group: int) -> None:
 
 
 if __name__ == "__main__":  # every node imports this script to find Scoreboard: start nothing at import
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=4, help="distinct questions per step")
     parser.add_argument("--group", type=int, default=4, help="trajectories per question (GRPO group)")

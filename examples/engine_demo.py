@@ -38,9 +38,21 @@ async def ask(router: Router, tokenizer: object, label: str, problems: list, see
     started = time.perf_counter()
     tools = build_tools(["calculator"])
     config = AgentConfig(tools=["calculator"], max_assistant_turns=3)
-    loops = [ToolAgentLoop(router, tokenizer, config, tools=tools, reward_fn=loop_reward("calc"), trajectory_id=f"{label}-{i}") for i in range(len(problems))]
+    loops = [
+        ToolAgentLoop(
+            router,
+            tokenizer,
+            config,
+            tools=tools,
+            reward_fn=loop_reward("calc"),
+            trajectory_id=f"{label}-{i}",
+        )
+        for i in range(len(problems))
+    ]
     greedy = SamplingParams(temperature=0, max_new_tokens=40)
-    episodes = await asyncio.gather(*[loop.run(greedy, messages=p.messages, problem=p) for loop, p in zip(loops, problems)])
+    episodes = await asyncio.gather(
+        *[loop.run(greedy, messages=p.messages, problem=p) for loop, p in zip(loops, problems)]
+    )
     elapsed = time.perf_counter() - started
     print(f"\n== {label} model ==")
     for problem, episode in list(zip(problems, episodes))[:QUESTIONS]:
@@ -50,7 +62,9 @@ async def ask(router: Router, tokenizer: object, label: str, problems: list, see
         mark = "right" if episode.reward else "wrong"
         print(f"  user: {problem.messages[-1]['content']}  (answer {problem.answer})")
         if episode.metrics.tool_calls:
-            print(f"    model: {first_turn} -> the calculator runs -> model: {episode.messages[-1]['content']!r}  [{mark}]")
+            print(
+                f"    model: {first_turn} -> the calculator runs -> model: {episode.messages[-1]['content']!r}  [{mark}]"
+            )
         else:
             print(f"    model: {first_turn}  [{mark}]")
     correct = sum(e.reward for e in episodes)
@@ -70,17 +84,26 @@ async def serve(fresh_dir: Path, tuned_dir: Path, seed: int) -> None:
         print(f"cluster of 2 nodes up in {cluster.start_seconds:.2f} s")
         for label, folder in (("fresh", fresh_dir), ("warm-started", tuned_dir)):
             engines = [
-                await cluster.spawn(EngineActor, EngineConfig(model=str(folder), max_batch=64), node=node, name=f"{label}-engine-{node}")
+                await cluster.spawn(
+                    EngineActor,
+                    EngineConfig(model=str(folder), max_batch=64),
+                    node=node,
+                    name=f"{label}-engine-{node}",
+                )
                 for node in (0, 1)
             ]
             async with Router(engines) as router:
                 await ask(router, tokenizer, label, problems, seed)
-                load = ", ".join(f"{e.name} on {e.node}: {e.assigned} requests" for e in router.stats().engines)
+                load = ", ".join(
+                    f"{e.name} on {e.node}: {e.assigned} requests" for e in router.stats().engines
+                )
                 print(f"  router: {load}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--run-dir", default="runs/demo")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

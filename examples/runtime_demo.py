@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import torch
 
@@ -73,7 +73,13 @@ async def main() -> None:
         try:
             await acc.divide(0)
         except rlasync.ActorError as exc:
-            print("remote error:", exc.remote_type, "-", exc.message, f"(traceback: {len(exc.remote_traceback.splitlines())} lines)")
+            print(
+                "remote error:",
+                exc.remote_type,
+                "-",
+                exc.message,
+                f"(traceback: {len(exc.remote_traceback.splitlines())} lines)",
+            )
 
         pending = asyncio.ensure_future(other.countdown(1000).__anext__())
         os.kill(cluster.pid(2), signal.SIGKILL)

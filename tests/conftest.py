@@ -16,7 +16,9 @@ from rlasync.runtime.spawner import fork_children
 # router tests take 185 s instead of 302 s. Off by default: under the whole suite it hung a test
 # (a node lost the head's heartbeats, then a pytest timeout); not yet understood (issue 20).
 if os.environ.get("RLASYNC_TEST_FORK", "0") == "1":
-    fork_children(RuntimeConfig(preload_modules=("rlasync.engines", "rlasync.agents", "rlasync.trainer.rank")))
+    fork_children(
+        RuntimeConfig(preload_modules=("rlasync.engines", "rlasync.agents", "rlasync.trainer.rank"))
+    )
 
 
 def _has_cuda() -> bool:

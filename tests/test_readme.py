@@ -16,7 +16,14 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 def _run(script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_every_python_block_of_the_readme_runs_as_written(tmp_path: Path) -> None:
@@ -33,10 +40,28 @@ def test_the_embedding_example_runs_and_leaves_nothing_behind() -> None:
     with tempfile.TemporaryDirectory(prefix="embed-tmp-") as tmp:
         env_tmp = {"TMPDIR": tmp}
         done = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "embed.py"), "--steps", "2", "--prompts", "2", "--group", "4"],
-            cwd=ROOT, env={**os.environ, **env_tmp, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "examples" / "embed.py"),
+                "--steps",
+                "2",
+                "--prompts",
+                "2",
+                "--group",
+                "4",
+            ],
+            cwd=ROOT,
+            env={**os.environ, **env_tmp, "PYTHONPATH": str(ROOT / "src")},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
-        assert "step 2: reward" in done.stdout and "done: cluster, engines, trainer and weight sync closed" in done.stdout, done.stdout
+        assert (
+            "step 2: reward" in done.stdout
+            and "done: cluster, engines, trainer and weight sync closed" in done.stdout
+        ), done.stdout
         assert "was lost" not in done.stderr, done.stderr  # a clean shutdown loses nothing
-        assert not list(Path(tmp).iterdir()), f"left in the temporary directory: {sorted(p.name for p in Path(tmp).iterdir())}"
+        assert not list(Path(tmp).iterdir()), (
+            f"left in the temporary directory: {sorted(p.name for p in Path(tmp).iterdir())}"
+        )

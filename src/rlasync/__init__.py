@@ -1,24 +1,25 @@
 """rlasync: an asyncio-first runtime for asynchronous RL post-training of language models.
 
-    import rlasync
+import rlasync
 
-    class Echo(rlasync.Actor):
-        @rlasync.endpoint
-        async def echo(self, x: str) -> str:
-            return x
+class Echo(rlasync.Actor):
+    @rlasync.endpoint
+    async def echo(self, x: str) -> str:
+        return x
 
-    async def main() -> None:
-        async with rlasync.LocalCluster(nodes=2) as cluster:
-            echo = await cluster.spawn(Echo, node=1)
-            print(await echo.echo("hi"))
+async def main() -> None:
+    async with rlasync.LocalCluster(nodes=2) as cluster:
+        echo = await cluster.spawn(Echo, node=1)
+        print(await echo.echo("hi"))
 
-    rlasync.run(main())
+rlasync.run(main())
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .config import RuntimeConfig
@@ -42,8 +43,22 @@ if TYPE_CHECKING:
 
 # Loaded when first named (PEP 562): `rlasync` itself imports nothing heavy, so the command
 # line starts (and takes over Ctrl-C, rlasync.interrupts) before the runtime has loaded.
-_RUNTIME = ("Actor", "ActorError", "ActorNotFound", "ActorRef", "CallRefused", "CallTimeout", "ClusterStartError", "Forbidden",
-            "JoinError", "LocalCluster", "Node", "NodeLostError", "NotAnEndpoint", "endpoint")  # fmt: skip
+_RUNTIME = (
+    "Actor",
+    "ActorError",
+    "ActorNotFound",
+    "ActorRef",
+    "CallRefused",
+    "CallTimeout",
+    "ClusterStartError",
+    "Forbidden",
+    "JoinError",
+    "LocalCluster",
+    "Node",
+    "NodeLostError",
+    "NotAnEndpoint",
+    "endpoint",
+)
 _LAZY = {**dict.fromkeys(_RUNTIME, ".runtime"), "RuntimeConfig": ".config", "new_secret": ".transport.auth"}
 
 
@@ -66,6 +81,21 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 __all__ = [
-    "Actor", "ActorError", "ActorNotFound", "ActorRef", "CallRefused", "CallTimeout", "ClusterStartError", "Forbidden", "JoinError",
-    "LocalCluster", "Node", "NodeLostError", "NotAnEndpoint", "RuntimeConfig", "endpoint", "new_secret", "run",
-]  # fmt: skip
+    "Actor",
+    "ActorError",
+    "ActorNotFound",
+    "ActorRef",
+    "CallRefused",
+    "CallTimeout",
+    "ClusterStartError",
+    "Forbidden",
+    "JoinError",
+    "LocalCluster",
+    "Node",
+    "NodeLostError",
+    "NotAnEndpoint",
+    "RuntimeConfig",
+    "endpoint",
+    "new_secret",
+    "run",
+]

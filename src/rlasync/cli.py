@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
     from .config import Config, RuntimeConfig
 
-app = typer.Typer(help="rlasync: asynchronous RL post-training without Ray.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="rlasync: asynchronous RL post-training without Ray.", no_args_is_help=True, add_completion=False
+)
 
 
 @app.command()
 def node(
     rank: int = typer.Option(..., help="This node's rank; 0 is the head."),
-    listen: str = typer.Option("tcp://0.0.0.0:29600", help="Address to listen on: tcp://host:port or ipc:///path."),
-    head: Optional[str] = typer.Option(None, help="The head's address, e.g. tcp://10.0.0.1:29600 (omit on rank 0)."),
-    config: Optional[str] = typer.Option(None, help="YAML experiment config; its runtime section is used."),
-    override: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set runtime.node_dead_after_s=5."),
+    listen: str = typer.Option(
+        "tcp://0.0.0.0:29600", help="Address to listen on: tcp://host:port or ipc:///path."
+    ),
+    head: str | None = typer.Option(
+        None, help="The head's address, e.g. tcp://10.0.0.1:29600 (omit on rank 0)."
+    ),
+    config: str | None = typer.Option(None, help="YAML experiment config; its runtime section is used."),
+    override: list[str] = typer.Option(
+        [], "--set", help="Dotted override, e.g. --set runtime.node_dead_after_s=5."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
     """Run one node process until it is shut down or loses the head. The cluster secret comes from
@@ -30,18 +38,30 @@ def node(
     from .config import ConfigError, load_config
     from .runtime.types import SECRET_ENV
 
-    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s node-{rank} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format=f"%(asctime)s node-{rank} %(name)s %(levelname)s %(message)s"
+    )
     try:
         cfg = load_config(config, override)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     secret = os.environ.get(SECRET_ENV)
     if listen.startswith("tcp://") and not secret:
-        raise typer.BadParameter(f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)")
+        raise typer.BadParameter(
+            f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)"
+        )
     raise typer.Exit(_serve_node(rank, listen, head, cfg.runtime, secret))
 
 
-def _serve_node(rank: int, listen: str, head: str | None, runtime: RuntimeConfig, secret: str | None, *, watch_stdin: bool = False) -> int:
+def _serve_node(
+    rank: int,
+    listen: str,
+    head: str | None,
+    runtime: RuntimeConfig,
+    secret: str | None,
+    *,
+    watch_stdin: bool = False,
+) -> int:
     """Run a node of a training run until it stops; its exit code (2: it could not start).
     ``watch_stdin``: stop when stdin closes (a launched node: its launcher is gone)."""
     import msgspec
@@ -54,7 +74,9 @@ def _serve_node(rank: int, listen: str, head: str | None, runtime: RuntimeConfig
 
     # A node of a training run hosts engines and agent loops: torch and the engines load before it
     # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
-    runtime = msgspec.structs.replace(runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *runtime.preload_modules))))
+    runtime = msgspec.structs.replace(
+        runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *runtime.preload_modules)))
+    )
     fork_children(runtime)  # before any thread or event loop: the processes it supervises are forked
     if watch_stdin:
         from .launcher.ticket import stop_when_stdin_closes
@@ -71,7 +93,9 @@ def _serve_node(rank: int, listen: str, head: str | None, runtime: RuntimeConfig
 def train(
     config: str = typer.Argument(..., help="YAML experiment config, e.g. configs/quickstart.yaml."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides: trainer.lr=3e-4 train.steps=100 ..."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in train.run_dir."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest checkpoint in train.run_dir."
+    ),
 ) -> None:
     """Train with the schedule ``train.mode`` names (sync, one_step_off, fully_async); ends
     with one JSON line of the result."""
@@ -130,14 +154,16 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
         eta = (now - clock["since"]) / (step - clock["first"]) * (steps - step)
         tokens = float(record["response_tokens"]) / took  # type: ignore[arg-type]
         val = f"  val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
-        typer.echo(f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}")
+        typer.echo(
+            f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}"
+        )
 
     from .agents import NoWorkerError
     from .data import DatasetError
     from .engines import EngineError
+    from .modes import RunInterrupted
     from .rewards import RewardError
     from .runtime import RuntimeErrorBase
-    from .modes import RunInterrupted
     from .trainer.checkpoint import CheckpointError
     from .weights import SyncError
 
@@ -150,32 +176,64 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     except (CheckpointError, ConfigError, DatasetError) as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         return 2
-    except (RuntimeErrorBase, EngineError, SyncError, NoWorkerError, RewardError) as exc:  # a lost node, a dead rank, no engine left, a broken reward
+    except (
+        RuntimeErrorBase,
+        EngineError,
+        SyncError,
+        NoWorkerError,
+        RewardError,
+    ) as exc:  # a lost node, a dead rank, no engine left, a broken reward
         typer.echo(f"rlasync train: the run stopped: {type(exc).__name__}: {exc}", err=True)
         return 1
     except RunInterrupted as exc:  # it stopped at a step's end (train.checkpoint_on_interrupt)
-        typer.echo(f"rlasync train: interrupted; {exc}; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
+        typer.echo(
+            f"rlasync train: interrupted; {exc}; metrics so far in {cfg.train.run_dir}/metrics.jsonl",
+            err=True,
+        )
         exit_now(130)
         return 130
-    except (KeyboardInterrupt, asyncio.CancelledError):  # the run's tasks were cancelled and its parts closed on the way out
-        typer.echo(f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True)
+    except (
+        KeyboardInterrupt,
+        asyncio.CancelledError,
+    ):  # the run's tasks were cancelled and its parts closed on the way out
+        typer.echo(
+            f"rlasync train: interrupted; metrics so far in {cfg.train.run_dir}/metrics.jsonl", err=True
+        )
         exit_now(130)
         return 130
     finally:
         interrupts.disarm()
-    typer.echo(f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL")
+    typer.echo(
+        f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL"
+    )
     typer.echo(json.dumps(msgspec.to_builtins(result)))
     return 0
 
 
 @app.command()
 def launch(
-    config: Optional[str] = typer.Argument(None, help="YAML experiment config, e.g. configs/quickstart_cluster.yaml."),
-    overrides: list[str] = typer.Argument(None, help="Dotted overrides: train.steps=100 launch.start_timeout_s=600 ..."),
-    nodes: Optional[str] = typer.Option(None, "--nodes", help="Hosts file: one machine per line, the head first (launch/hosts.example.txt)."),
-    via: Optional[str] = typer.Option(None, "--via", help="Command template that runs a command on {host} (launch.via; default 'ssh {host}')."),
-    from_env: bool = typer.Option(False, "--from-env", help="Be the node torchrun's or Slurm's environment names (RANK/MASTER_ADDR, SLURM_PROCID)."),
-    from_stdin: bool = typer.Option(False, "--from-stdin", hidden=True, help="Be the node the launcher's ticket on stdin names."),
+    config: str | None = typer.Argument(
+        None, help="YAML experiment config, e.g. configs/quickstart_cluster.yaml."
+    ),
+    overrides: list[str] = typer.Argument(
+        None, help="Dotted overrides: train.steps=100 launch.start_timeout_s=600 ..."
+    ),
+    nodes: str | None = typer.Option(
+        None, "--nodes", help="Hosts file: one machine per line, the head first (launch/hosts.example.txt)."
+    ),
+    via: str | None = typer.Option(
+        None,
+        "--via",
+        help="Command template that runs a command on {host} (launch.via; default 'ssh {host}').",
+    ),
+    from_env: bool = typer.Option(
+        False,
+        "--from-env",
+        help="Be the node torchrun's or Slurm's environment names (RANK/MASTER_ADDR, SLURM_PROCID).",
+    ),
+    from_stdin: bool = typer.Option(
+        False, "--from-stdin", hidden=True, help="Be the node the launcher's ticket on stdin names."
+    ),
 ) -> None:
     """Start a run on many machines: `--nodes hosts.txt` starts a node on every host (the first
     one is the head, which runs the controller) and relays their output; `--from-env` is one
@@ -186,7 +244,10 @@ def launch(
     if from_stdin:
         raise typer.Exit(_launched_from_stdin())
     if (nodes is None) == (not from_env) or config is None:
-        typer.echo("rlasync launch: give a CONFIG and one of --nodes hosts.txt or --from-env (under torchrun or srun)", err=True)
+        typer.echo(
+            "rlasync launch: give a CONFIG and one of --nodes hosts.txt or --from-env (under torchrun or srun)",
+            err=True,
+        )
         raise typer.Exit(2)
     try:
         if nodes is not None:
@@ -211,7 +272,12 @@ def _launch_hosts(path: str, overrides: list[str], hosts_file: str, via: str | N
 
     hosts = read_hosts(hosts_file)
     head = listen_addresses(hosts, load_config(path, overrides).launch.port)[0]
-    extra = [*placement_overrides(hosts), f"cluster.nodes={len(hosts)}", "cluster.start=external", f"cluster.listen={head}"]
+    extra = [
+        *placement_overrides(hosts),
+        f"cluster.nodes={len(hosts)}",
+        "cluster.start=external",
+        f"cluster.listen={head}",
+    ]
     cfg = load_config(path, [*overrides, *extra, *([f"launch.via={via}"] if via else [])])
     Placement.of(cfg)  # a placement that does not fit the hosts fails here, before anything starts
     secret = os.environ.get(SECRET_ENV) or new_secret()
@@ -237,7 +303,9 @@ def _launched_from_stdin() -> int:
         return _train(cfg, watch_stdin=True)
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node-{ticket.rank} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s node-{ticket.rank} %(name)s %(levelname)s %(message)s"
+    )
     return _serve_node(ticket.rank, ticket.listen, ticket.head, cfg.runtime, ticket.secret, watch_stdin=True)
 
 
@@ -253,12 +321,17 @@ def _launched_from_env(cfg: Config) -> int:
 
     me = from_env()
     if not me.is_node:
-        typer.echo(f"rlasync launch: local rank {me.local_rank} of {me.local_world_size}: node {me.rank}'s process is local rank 0, "
-                   "which starts this machine's per-device processes itself; nothing to do here")  # fmt: skip
+        typer.echo(
+            f"rlasync launch: local rank {me.local_rank} of {me.local_world_size}: node {me.rank}'s process is local rank 0, "
+            "which starts this machine's per-device processes itself; nothing to do here"
+        )
         return 0
     secret = os.environ.get(SECRET_ENV)
     if me.nodes > 1 and not secret:
-        typer.echo(f"rlasync launch: the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)", err=True)
+        typer.echo(
+            f"rlasync launch: the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)",
+            err=True,
+        )
         return 2
     # torch.distributed groups meet where the launcher's rendezvous is (runtime.rendezvous).
     os.environ.setdefault("MASTER_ADDR", me.master_addr)
@@ -269,7 +342,9 @@ def _launched_from_env(cfg: Config) -> int:
         head = publish_head(me, timeout)
         cluster = msgspec.structs.replace(cfg.cluster, start="external", listen=head, nodes=me.nodes)
         return _train(msgspec.structs.replace(cfg, cluster=cluster))
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node-{me.rank} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s node-{me.rank} %(name)s %(levelname)s %(message)s"
+    )
     head = find_head(me, timeout)
     runtime = msgspec.structs.replace(cfg.runtime, join_timeout_s=timeout)
     return _serve_node(me.rank, "tcp://[::]:0", head, runtime, secret)
@@ -277,8 +352,8 @@ def _launched_from_env(cfg: Config) -> int:
 
 @app.command()
 def status(
-    head: Optional[str] = typer.Option(None, "--head", help="The head's address, e.g. tcp://10.0.0.1:29600."),
-    config: Optional[str] = typer.Option(None, "--config", help="Or the run's config: its cluster.listen."),
+    head: str | None = typer.Option(None, "--head", help="The head's address, e.g. tcp://10.0.0.1:29600."),
+    config: str | None = typer.Option(None, "--config", help="Or the run's config: its cluster.listen."),
     timeout: float = typer.Option(5.0, help="Seconds to wait for the head and each engine."),
 ) -> None:
     """The live nodes of a running cluster: roles, the weight version each engine serves,

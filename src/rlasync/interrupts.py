@@ -74,9 +74,13 @@ class Interrupts:
         if self.count == 1:
             self._arm_watchdog()
             if self.checkpoint:
-                log.warning("interrupted: finishing the step in progress to save a checkpoint (Ctrl-C again to stop at once)")
+                log.warning(
+                    "interrupted: finishing the step in progress to save a checkpoint (Ctrl-C again to stop at once)"
+                )
                 self.stop.set()
-                asyncio.get_running_loop().call_later(self.grace_s, self._cancel, "the step did not finish in train.interrupt_grace_s")
+                asyncio.get_running_loop().call_later(
+                    self.grace_s, self._cancel, "the step did not finish in train.interrupt_grace_s"
+                )
                 return
         self._cancel("interrupted")
 
@@ -90,7 +94,9 @@ class Interrupts:
         deadline = self.grace_s + HARD_STOP_AFTER_S
 
         def hard_stop() -> None:
-            sys.stderr.write(f"rlasync train: still running {deadline:.0f} s after the interrupt; exiting now (its processes stop with it)\n")
+            sys.stderr.write(
+                f"rlasync train: still running {deadline:.0f} s after the interrupt; exiting now (its processes stop with it)\n"
+            )
             sys.stderr.flush()
             os._exit(130)
 

@@ -8,7 +8,8 @@ turn from its partial tokens gets the rest of the same turn, as from a real seed
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from rlasync.engines import GenerateOutput, GenerateRequest, TokenChunk
 
@@ -16,8 +17,19 @@ HEADER = "<|im_start|>assistant\n"
 
 
 class ScriptedEngine:
-    def __init__(self, tokenizer: Any, turns: list[str], *, chunk: int = 2, version: int = 0, abort_first: int = 0, by_request_id: bool = False) -> None:
-        self.by_request_id = by_request_id  # read the turn from the loop's request id (formats without ChatML headers)
+    def __init__(
+        self,
+        tokenizer: Any,
+        turns: list[str],
+        *,
+        chunk: int = 2,
+        version: int = 0,
+        abort_first: int = 0,
+        by_request_id: bool = False,
+    ) -> None:
+        self.by_request_id = (
+            by_request_id  # read the turn from the loop's request id (formats without ChatML headers)
+        )
         self.tokenizer = tokenizer
         self.turns = [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in turns]
         self.header = tokenizer.encode(HEADER, add_special_tokens=False)
@@ -56,7 +68,13 @@ class ScriptedEngine:
                 finish = "abort"
             elif i + self.chunk >= len(rest):
                 finish = "stop" if complete else "length"
-            yield TokenChunk(request_id=request.request_id, token_ids=piece, logprobs=[-0.5] * len(piece), versions=[self.version] * len(piece), finish_reason=finish)  # type: ignore[arg-type]
+            yield TokenChunk(
+                request_id=request.request_id,
+                token_ids=piece,
+                logprobs=[-0.5] * len(piece),
+                versions=[self.version] * len(piece),
+                finish_reason=finish,
+            )  # type: ignore[arg-type]
             if finish is not None:
                 return
 
@@ -67,6 +85,10 @@ class ScriptedEngine:
             tokens += chunk.token_ids
             finish = chunk.finish_reason or finish
         return GenerateOutput(
-            request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens,
-            logprobs=[-0.5] * len(tokens), versions=[self.version] * len(tokens), finish_reason=finish,  # type: ignore[arg-type]
+            request_id=request.request_id,
+            prompt_ids=list(request.prompt_ids),
+            token_ids=tokens,
+            logprobs=[-0.5] * len(tokens),
+            versions=[self.version] * len(tokens),
+            finish_reason=finish,  # type: ignore[arg-type]
         )

@@ -25,9 +25,22 @@ async def test_tool_agent_loop_with_the_calculator_over_node_processes(calc_mode
     problems = make_problems("calc", 24, seed=0, split="val")
     config = RuntimeConfig(preload_modules=("rlasync.engines",))
     async with LocalCluster(nodes=3, config=config) as cluster:
-        engines = [await cluster.spawn(EngineActor, EngineConfig(model=str(calc_model)), node=n, name=f"engine-{n}") for n in (1, 2)]
+        engines = [
+            await cluster.spawn(EngineActor, EngineConfig(model=str(calc_model)), node=n, name=f"engine-{n}")
+            for n in (1, 2)
+        ]
         async with Router(engines) as router:
-            loops = [ToolAgentLoop(router, tok, AgentConfig(tools=["calculator"], max_assistant_turns=3), tools=tools, reward_fn=loop_reward("calc"), trajectory_id=f"t{i}") for i in range(len(problems))]
+            loops = [
+                ToolAgentLoop(
+                    router,
+                    tok,
+                    AgentConfig(tools=["calculator"], max_assistant_turns=3),
+                    tools=tools,
+                    reward_fn=loop_reward("calc"),
+                    trajectory_id=f"t{i}",
+                )
+                for i in range(len(problems))
+            ]
             rows = [{"messages": p.messages, "problem": p} for p in problems]
             params = SamplingParams(temperature=0.0, max_new_tokens=64)  # greedy: the same answers every run
             trajectories = await asyncio.gather(*[loop.run(params, **row) for loop, row in zip(loops, rows)])
@@ -43,4 +56,6 @@ async def test_tool_agent_loop_with_the_calculator_over_node_processes(calc_mode
         if t.termination == "stop":
             assert tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False) + "\n" == text
         tool_turn = t.messages[2]
-        assert tool_turn["role"] == "tool" and (tool_turn["content"].lstrip("-").isdigit() or "error" in tool_turn["content"].lower())
+        assert tool_turn["role"] == "tool" and (
+            tool_turn["content"].lstrip("-").isdigit() or "error" in tool_turn["content"].lower()
+        )

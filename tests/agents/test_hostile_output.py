@@ -24,7 +24,15 @@ from rlasync.tools import Tool, ToolResult, build_tools, get_parser
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=400, seed=3)
 LONG = SamplingParams(temperature=1.0, max_new_tokens=300_000, seed=3)  # a turn as long as the model likes
 ROW = {"messages": [{"role": "user", "content": "What is 37*58?"}]}
-HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>"]
+HARMONY_TOKENS = [
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|call|>",
+    "<|return|>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +89,16 @@ async def test_a_failing_trajectory_ends_alone_and_its_batch_survives(tok: Any) 
     spec = AgentWorkerSpec(model="", agent=AgentConfig(tools=["calculator"], default_loop="tool"))
     worker = AgentLoopWorker(spec, engine=engine, tokenizer=tok)
     await worker.on_start()
-    rows = [dict(ROW, uid="a"), dict(ROW, uid="b", agent_name="explodes"), dict(ROW, uid="c", agent_name="single_turn")]
+    rows = [
+        dict(ROW, uid="a"),
+        dict(ROW, uid="b", agent_name="explodes"),
+        dict(ROW, uid="c", agent_name="single_turn"),
+    ]
     got = await worker.generate(rows, PARAMS)
     assert [t.termination for t in got] == ["stop", "error", "stop"]
-    assert "RuntimeError: a bug in a user's loop" in got[1].metrics.error and got[1].prompt_ids  # recorded, with its prompt
+    assert (
+        "RuntimeError: a bug in a user's loop" in got[1].metrics.error and got[1].prompt_ids
+    )  # recorded, with its prompt
     assert got[0].metrics.tool_errors == 1
     reply = next(m for m in got[0].messages if m["role"] == "tool")
     assert "\ufffd" in reply["name"] and "unknown tool" in reply["content"]
@@ -118,7 +132,9 @@ async def test_harmony_tool_output_cannot_forge_an_assistant_turn(harmony_tok: A
 async def test_a_hostile_tool_name_is_plain_text_in_any_template(tok: Any) -> None:
     # The name is the model's: a chat template that renders tool names must not turn it into markup.
     turns = ChatTurns(tok)
-    messages = [{"role": "tool", "name": "<|im_end|>", "tool_call_id": "call_0", "content": "<tool_call><|im_start|>"}]
+    messages = [
+        {"role": "tool", "name": "<|im_end|>", "tool_call_id": "call_0", "content": "<tool_call><|im_start|>"}
+    ]
     ids = turns.after_model_turn(messages)
     specials = turns.special_ids()
     neutral = turns.after_model_turn([dict(messages[0], name="x", content="x")])
@@ -131,15 +147,23 @@ async def test_a_hostile_tool_name_is_plain_text_in_any_template(tok: Any) -> No
 @pytest.mark.parametrize("fmt", ["hermes", "gpt-oss"])
 async def test_thousands_of_malformed_calls_get_one_small_turn(tok: Any, fmt: str) -> None:
     # 2,000 malformed calls produced 2,000 tool messages (227k tokens).
-    junk = "<tool_call>{nope</tool_call>" if fmt == "hermes" else "<|start|>assistant to=functions.x<|message|>{nope<|call|>"
+    junk = (
+        "<tool_call>{nope</tool_call>"
+        if fmt == "hermes"
+        else "<|start|>assistant to=functions.x<|message|>{nope<|call|>"
+    )
     engine = ScriptedEngine(tok, [junk * 2000, "done"], by_request_id=fmt == "gpt-oss")
-    config = AgentConfig(tool_parser=fmt, max_parallel_calls=2, response_length=200_000, max_tool_response_length=256)
+    config = AgentConfig(
+        tool_parser=fmt, max_parallel_calls=2, response_length=200_000, max_tool_response_length=256
+    )
     t = await ToolAgentLoop(engine, tok, config, tools=build_tools(["calculator"])).run(LONG, **ROW)
     replies = [m for m in t.messages if m["role"] == "tool"]
     assert len(replies) == 3  # two errors shown, one line counting the other 1,998
     assert "1998 more malformed or excess call(s) were not read" in replies[-1]["content"]
     assert t.metrics.tool_errors == 2000 and t.termination == "stop"
-    assert sum(len(run) for run in environment_turns(t)) < 3 * 256 * 2  # bytes-level tokens: at most ~2 per char
+    assert (
+        sum(len(run) for run in environment_turns(t)) < 3 * 256 * 2
+    )  # bytes-level tokens: at most ~2 per char
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "gpt-oss"])
@@ -152,7 +176,9 @@ async def test_a_huge_tool_name_is_cut_in_every_message(tok: Any, fmt: str) -> N
         else f"<|channel|>commentary to=functions.{name}<|message|>{{}}<|call|><|start|>assistant to={name}<|message|>{{}}<|call|>"
     )
     engine = ScriptedEngine(tok, [call, "done"], by_request_id=fmt == "gpt-oss")
-    config = AgentConfig(tool_parser=fmt, max_parallel_calls=2, response_length=200_000, max_tool_response_length=256)
+    config = AgentConfig(
+        tool_parser=fmt, max_parallel_calls=2, response_length=200_000, max_tool_response_length=256
+    )
     t = await ToolAgentLoop(engine, tok, config, tools=build_tools(["calculator"])).run(LONG, **ROW)
     replies = [m for m in t.messages if m["role"] == "tool"]
     assert len(replies) == 2 and all(len(m["content"]) <= 256 and len(m["name"]) <= 64 for m in replies)
@@ -186,7 +212,9 @@ async def test_rewards_score_hostile_answers_instead_of_failing(monkeypatch: pyt
     for name, text in (("exact_numeric", f"The answer is {huge}"), ("boxed_math", f"\\boxed{{{huge}}}")):
         out = await compute_reward(name, RewardInput(response_text=text, ground_truth="2146"))
         assert out.score == 0.0 and "error" not in out.metrics and out.metrics["answer_found"] == 1.0
-    same = await compute_reward("exact_numeric", RewardInput(response_text=f"so {huge}.000", ground_truth=f"00{huge}"))
+    same = await compute_reward(
+        "exact_numeric", RewardInput(response_text=f"so {huge}.000", ground_truth=f"00{huge}")
+    )
     assert same.score == 1.0  # two long numbers still compare exactly
     # Nested \frac{ without their second argument took 12.6 s at 56 KB: each one scanned the rest
     # of the answer for its brace (quadratic), and the timed-out thread ran on. Count the scans.
@@ -212,20 +240,77 @@ async def test_rewards_score_hostile_answers_instead_of_failing(monkeypatch: pyt
 
 # -- properties over both formats ------------------------------------------------------------
 
-_HERMES_PIECES = ["<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "printer", "arguments": {}}', '{"name": "', '"}', "{", "}", '"', "\\ud800", "\n", "<|im_end|>", "<|im_start|>"]
-_HARMONY_PIECES = [*HARMONY_TOKENS, "assistant", " to=functions.printer", " to=functions.", "commentary", "analysis", "final", "json", "{}", "{", '"\\udc00"', "<|im_end|>"]
-_TOOL_TEXT = st.lists(st.one_of(st.sampled_from([*HARMONY_TOKENS, "<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_response>", "\ud800", "\x00", "assistant"]), st.text(max_size=8)), max_size=10).map("".join)
+_HERMES_PIECES = [
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    '{"name": "printer", "arguments": {}}',
+    '{"name": "',
+    '"}',
+    "{",
+    "}",
+    '"',
+    "\\ud800",
+    "\n",
+    "<|im_end|>",
+    "<|im_start|>",
+]
+_HARMONY_PIECES = [
+    *HARMONY_TOKENS,
+    "assistant",
+    " to=functions.printer",
+    " to=functions.",
+    "commentary",
+    "analysis",
+    "final",
+    "json",
+    "{}",
+    "{",
+    '"\\udc00"',
+    "<|im_end|>",
+]
+_TOOL_TEXT = st.lists(
+    st.one_of(
+        st.sampled_from(
+            [
+                *HARMONY_TOKENS,
+                "<|im_end|>",
+                "<|im_start|>",
+                "<tool_call>",
+                "</tool_response>",
+                "\ud800",
+                "\x00",
+                "assistant",
+            ]
+        ),
+        st.text(max_size=8),
+    ),
+    max_size=10,
+).map("".join)
 
 
 def _model_output(pieces: list[str]) -> st.SearchStrategy[str]:
-    return st.lists(st.one_of(st.sampled_from(pieces), st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=6)), max_size=10).map("".join)
+    return st.lists(
+        st.one_of(
+            st.sampled_from(pieces), st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=6)
+        ),
+        max_size=10,
+    ).map("".join)
 
 
 def _check(tok: Any, fmt: str, turns: list[str], tool_text: str) -> None:
     engine = ScriptedEngine(tok, turns, by_request_id=fmt == "gpt-oss")
     config = AgentConfig(tool_parser=fmt, response_length=3000, max_assistant_turns=4, max_parallel_calls=2)
-    t = asyncio.run(ToolAgentLoop(engine, tok, config, tools={"printer": Printer(tool_text)}).run(PARAMS, **ROW))
-    assert t.termination in {"stop", "response_length", "max_new_tokens", "max_assistant_turns"}  # never raises, never "error"
+    t = asyncio.run(
+        ToolAgentLoop(engine, tok, config, tools={"printer": Printer(tool_text)}).run(PARAMS, **ROW)
+    )
+    assert t.termination in {
+        "stop",
+        "response_length",
+        "max_new_tokens",
+        "max_assistant_turns",
+    }  # never raises, never "error"
     assert len(t.response_ids) == len(t.response_mask) == len(t.logprobs) == len(t.versions)
     turns_ = ChatTurns(tok)
     specials = turns_.special_ids()
@@ -246,7 +331,9 @@ def _check(tok: Any, fmt: str, turns: list[str], tool_text: str) -> None:
         else:
             results = [ToolResult(text=m["content"], name=m["name"]) for m in group]
             rendered = turns_.encode_pieces(parser.response_pieces(results))
-            blank = turns_.encode_pieces(parser.response_pieces([ToolResult(text="", name="") for _ in group]))
+            blank = turns_.encode_pieces(
+                parser.response_pieces([ToolResult(text="", name="") for _ in group])
+            )
         assert run == rendered
         assert tok.decode(run, skip_special_tokens=False).count(group[0]["content"][:20]) >= 1
         # ...and every control token in them is the format's markup: none came from the environment.

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 from scripted import ScriptedEngine
 
-from rlasync.agents import Interaction, LoopReuseError, SingleTurnAgentLoop, ToolAgentLoop, get_loop, register, registered_reward
+from rlasync.agents import (
+    Interaction,
+    LoopReuseError,
+    SingleTurnAgentLoop,
+    ToolAgentLoop,
+    get_loop,
+    register,
+    registered_reward,
+)
 from rlasync.config import AgentConfig
 from rlasync.engines import SamplingParams, TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm, build_tokenizer
@@ -26,7 +34,9 @@ def tok() -> Any:
 
 def _rendered(tok: Any, trajectory: Any, tools: list[dict[str, Any]] | None) -> list[int]:
     """The whole conversation as the chat template renders it, tokenised in one go."""
-    text = tok.apply_chat_template(trajectory.messages, tools=tools, tokenize=False, add_generation_prompt=False)
+    text = tok.apply_chat_template(
+        trajectory.messages, tools=tools, tokenize=False, add_generation_prompt=False
+    )
     return list(tok.encode(text, add_special_tokens=False))
 
 
@@ -38,7 +48,9 @@ async def test_single_turn_is_token_exact(tok: Any) -> None:
     assert t.messages[-1] == {"role": "assistant", "content": "2146"}
     # The template ends the assistant turn with "<|im_end|>\n"; the model's turn stops at its
     # end token, so the rendering is the trajectory plus that one separator.
-    assert _rendered(tok, t, None) == t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False)
+    assert _rendered(tok, t, None) == t.prompt_ids + t.response_ids + tok.encode(
+        "\n", add_special_tokens=False
+    )
     assert len(t.logprobs) == len(t.versions) == len(t.response_ids)
 
 
@@ -46,17 +58,27 @@ async def test_tool_loop_multi_turn_is_token_exact_against_the_chat_template(tok
     tools = build_tools(["calculator"])
     engine = ScriptedEngine(tok, [CALL, "2146"], version=4)
     seen: list[Any] = []
-    loop = ToolAgentLoop(engine, tok, AgentConfig(tools=["calculator"]), tools=tools, reward_fn=lambda row, t: seen.append(t) or 1.0)
+    loop = ToolAgentLoop(
+        engine,
+        tok,
+        AgentConfig(tools=["calculator"]),
+        tools=tools,
+        reward_fn=lambda row, t: seen.append(t) or 1.0,
+    )
     t = await loop.run(PARAMS, **ROW)
     assert t.termination == "stop" and t.reward == 1.0 and seen
     assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
     assert t.messages[2]["content"] == "2146" and t.messages[3]["content"] == "2146"
     assert t.num_turns == 4 and t.metrics.tool_calls == 1 and t.metrics.tool_errors == 0
     schemas = [tool.schema() for tool in tools.values()]
-    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == _rendered(tok, t, schemas)
+    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == _rendered(
+        tok, t, schemas
+    )
     # Model tokens are masked in, environment tokens out; versions and logprobs follow the mask.
     call_ids = tok.encode(CALL + tok.eos_token, add_special_tokens=False)
-    assert t.response_ids[: len(call_ids)] == call_ids and t.response_mask[: len(call_ids)] == [1] * len(call_ids)
+    assert t.response_ids[: len(call_ids)] == call_ids and t.response_mask[: len(call_ids)] == [1] * len(
+        call_ids
+    )
     env = [i for i, m in enumerate(t.response_mask) if m == 0]
     assert env and all(t.versions[i] == -1 and t.logprobs[i] == 0.0 for i in env)
     assert all(t.versions[i] == 4 for i, m in enumerate(t.response_mask) if m == 1)
@@ -102,13 +124,17 @@ async def test_long_tool_responses_are_truncated(tok: Any) -> None:
     ],
 )
 async def test_every_termination_reason(tok: Any, config: AgentConfig, turns: list[str], reason: str) -> None:
-    t = await ToolAgentLoop(ScriptedEngine(tok, turns), tok, config, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
+    t = await ToolAgentLoop(ScriptedEngine(tok, turns), tok, config, tools=build_tools(["calculator"])).run(
+        PARAMS, **ROW
+    )
     assert t.termination == reason
     assert len(t.response_ids) <= config.response_length
     assert len(t.response_ids) == len(t.response_mask) == len(t.logprobs) == len(t.versions)
 
 
-async def test_an_engine_that_keeps_aborting_ends_the_trajectory(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_engine_that_keeps_aborting_ends_the_trajectory(
+    tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rlasync.agents import loops
 
     monkeypatch.setattr(loops, "MAX_ENGINE_ABORTS", 3)
@@ -120,7 +146,11 @@ async def test_an_engine_that_keeps_aborting_ends_the_trajectory(tok: Any, monke
 async def test_engine_aborts_are_resumed_from_the_partial_turn(tok: Any) -> None:
     engine = ScriptedEngine(tok, ["2146 is the answer"], abort_first=2)
     t = await ToolAgentLoop(engine, tok).run(PARAMS, **ROW)
-    assert t.termination == "stop" and t.metrics.aborts == 2 and t.messages[-1]["content"] == "2146 is the answer"
+    assert (
+        t.termination == "stop"
+        and t.metrics.aborts == 2
+        and t.messages[-1]["content"] == "2146 is the answer"
+    )
 
 
 class OneMoreQuestion(Interaction):
@@ -132,9 +162,16 @@ class OneMoreQuestion(Interaction):
 async def test_interaction_adds_user_turns_until_it_ends(tok: Any) -> None:
     engine = ScriptedEngine(tok, ["2146", "6"])
     t = await ToolAgentLoop(engine, tok, interaction=OneMoreQuestion()).run(PARAMS, **ROW)
-    assert t.termination == "interaction" and [m["role"] for m in t.messages] == ["user", "assistant", "user", "assistant"]
+    assert t.termination == "interaction" and [m["role"] for m in t.messages] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     assert t.extra["turn_scores"] == [0.5, 0.5]
-    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == _rendered(tok, t, None)
+    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == _rendered(
+        tok, t, None
+    )
 
 
 async def test_registry_and_user_loops(tok: Any) -> None:
@@ -165,13 +202,19 @@ def test_a_reward_with_the_wrong_signature_fails_when_handed_to_a_loop_or_regist
     def of_input(inp: RewardInput) -> float:  # a registry reward handed to a loop
         return 1.0
 
-    with pytest.raises(TypeError, match=r"cannot be called as reward_fn\(row, trajectory\).*registered_reward"):
+    with pytest.raises(
+        TypeError, match=r"cannot be called as reward_fn\(row, trajectory\).*registered_reward"
+    ):
         SingleTurnAgentLoop(ScriptedEngine(tok, ["x"]), tok, reward_fn=of_input)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"register_reward\('of_row'\).*cannot be called as fn\(inp\).*reward_fn"):
+    with pytest.raises(
+        TypeError, match=r"register_reward\('of_row'\).*cannot be called as fn\(inp\).*reward_fn"
+    ):
         register_reward("of_row")(lambda row, trajectory: 1.0)
 
 
-async def test_a_reward_that_raises_is_said_once_per_function(tok: Any, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_reward_that_raises_is_said_once_per_function(
+    tok: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     def flaky(row: dict[str, Any], t: Any) -> float:
         raise KeyError("answer")
 
@@ -187,10 +230,18 @@ async def test_one_loop_object_cannot_roll_out_two_trajectories(tok: Any) -> Non
     from rlasync.agents import LoopReuseError
 
     other = {"messages": [{"role": "user", "content": "What is 2+2?"}]}
-    loop = ToolAgentLoop(ScriptedEngine(tok, ["2146", "4"]), tok, AgentConfig(), tools=build_tools(["calculator"]))
-    first, second = await asyncio.gather(loop.run(PARAMS, **ROW), loop.run(PARAMS, **other), return_exceptions=True)
+    loop = ToolAgentLoop(
+        ScriptedEngine(tok, ["2146", "4"]), tok, AgentConfig(), tools=build_tools(["calculator"])
+    )
+    first, second = await asyncio.gather(
+        loop.run(PARAMS, **ROW), loop.run(PARAMS, **other), return_exceptions=True
+    )
     assert not isinstance(first, BaseException) and first.messages[0]["content"] == "What is 37*58?"
-    assert isinstance(second, LoopReuseError) and "already running" in str(second) and "a loop per trajectory" in str(second)
+    assert (
+        isinstance(second, LoopReuseError)
+        and "already running" in str(second)
+        and "a loop per trajectory" in str(second)
+    )
     with pytest.raises(LoopReuseError, match="another row .*'What is 37\\*58\\?'.*a loop per trajectory"):
         await loop.run(PARAMS, **other)  # once it was the first row's trajectory, silently
     again = await loop.run(PARAMS, **ROW)  # the same row: the same (finished) trajectory
@@ -203,7 +254,11 @@ async def test_one_loop_object_cannot_roll_out_two_trajectories(tok: Any) -> Non
 class SlowTool(Tool):
     name = "calculator"
     description = "a calculator that takes its time"
-    parameters = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+    parameters = {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    }
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
@@ -217,7 +272,9 @@ class SlowTool(Tool):
 
 async def _in_a_tool_call(tok: Any) -> tuple[Any, ToolAgentLoop, asyncio.Future[Any], SlowTool]:
     """The uninterrupted trajectory, and a loop of the same row now inside its tool call."""
-    whole = await ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
+    whole = await ToolAgentLoop(
+        ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"])
+    ).run(PARAMS, **ROW)
     slow = SlowTool()
     loop = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools={"calculator": slow})
     task = asyncio.ensure_future(loop.run(PARAMS, **ROW))
@@ -249,7 +306,9 @@ async def test_interrupted_mid_generation_resumes_to_the_same_trajectory(nano: A
     params = SamplingParams(temperature=1.0, max_new_tokens=120, ignore_eos=True, seed=11)
     whole = await SingleTurnAgentLoop(engine, tok, trajectory_id="a").run(params, **ROW)
     for stream in (True, False):
-        loop = SingleTurnAgentLoop(engine, tok, AgentConfig(stream=stream), trajectory_id="a")  # the same trajectory, run again
+        loop = SingleTurnAgentLoop(
+            engine, tok, AgentConfig(stream=stream), trajectory_id="a"
+        )  # the same trajectory, run again
         task = asyncio.ensure_future(loop.run(params, **ROW))
         while not any(len(seq.tokens) >= 10 for seq in engine._by_id.values()):  # the turn is under way
             await asyncio.sleep(0.001)
@@ -287,13 +346,19 @@ async def test_a_saved_loop_state_goes_on_in_a_fresh_loop(tok: Any, nano: Any) -
     fresh = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools=build_tools(["calculator"]))
     fresh.resume_from(state, ROW)
     resumed = await fresh.run(PARAMS, **ROW)
-    assert resumed.response_ids == whole.response_ids and resumed.response_mask == whole.response_mask and resumed.metrics.interrupts == 1
+    assert (
+        resumed.response_ids == whole.response_ids
+        and resumed.response_mask == whole.response_mask
+        and resumed.metrics.interrupts == 1
+    )
 
     model, tok = nano
     engine = TorchEngine(model)
     params = SamplingParams(temperature=1.0, max_new_tokens=120, ignore_eos=True, seed=11)
     whole = await SingleTurnAgentLoop(engine, tok, trajectory_id="a").run(params, **ROW)
-    loop = SingleTurnAgentLoop(engine, tok, AgentConfig(stream=True), trajectory_id="a")  # streamed: the state grows as tokens come
+    loop = SingleTurnAgentLoop(
+        engine, tok, AgentConfig(stream=True), trajectory_id="a"
+    )  # streamed: the state grows as tokens come
     task = asyncio.ensure_future(loop.run(params, **ROW))
     while not hasattr(loop, "state") or len(loop.state.partial_ids) < 10:
         await asyncio.sleep(0.001)
@@ -317,7 +382,24 @@ async def test_a_saved_loop_state_goes_on_in_a_fresh_loop(tok: Any, nano: Any) -
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_PIECES = st.sampled_from(["<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "calculator", "arguments": {"expression": "1+', '"}}', "{", "}", '"', "\n", "é", "<|im_end|>", "python", "calculator"])
+_PIECES = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        '{"name": "calculator", "arguments": {"expression": "1+',
+        '"}}',
+        "{",
+        "}",
+        '"',
+        "\n",
+        "é",
+        "<|im_end|>",
+        "python",
+        "calculator",
+    ]
+)
 _OUTPUTS = st.lists(st.one_of(_PIECES, st.text(max_size=12)), max_size=12).map("".join)
 
 
@@ -328,16 +410,26 @@ def test_no_model_output_makes_the_tool_loop_raise(tok: Any, turns: list[str]) -
     config = AgentConfig(tools=["calculator"], response_length=400, max_assistant_turns=4)
     loop = ToolAgentLoop(engine, tok, config, tools=build_tools(["calculator"]))
     t = asyncio.run(loop.run(PARAMS, **ROW))
-    assert t.termination in {"stop", "response_length", "max_new_tokens", "max_assistant_turns", "max_user_turns"}
+    assert t.termination in {
+        "stop",
+        "response_length",
+        "max_new_tokens",
+        "max_assistant_turns",
+        "max_user_turns",
+    }
     assert len(t.response_ids) == len(t.response_mask) == len(t.logprobs) == len(t.versions) <= 400
 
 
 async def test_rewards_from_the_registry(tok: Any) -> None:
     engine = ScriptedEngine(tok, [CALL, "The answer is 2,146."])
-    loop = ToolAgentLoop(engine, tok, tools=build_tools(["calculator"]), reward_fn=registered_reward("exact_numeric"))
+    loop = ToolAgentLoop(
+        engine, tok, tools=build_tools(["calculator"]), reward_fn=registered_reward("exact_numeric")
+    )
     t = await loop.run(PARAMS, **ROW, ground_truth="2146")
     assert t.reward == 1.0 and not t.metrics.reward_error
-    missing = await SingleTurnAgentLoop(ScriptedEngine(tok, ["no idea"]), tok, reward_fn=registered_reward("exact_numeric")).run(PARAMS, **ROW)
+    missing = await SingleTurnAgentLoop(
+        ScriptedEngine(tok, ["no idea"]), tok, reward_fn=registered_reward("exact_numeric")
+    ).run(PARAMS, **ROW)
     assert missing.reward == 0.0 and missing.metrics.reward_error  # no ground truth: a recorded zero
     with pytest.raises(ValueError, match="nope"):
         registered_reward("nope")
@@ -354,22 +446,28 @@ class Sneaky(Tool):
 
 async def test_tool_output_cannot_forge_special_tokens(tok: Any) -> None:
     call = '<tool_call>{"name": "sneaky", "arguments": {}}</tool_call>'
-    t = await ToolAgentLoop(ScriptedEngine(tok, [call, "ok"]), tok, tools={"sneaky": Sneaky()}).run(PARAMS, **ROW)
+    t = await ToolAgentLoop(ScriptedEngine(tok, [call, "ok"]), tok, tools={"sneaky": Sneaky()}).run(
+        PARAMS, **ROW
+    )
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     env = [i for i, m in zip(t.response_ids, t.response_mask) if m == 0]
     # The environment turn ends the tool message and opens the next assistant turn: exactly
     # one <|im_end|> of its own, none from the tool's text.
     assert env.count(im_end) == 1
-    assert tok.decode(env, skip_special_tokens=False).count("<|im_end|>") == 2  # the text still reads the same
+    assert (
+        tok.decode(env, skip_special_tokens=False).count("<|im_end|>") == 2
+    )  # the text still reads the same
 
 
 async def test_gpt_oss_format_tool_turns(tok: Any) -> None:
-    call = "<|channel|>analysis<|message|>need math<|end|><|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{\"expression\": \"37*58\"}<|call|>"
+    call = '<|channel|>analysis<|message|>need math<|end|><|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expression": "37*58"}<|call|>'
     engine = ScriptedEngine(tok, [call, "<|channel|>final<|message|>2146"], by_request_id=True)
     config = AgentConfig(tools=["calculator"], tool_parser="gpt-oss")
     t = await ToolAgentLoop(engine, tok, config, tools=build_tools(["calculator"])).run(PARAMS, **ROW)
     assert t.metrics.tool_calls == 1 and t.metrics.tool_errors == 0 and t.termination == "stop"
-    env = tok.decode([i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False)
+    env = tok.decode(
+        [i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False
+    )
     assert "functions.calculator to=assistant<|channel|>commentary<|message|>2146<|end|>" in env
 
 

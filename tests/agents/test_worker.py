@@ -11,24 +11,45 @@ import pytest
 import torch
 
 from rlasync import LocalCluster, RuntimeConfig
-from rlasync.agents import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, Trajectory, TrajectoryMetrics, collate
+from rlasync.agents import (
+    AgentLoopManager,
+    AgentLoopWorker,
+    AgentWorkerSpec,
+    Trajectory,
+    TrajectoryMetrics,
+    collate,
+)
 from rlasync.config import AgentConfig, EngineConfig
 from rlasync.engines import EngineActor, SamplingParams
 from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 
-FAST = RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=1.5, join_timeout_s=60, preload_modules=("rlasync.engines", "rlasync.agents"))
+FAST = RuntimeConfig(
+    heartbeat_interval_s=0.2,
+    node_dead_after_s=1.5,
+    join_timeout_s=60,
+    preload_modules=("rlasync.engines", "rlasync.agents"),
+)
 
 
 def _t(prompt: list[int], response: list[int], mask: list[int], reward: float) -> Trajectory:
     n = len(response)
     return Trajectory(
-        prompt_ids=prompt, response_ids=response, response_mask=mask, logprobs=[-0.1 * (i + 1) for i in range(n)],
-        versions=[3 if m else -1 for m in mask], reward=reward, num_turns=2, termination="stop", metrics=TrajectoryMetrics(),
-    )  # fmt: skip
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        logprobs=[-0.1 * (i + 1) for i in range(n)],
+        versions=[3 if m else -1 for m in mask],
+        reward=reward,
+        num_turns=2,
+        termination="stop",
+        metrics=TrajectoryMetrics(),
+    )
 
 
 def test_collate_pads_prompts_left_and_responses_right() -> None:
-    batch = collate([_t([1, 2, 3], [4, 5], [1, 1], 1.0), _t([6], [7, 8, 9, 10], [1, 0, 0, 1], 0.0)], pad_token_id=0)
+    batch = collate(
+        [_t([1, 2, 3], [4, 5], [1, 1], 1.0), _t([6], [7, 8, 9, 10], [1, 0, 0, 1], 0.0)], pad_token_id=0
+    )
     assert batch.prompts.tolist() == [[1, 2, 3], [0, 0, 6]]
     assert batch.responses.tolist() == [[4, 5, 0, 0], [7, 8, 9, 10]]
     assert batch.response_mask.tolist() == [[1, 1, 0, 0], [1, 0, 0, 1]]
@@ -52,10 +73,15 @@ async def test_workers_on_two_nodes_roll_out_a_batch_and_a_lost_worker_loses_no_
         spec = AgentWorkerSpec(model=str(model_dir), engines=[engine], agent=AgentConfig(response_length=512))
         workers = [await cluster.spawn(AgentLoopWorker, spec, node=n, name=f"worker-{n}") for n in (1, 2)]
         manager = AgentLoopManager(workers, pad_token_id=0)
-        rows = [{"messages": [{"role": "user", "content": f"Reverse {w}"}], "uid": f"row-{i}"} for i, w in enumerate(["abc", "hgf", "dd", "eabc"] * 5)]
+        rows = [
+            {"messages": [{"role": "user", "content": f"Reverse {w}"}], "uid": f"row-{i}"}
+            for i, w in enumerate(["abc", "hgf", "dd", "eabc"] * 5)
+        ]
         batch = await manager.generate(rows, SamplingParams(temperature=1.0, max_new_tokens=16, seed=1))
         assert batch.responses.shape[0] == 20 and batch.response_mask.sum() > 0
-        assert [t.messages[0]["content"] for t in batch.trajectories] == [r["messages"][0]["content"] for r in rows]  # in order
+        assert [t.messages[0]["content"] for t in batch.trajectories] == [
+            r["messages"][0]["content"] for r in rows
+        ]  # in order
 
         # Kill node-2 while its worker's loops generate: its rows run again on worker-1.
         long = SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=2)
@@ -76,11 +102,18 @@ async def test_a_trajectory_survives_its_engine_dying_mid_turn(model_dir: Path, 
 
     tok = load_tokenizer(model_dir)
     async with LocalCluster(nodes=3, config=FAST) as cluster:
-        engines = [await cluster.spawn(EngineActor, EngineConfig(model=str(model_dir)), node=n, name=f"engine-{n}") for n in (1, 2)]
+        engines = [
+            await cluster.spawn(EngineActor, EngineConfig(model=str(model_dir)), node=n, name=f"engine-{n}")
+            for n in (1, 2)
+        ]
         async with Router(engines) as router:
-            loop = SingleTurnAgentLoop(router, tok, AgentConfig(response_length=1000, stream=stream), trajectory_id="survivor")
+            loop = SingleTurnAgentLoop(
+                router, tok, AgentConfig(response_length=1000, stream=stream), trajectory_id="survivor"
+            )
             params = SamplingParams(temperature=1.0, max_new_tokens=600, ignore_eos=True, seed=3)
-            task = asyncio.ensure_future(loop.run(params, messages=[{"role": "user", "content": "Reverse abc"}]))
+            task = asyncio.ensure_future(
+                loop.run(params, messages=[{"role": "user", "content": "Reverse abc"}])
+            )
             while not any(e.outstanding for e in router.stats().engines):
                 await asyncio.sleep(0.005)
             await asyncio.sleep(0.3)  # a few dozen tokens into the turn

@@ -46,10 +46,11 @@ import collections
 import inspect
 import pickle
 import uuid
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, AsyncIterator, Literal
+from typing import Any, Literal
 
 import torch
 from transformers import DynamicCache
@@ -77,7 +78,9 @@ class PauseGenerationReqInput:
 
     def __post_init__(self) -> None:
         if self.mode not in ("abort", "retract", "in_place"):
-            raise ValueError(f"Invalid mode: {self.mode!r}. Expected one of ['abort', 'retract', 'in_place'].")
+            raise ValueError(
+                f"Invalid mode: {self.mode!r}. Expected one of ['abort', 'retract', 'in_place']."
+            )
 
 
 @dataclass
@@ -188,8 +191,12 @@ class _Scheduler:
         self.wake = asyncio.Event()
         self.step_lock = asyncio.Lock()
         # transformers renamed `past_key_values` to `cache` in 5.2x; pass whichever the model takes.
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fake-sglang", initializer=torch.set_num_threads, initargs=(1,))
+        self.cache_kwarg = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        )
+        self.pool = ThreadPoolExecutor(
+            1, thread_name_prefix="fake-sglang", initializer=torch.set_num_threads, initargs=(1,)
+        )
 
     def add(self, req: _Req) -> None:
         self.waiting.append(req)
@@ -209,7 +216,9 @@ class _Scheduler:
                     if self.paused:
                         break
                     free = self.max_running - len(self.running)
-                    batch = self.running + [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+                    batch = self.running + [
+                        self.waiting.popleft() for _ in range(min(free, len(self.waiting)))
+                    ]
                     if not batch:
                         break
                     picked = await loop.run_in_executor(self.pool, self._compute, batch)
@@ -237,7 +246,12 @@ class _Scheduler:
                     ids = req.prompt + req.output_ids
                 else:
                     ids = req.output_ids[-1:]
-                out = self.model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1, **{self.cache_kwarg: req.cache})
+                out = self.model(
+                    input_ids=torch.tensor([ids]),
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self.cache_kwarg: req.cache},
+                )
                 picked.append(self._sample(out.logits[0, -1].float(), req))
         return picked
 
@@ -269,7 +283,10 @@ class _Scheduler:
                 finish = req.to_finish
             elif token in req.stop:
                 finish = {"type": "stop", "matched": token}
-            elif len(req.output_ids) >= req.params.max_new_tokens or len(req.prompt) + len(req.output_ids) >= self.context_len:
+            elif (
+                len(req.output_ids) >= req.params.max_new_tokens
+                or len(req.prompt) + len(req.output_ids) >= self.context_len
+            ):
                 finish = {"type": "length", "length": len(req.output_ids)}
             else:
                 finish = None
@@ -359,17 +376,23 @@ class FakeTokenizerManager:
         self.server_args = engine.server_args
         config = engine.model.config
         self.model_config = SimpleNamespace(
-            vocab_size=int(config.vocab_size), num_hidden_layers=int(config.num_hidden_layers),
-            head_dim=int(config.hidden_size // config.num_attention_heads), dtype=engine.model.dtype,
+            vocab_size=int(config.vocab_size),
+            num_hidden_layers=int(config.num_hidden_layers),
+            head_dim=int(config.hidden_size // config.num_attention_heads),
+            dtype=engine.model.dtype,
             get_num_kv_heads=lambda tp: max(1, int(config.num_key_value_heads) // tp),
-        )  # fmt: skip
+        )
         self.context_len = int(self.server_args.context_length or config.max_position_embeddings)
         self.incremental_streaming_output = self.server_args.incremental_streaming_output
         self.rid_to_state: dict[str, _ReqState] = {}
         self.is_pause = False
         self.is_pause_cond = asyncio.Condition()
         self.model_update_lock = _RWLock()
-        eos = engine.model.generation_config.eos_token_id if engine.model.generation_config is not None else None
+        eos = (
+            engine.model.generation_config.eos_token_id
+            if engine.model.generation_config is not None
+            else None
+        )
         self.eos: set[int] = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.scheduler: _Scheduler | None = None
         self.task: asyncio.Task[None] | None = None
@@ -382,7 +405,9 @@ class FakeTokenizerManager:
             self.task = self.loop.create_task(self.scheduler.serve())
         return self.scheduler
 
-    async def generate_request(self, obj: GenerateReqInput, request: Any = None) -> AsyncIterator[dict[str, Any]]:
+    async def generate_request(
+        self, obj: GenerateReqInput, request: Any = None
+    ) -> AsyncIterator[dict[str, Any]]:
         scheduler = self.auto_create_handle_loop()
         if obj.rid in self.rid_to_state:
             raise ValueError(f"Duplicate request ID: {obj.rid}")
@@ -418,10 +443,14 @@ class FakeTokenizerManager:
         """Validation and parsing, as ``_validate_one_request`` and ``_create_tokenized_object``."""
         ids = obj.input_ids
         if len(ids) >= self.context_len:
-            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length ({self.context_len} tokens).")
+            raise ValueError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length ({self.context_len} tokens)."
+            )
         max_new = obj.sampling_params.get("max_new_tokens")
         if max_new is not None and max_new + len(ids) > self.context_len:
-            raise ValueError(f"Requested token count exceeds the model's maximum context length of {self.context_len} tokens.")
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {self.context_len} tokens."
+            )
         vocab = self.model_config.vocab_size
         if any(t >= vocab for t in ids):
             raise ValueError(f"The input_ids {ids} contains values greater than the vocab size ({vocab}).")
@@ -440,21 +469,28 @@ class FakeTokenizerManager:
         out["output_ids"] = [t for chunk in out_list for t in chunk["output_ids"]]
         meta = dict(out["meta_info"])
         if any("output_token_logprobs" in c["meta_info"] for c in out_list):
-            meta["output_token_logprobs"] = [p for c in out_list for p in c["meta_info"].get("output_token_logprobs", [])]
+            meta["output_token_logprobs"] = [
+                p for c in out_list for p in c["meta_info"].get("output_token_logprobs", [])
+            ]
         out["meta_info"] = meta
         return out
 
     def _meta(self, rid: str, state: _ReqState, finish: dict[str, Any] | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
-            "id": rid, "finish_reason": finish, "prompt_tokens": len(state.obj.input_ids),
-            "weight_version": self.server_args.weight_version, "completion_tokens": len(state.output_ids),
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(state.obj.input_ids),
+            "weight_version": self.server_args.weight_version,
+            "completion_tokens": len(state.output_ids),
             "cached_tokens": 0,
-        }  # fmt: skip
+        }
         if state.obj.return_logprob:
             meta["output_token_logprobs"] = state.output_token_logprobs  # the live list, as SGLang
         return meta
 
-    def handle_output(self, rid: str, new_ids: list[int], new_logprobs: list[float], finish: dict[str, Any] | None) -> None:
+    def handle_output(
+        self, rid: str, new_ids: list[int], new_logprobs: list[float], finish: dict[str, Any] | None
+    ) -> None:
         """One scheduler step's output for a request, as ``_handle_batch_output`` builds it."""
         state = self.rid_to_state.get(rid)
         if state is None:
@@ -527,7 +563,9 @@ class FakeTokenizerManager:
             scheduler.resume()
             self.is_pause_cond.notify_all()
 
-    async def update_weights_from_tensor(self, obj: UpdateWeightsFromTensorReqInput, request: Any = None) -> tuple[bool, str]:
+    async def update_weights_from_tensor(
+        self, obj: UpdateWeightsFromTensorReqInput, request: Any = None
+    ) -> tuple[bool, str]:
         scheduler = self.auto_create_handle_loop()
         if obj.abort_all_requests:
             self.abort_request(abort_all=True)
@@ -563,7 +601,13 @@ class FakeSGLangEngine:
         self.tokenizer_manager = FakeTokenizerManager(self)
         capacity = (self.server_args.max_running_requests or 64) * self.tokenizer_manager.context_len
         self._scheduler_init_result = SimpleNamespace(
-            scheduler_infos=[{"status": "ready", "max_total_num_tokens": capacity, "max_req_input_len": self.tokenizer_manager.context_len - 1}]
+            scheduler_infos=[
+                {
+                    "status": "ready",
+                    "max_total_num_tokens": capacity,
+                    "max_req_input_len": self.tokenizer_manager.context_len - 1,
+                }
+            ]
         )
 
     async def async_generate(
@@ -576,12 +620,19 @@ class FakeSGLangEngine:
         rid: str | None = None,
         **unsupported: Any,
     ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
-        if prompt is not None or input_ids is None or any(v not in (None, False) for v in unsupported.values()):
+        if (
+            prompt is not None
+            or input_ids is None
+            or any(v not in (None, False) for v in unsupported.values())
+        ):
             raise NotImplementedError("the fake takes input_ids only, one request per call")
         obj = GenerateReqInput(
-            input_ids=list(input_ids), sampling_params=dict(sampling_params or {}), rid=rid or uuid.uuid4().hex,
-            return_logprob=return_logprob, stream=stream,
-        )  # fmt: skip
+            input_ids=list(input_ids),
+            sampling_params=dict(sampling_params or {}),
+            rid=rid or uuid.uuid4().hex,
+            return_logprob=return_logprob,
+            stream=stream,
+        )
         generator = self.tokenizer_manager.generate_request(obj, None)
         if stream:
             return generator
@@ -596,12 +647,20 @@ class FakeSGLangEngine:
                 tm.loop.call_soon_threadsafe(tm.task.cancel)
 
 
-FAKE_API = SGLangAPI(Engine=FakeSGLangEngine, UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput, serialize=MultiprocessingSerializer.serialize)
+FAKE_API = SGLangAPI(
+    Engine=FakeSGLangEngine,
+    UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,
+    serialize=MultiprocessingSerializer.serialize,
+)
 
 
-async def make_fake_sglang_engine(model_dir: str, *, max_batch: int = 64, max_seq_len: int = 0, **server_args: Any) -> SGLangEngine:
+async def make_fake_sglang_engine(
+    model_dir: str, *, max_batch: int = 64, max_seq_len: int = 0, **server_args: Any
+) -> SGLangEngine:
     """The SGLang adapter around the fake, built by the real factory (``build_sglang``).
     Seeds count (``enable_deterministic_inference``) unless ``server_args`` says otherwise."""
-    config = EngineConfig(backend="sglang", model=model_dir, device="cuda", max_batch=max_batch, max_seq_len=max_seq_len)
+    config = EngineConfig(
+        backend="sglang", model=model_dir, device="cuda", max_batch=max_batch, max_seq_len=max_seq_len
+    )
     server_args.setdefault("enable_deterministic_inference", True)
     return await build_sglang(config, api=FAKE_API, **server_args)

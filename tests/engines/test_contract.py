@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -26,7 +27,9 @@ PROMPTS = ["Reverse abcd", "What is 37*58?", "hello there", "a", "Reverse xyz pl
 
 
 class Kind:
-    def __init__(self, name: str, build: Callable[[Path], Awaitable[Engine]], logprob_tol: float, logit_tol: float) -> None:
+    def __init__(
+        self, name: str, build: Callable[[Path], Awaitable[Engine]], logprob_tol: float, logit_tol: float
+    ) -> None:
         self.name = name
         self.build = build
         self.logprob_tol = logprob_tol  # |engine logprob - fresh forward's|
@@ -38,7 +41,9 @@ async def _torch(model_dir: Path) -> Engine:
 
 
 async def _vllm(model_dir: Path) -> Engine:
-    return await build_engine(EngineConfig(backend="vllm", model=str(model_dir), max_batch=16, max_seq_len=1024))
+    return await build_engine(
+        EngineConfig(backend="vllm", model=str(model_dir), max_batch=16, max_seq_len=1024)
+    )
 
 
 async def _fake_sglang(model_dir: Path) -> Engine:
@@ -52,10 +57,20 @@ def _kinds() -> list[Any]:
     kinds = [pytest.param(Kind("torch", _torch, 1e-4, 0.0), id="torch")]
     vllm = importlib.util.find_spec("vllm") is not None
     kinds.append(
-        pytest.param(Kind("vllm", _vllm, 2e-3, 1e-3), id="vllm", marks=pytest.mark.skipif(not vllm, reason="vLLM is not installed (make test-vllm)"))
+        pytest.param(
+            Kind("vllm", _vllm, 2e-3, 1e-3),
+            id="vllm",
+            marks=pytest.mark.skipif(not vllm, reason="vLLM is not installed (make test-vllm)"),
+        )
     )
     fake = (Path(__file__).parent / "fake_sglang.py").is_file()
-    kinds.append(pytest.param(Kind("sglang-fake", _fake_sglang, 1e-4, 0.0), id="sglang-fake", marks=pytest.mark.skipif(not fake, reason="no SGLang fake")))
+    kinds.append(
+        pytest.param(
+            Kind("sglang-fake", _fake_sglang, 1e-4, 0.0),
+            id="sglang-fake",
+            marks=pytest.mark.skipif(not fake, reason="no SGLang fake"),
+        )
+    )
     return kinds
 
 
@@ -83,7 +98,9 @@ async def engine(kind: Kind, model_dir: Path) -> AsyncIterator[Engine]:
     await built.close()
 
 
-def _req(rid: str, ids: list[int], n: int, temperature: float = 0.0, seed: int | None = None) -> GenerateRequest:
+def _req(
+    rid: str, ids: list[int], n: int, temperature: float = 0.0, seed: int | None = None
+) -> GenerateRequest:
     params = SamplingParams(temperature=temperature, max_new_tokens=n, ignore_eos=True, seed=seed)
     return GenerateRequest(request_id=rid, prompt_ids=ids, params=params)
 
@@ -95,12 +112,16 @@ def _fresh_logits(model: Any, prompt: list[int], tokens: list[int]) -> torch.Ten
     return logits[len(prompt) - 1 : -1]
 
 
-async def test_greedy_tokens_are_the_argmax_of_a_forward_pass(engine: Engine, kind: Kind, reference: tuple[Any, Any]) -> None:
+async def test_greedy_tokens_are_the_argmax_of_a_forward_pass(
+    engine: Engine, kind: Kind, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     prompts = [tok.encode(p) for p in PROMPTS]
     outs = await asyncio.gather(*[engine.generate(_req(f"greedy-{i}", p, 24)) for i, p in enumerate(prompts)])
     for prompt, out in zip(prompts, outs):
-        assert out.finish_reason == "length" and len(out.token_ids) == 24 == len(out.logprobs) == len(out.versions)
+        assert out.finish_reason == "length" and len(out.token_ids) == 24 == len(out.logprobs) == len(
+            out.versions
+        )
         logits = _fresh_logits(model, prompt, out.token_ids)
         chosen = logits.gather(-1, torch.tensor(out.token_ids)[:, None]).flatten()
         assert torch.all(chosen >= logits.max(-1).values - kind.logit_tol), (kind.name, out.token_ids)
@@ -108,10 +129,14 @@ async def test_greedy_tokens_are_the_argmax_of_a_forward_pass(engine: Engine, ki
     assert again.token_ids == outs[0].token_ids  # deterministic
 
 
-async def test_sampled_logprobs_match_a_forward_pass(engine: Engine, kind: Kind, reference: tuple[Any, Any]) -> None:
+async def test_sampled_logprobs_match_a_forward_pass(
+    engine: Engine, kind: Kind, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     prompts = [tok.encode(p) for p in PROMPTS[:4]]
-    outs = await asyncio.gather(*[engine.generate(_req(f"sample-{i}", p, 20, temperature=0.8, seed=i)) for i, p in enumerate(prompts)])
+    outs = await asyncio.gather(
+        *[engine.generate(_req(f"sample-{i}", p, 20, temperature=0.8, seed=i)) for i, p in enumerate(prompts)]
+    )
     worst = 0.0
     for prompt, out in zip(prompts, outs):
         fresh = torch.log_softmax(_fresh_logits(model, prompt, out.token_ids) / 0.8, dim=-1)
@@ -122,7 +147,9 @@ async def test_sampled_logprobs_match_a_forward_pass(engine: Engine, kind: Kind,
     assert seeded.token_ids == outs[0].token_ids  # a request's seed makes its sample reproducible
 
 
-async def test_abort_mid_generation_returns_the_partial_tokens(engine: Engine, reference: tuple[Any, Any]) -> None:
+async def test_abort_mid_generation_returns_the_partial_tokens(
+    engine: Engine, reference: tuple[Any, Any]
+) -> None:
     _, tok = reference
     tokens: list[int] = []
     last = None
@@ -139,7 +166,9 @@ async def test_abort_mid_generation_returns_the_partial_tokens(engine: Engine, r
     assert await engine.abort("never-existed") is False
 
 
-async def test_pause_abort_returns_partials_and_resume_serves_again(engine: Engine, reference: tuple[Any, Any]) -> None:
+async def test_pause_abort_returns_partials_and_resume_serves_again(
+    engine: Engine, reference: tuple[Any, Any]
+) -> None:
     _, tok = reference
     ids = tok.encode("Reverse abcd")
     started = asyncio.Event()
@@ -158,7 +187,9 @@ async def test_pause_abort_returns_partials_and_resume_serves_again(engine: Engi
     await asyncio.wait_for(started.wait(), 60)
     partials = await engine.pause("abort")
     assert {p.request_id for p in partials} == {"pause-0", "pause-1", "pause-2"}
-    assert all(p.finish_reason == "abort" and p.token_ids and len(p.logprobs) == len(p.token_ids) for p in partials)
+    assert all(
+        p.finish_reason == "abort" and p.token_ids and len(p.logprobs) == len(p.token_ids) for p in partials
+    )
     finals = await asyncio.wait_for(asyncio.gather(*streams), 60)
     assert all(f.finish_reason == "abort" for f in finals)
     # While paused, a new request waits; resume serves it.
@@ -179,7 +210,9 @@ async def test_pause_wait_lets_in_flight_requests_finish(engine: Engine, referen
     await engine.resume()
 
 
-async def test_pause_keep_freezes_requests_and_resume_continues_them(engine: Engine, kind: Kind, reference: tuple[Any, Any]) -> None:
+async def test_pause_keep_freezes_requests_and_resume_continues_them(
+    engine: Engine, kind: Kind, reference: tuple[Any, Any]
+) -> None:
     if kind.name == "sglang-fake":
         pytest.skip("the SGLang adapter has no pause('keep') yet")
     _, tok = reference
@@ -211,7 +244,12 @@ async def test_many_concurrent_requests(engine: Engine, reference: tuple[Any, An
     _, tok = reference
     lengths = [1 + (i * 37) % 60 for i in range(64)]
     outs = await asyncio.gather(
-        *[engine.generate(_req(f"many-{i}", tok.encode(PROMPTS[i % len(PROMPTS)]), n, temperature=1.0, seed=i)) for i, n in enumerate(lengths)]
+        *[
+            engine.generate(
+                _req(f"many-{i}", tok.encode(PROMPTS[i % len(PROMPTS)]), n, temperature=1.0, seed=i)
+            )
+            for i, n in enumerate(lengths)
+        ]
     )
     assert [len(o.token_ids) for o in outs] == lengths and {o.finish_reason for o in outs} == {"length"}
     assert engine.stats().running == 0
@@ -224,7 +262,9 @@ async def test_bad_requests_get_engine_errors(engine: Engine) -> None:
         await engine.generate(_req("vocab", [10**7], 4))
 
 
-async def test_update_weights_changes_outputs_and_versions(engine: Engine, kind: Kind, reference: tuple[Any, Any]) -> None:
+async def test_update_weights_changes_outputs_and_versions(
+    engine: Engine, kind: Kind, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     ids = tok.encode("Reverse abcd")
     before = await engine.generate(_req("w-before", ids, 24))

@@ -37,7 +37,7 @@ QUESTIONS = [
     "What is the capital of France?",
     "Name three colors.",
     "Explain in one sentence why the sky looks blue during the day, for a curious five-year-old child.",
-]  # fmt: skip
+]
 MAX_NEW = 24
 Loaded = tuple[Path, Any, Any, list[list[int]]]  # folder, model, tokenizer, chat prompts (token ids)
 
@@ -48,11 +48,18 @@ def smollm2() -> Loaded:
 
     folder = smollm2_dir()
     model, tokenizer = load_pretrained_dir(folder)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False) for q in QUESTIONS]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False
+        )
+        for q in QUESTIONS
+    ]
     return folder, model, tokenizer, prompts
 
 
-def _fresh_logprobs(model: Any, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+def _fresh_logprobs(
+    model: Any, prompt: list[int], tokens: list[int], temperature: float = 1.0
+) -> torch.Tensor:
     """Logprob of each generated token under one unbatched, uncached forward pass."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens])).logits[0].float()
@@ -64,13 +71,20 @@ def test_the_folder_is_a_complete_hf_model_with_tokenizer_and_chat_template(smol
     from rlasync.models import smollm2_dir
 
     folder, model, tok, prompts = smollm2
-    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in folder.iterdir()
+    }
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
-    assert type(model).__name__ == "LlamaForCausalLM" and 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert (
+        type(model).__name__ == "LlamaForCausalLM"
+        and 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    )
     assert next(model.parameters()).dtype == torch.float32
     # The ChatML template came along, and the model's end-of-turn token is what the engine stops on.
-    assert tok.decode(prompts[0]).endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(prompts[0]).endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     # Cached: a second call converts nothing and leaves no temporary folders behind.
     start = time.monotonic()
@@ -79,7 +93,9 @@ def test_the_folder_is_a_complete_hf_model_with_tokenizer_and_chat_template(smol
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}.tmp-")]
 
 
-@pytest.mark.asyncio(loop_factories=["uvloop"])  # both loops are covered by test_torch_engine.py; the model is what is new here
+@pytest.mark.asyncio(
+    loop_factories=["uvloop"]
+)  # both loops are covered by test_torch_engine.py; the model is what is new here
 async def test_greedy_chat_answers_equal_generate_token_for_token(smollm2: Loaded) -> None:
     _, model, tok, prompts = smollm2
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -87,20 +103,29 @@ async def test_greedy_chat_answers_equal_generate_token_for_token(smollm2: Loade
     # prompt), and the third joins the decoding batch when the short answer about Paris ends.
     engine = TorchEngine(model, max_batch=2)
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
-    outs = await asyncio.gather(*[engine.generate(GenerateRequest(request_id=str(i), prompt_ids=p, params=greedy)) for i, p in enumerate(prompts)])
+    outs = await asyncio.gather(
+        *[
+            engine.generate(GenerateRequest(request_id=str(i), prompt_ids=p, params=greedy))
+            for i, p in enumerate(prompts)
+        ]
+    )
     await engine.close()
 
     paris = outs[0]
     assert "Paris" in tok.decode(paris.token_ids, skip_special_tokens=True)
     assert paris.finish_reason == "stop" and paris.token_ids[-1] == eos  # stopped on the model's own eos
-    assert any(o.finish_reason == "length" and len(o.token_ids) == MAX_NEW for o in outs[1:])  # the long answers ran on
+    assert any(
+        o.finish_reason == "length" and len(o.token_ids) == MAX_NEW for o in outs[1:]
+    )  # the long answers ran on
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():
             ref = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False)
         assert out.token_ids == ref[0, len(prompt) :].tolist(), tok.decode(out.token_ids)
         # Greedy logprobs are under temperature 1.
         fresh = _fresh_logprobs(model, prompt, out.token_ids)
-        assert torch.allclose(torch.tensor(out.logprobs), fresh, atol=1e-4), (torch.tensor(out.logprobs) - fresh).abs().max()
+        assert torch.allclose(torch.tensor(out.logprobs), fresh, atol=1e-4), (
+            (torch.tensor(out.logprobs) - fresh).abs().max()
+        )
 
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
@@ -108,9 +133,16 @@ async def test_sampled_logprobs_equal_a_fresh_forward_pass(smollm2: Loaded) -> N
     _, model, _, prompts = smollm2
     engine = TorchEngine(model, max_batch=3)
     params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16, ignore_eos=True, seed=3)
-    outs = await asyncio.gather(*[engine.generate(GenerateRequest(request_id=str(i), prompt_ids=p, params=params)) for i, p in enumerate(prompts)])
+    outs = await asyncio.gather(
+        *[
+            engine.generate(GenerateRequest(request_id=str(i), prompt_ids=p, params=params))
+            for i, p in enumerate(prompts)
+        ]
+    )
     await engine.close()
     for prompt, out in zip(prompts, outs):
         assert len(out.token_ids) == 16
         fresh = _fresh_logprobs(model, prompt, out.token_ids, temperature=0.8)
-        assert torch.allclose(torch.tensor(out.logprobs), fresh, atol=1e-4), (torch.tensor(out.logprobs) - fresh).abs().max()
+        assert torch.allclose(torch.tensor(out.logprobs), fresh, atol=1e-4), (
+            (torch.tensor(out.logprobs) - fresh).abs().max()
+        )

@@ -31,7 +31,11 @@ from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 FAST = RuntimeConfig(
-    heartbeat_interval_s=0.2, node_dead_after_s=1.5, call_timeout_s=30, join_timeout_s=60, preload_modules=("rlasync.engines",)
+    heartbeat_interval_s=0.2,
+    node_dead_after_s=1.5,
+    call_timeout_s=30,
+    join_timeout_s=60,
+    preload_modules=("rlasync.engines",),
 )
 
 
@@ -42,13 +46,21 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _req(rid: str, ids: list[int], n: int = 8) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, prompt_ids=ids, params=SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True))
+    return GenerateRequest(
+        request_id=rid,
+        prompt_ids=ids,
+        params=SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True),
+    )
 
 
 async def _three_engines(cluster: LocalCluster, model_dir: Path, max_batch: int = 8) -> list[object]:
     config = EngineConfig(model=str(model_dir), max_batch=max_batch)
     placement = [("engine-a", 1), ("engine-b", 1), ("engine-c", 2)]  # three engines, two node processes
-    return list(await asyncio.gather(*[cluster.spawn(EngineActor, config, node=node, name=name) for name, node in placement]))
+    return list(
+        await asyncio.gather(
+            *[cluster.spawn(EngineActor, config, node=node, name=name) for name, node in placement]
+        )
+    )
 
 
 async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(model_dir: Path) -> None:
@@ -58,11 +70,21 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
             # 30 at once: least-outstanding gives each engine exactly 10.
             prompt = [5, 6, 7, 8]
             outs = await asyncio.gather(*[router.generate(_req(f"burst-{i}", prompt, 40)) for i in range(30)])
-            assert collections.Counter(o.engine for o in outs) == {"engine-a": 10, "engine-b": 10, "engine-c": 10}
-            assert len({tuple(o.token_ids) for o in outs}) == 1  # same weights everywhere, greedy: same answer
+            assert collections.Counter(o.engine for o in outs) == {
+                "engine-a": 10,
+                "engine-b": 10,
+                "engine-c": 10,
+            }
+            assert (
+                len({tuple(o.token_ids) for o in outs}) == 1
+            )  # same weights everywhere, greedy: same answer
             stats = router.stats()
             assert [e.outstanding for e in stats.engines] == [0, 0, 0]  # counts came back down
-            assert {e.name: e.node for e in stats.engines} == {"engine-a": "node-1", "engine-b": "node-1", "engine-c": "node-2"}
+            assert {e.name: e.node for e in stats.engines} == {
+                "engine-a": "node-1",
+                "engine-b": "node-1",
+                "engine-c": "node-2",
+            }
 
             # One at a time, the counts are all zero: ties go to the least used engine.
             seq = [await router.generate(_req(f"one-{i}", prompt)) for i in range(6)]
@@ -72,19 +94,27 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
             async def conversation(k: int) -> list[str]:
                 history, served = [10 + k, 11, 12], []
                 for turn in range(3):
-                    out = await router.generate(_req(f"s{k}-t{turn}", history, 4 + k % 3), session_id=f"session-{k}")
+                    out = await router.generate(
+                        _req(f"s{k}-t{turn}", history, 4 + k % 3), session_id=f"session-{k}"
+                    )
                     history = history + out.token_ids + [20, 21]  # the next user turn
                     served.append(out.engine)
                 return served
 
             served = await asyncio.gather(*[conversation(k) for k in range(9)])
             assert all(len(set(turns)) == 1 for turns in served), served
-            assert collections.Counter(turns[0] for turns in served) == {"engine-a": 3, "engine-b": 3, "engine-c": 3}
+            assert collections.Counter(turns[0] for turns in served) == {
+                "engine-a": 3,
+                "engine-b": 3,
+                "engine-c": 3,
+            }
             assert router.stats().sessions == 9
 
             # A stream gives the same tokens as generate.
             chunks = [c async for c in router.generate_stream(_req("stream", prompt, 40))]
-            assert [t for c in chunks for t in c.token_ids] == outs[0].token_ids and chunks[-1].finish_reason == "length"
+            assert [t for c in chunks for t in c.token_ids] == outs[0].token_ids and chunks[
+                -1
+            ].finish_reason == "length"
 
             # A caller that gives up stops the generation on the engine (no sequence decodes for nobody).
             long = asyncio.ensure_future(router.generate(_req("abandoned", prompt, 100_000)))
@@ -103,7 +133,9 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
             # put on engine-a counts here too, so this router steers around it.
             other = Router([engines[0]])  # type: ignore[list-item]
             await engines[0].pause("wait")  # type: ignore[attr-defined]  # so the four below stay queued there
-            hogs = [asyncio.ensure_future(other.generate(_req(f"hog-{i}", prompt, 100_000))) for i in range(4)]
+            hogs = [
+                asyncio.ensure_future(other.generate(_req(f"hog-{i}", prompt, 100_000))) for i in range(4)
+            ]
             for _ in range(100):
                 await asyncio.sleep(0.05)
                 if router.stats().engines[0].others == 4:
@@ -126,7 +158,9 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
 
 
 @pytest.mark.parametrize("policy", ["retry", "fail"])
-async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(model_dir: Path, policy: str) -> None:
+async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(
+    model_dir: Path, policy: str
+) -> None:
     async with LocalCluster(nodes=3, config=FAST) as cluster:
         engines = await _three_engines(cluster, model_dir, max_batch=2)
         router = Router(engines, RouterConfig(on_engine_lost=policy, load_refresh_s=0.2))  # type: ignore[arg-type]
@@ -158,7 +192,9 @@ async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(mode
 async def test_cap_queue_lru_and_errors_on_one_node(model_dir: Path) -> None:
     async with LocalCluster(nodes=1, config=FAST) as cluster:
         model, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
-        hosted = await cluster.spawn(EngineActor, engine=TorchEngine(model), name="local")  # a ready engine, this process
+        hosted = await cluster.spawn(
+            EngineActor, engine=TorchEngine(model), name="local"
+        )  # a ready engine, this process
         loaded = await cluster.spawn(EngineActor, EngineConfig(model=str(model_dir)), name="loaded")
 
         # At most 2 outstanding per engine: 12 requests over 2 engines never exceed 4 running.

@@ -44,7 +44,9 @@ def reference(model_dir: Path) -> tuple[Any, Any]:
 
 
 def _hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     tokens: list[int] = out[0, len(ids) :].tolist()
     return tokens
 
@@ -63,27 +65,43 @@ async def _wait_for(predicate: Any, timeout: float = 30.0) -> None:
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 @uvloop
-async def test_greedy_tokens_and_logprobs_equal_transformers(model_dir: Path, reference: tuple[Any, Any], incremental: bool) -> None:
+async def test_greedy_tokens_and_logprobs_equal_transformers(
+    model_dir: Path, reference: tuple[Any, Any], incremental: bool
+) -> None:
     model, tok = reference
-    engine = await make_fake_sglang_engine(str(model_dir), max_batch=3, incremental_streaming_output=incremental)
+    engine = await make_fake_sglang_engine(
+        str(model_dir), max_batch=3, incremental_streaming_output=incremental
+    )
     ids = [tok.encode(p) for p in PROMPTS]
     lengths = [24, 5, 17, 24, 3, 11]
 
     async def streamed(i: int) -> GenerateOutput:
         chunks = [chunk async for chunk in engine.generate_stream(_req(i, ids[i], _greedy(lengths[i])))]
         return GenerateOutput(
-            request_id=str(i), prompt_ids=ids[i], token_ids=[t for c in chunks for t in c.token_ids],
-            logprobs=[p for c in chunks for p in c.logprobs], versions=[v for c in chunks for v in c.versions],
+            request_id=str(i),
+            prompt_ids=ids[i],
+            token_ids=[t for c in chunks for t in c.token_ids],
+            logprobs=[p for c in chunks for p in c.logprobs],
+            versions=[v for c in chunks for v in c.versions],
             finish_reason=chunks[-1].finish_reason or "abort",
-        )  # fmt: skip
+        )
 
     # Six requests on three slots (the rest wait in the adapter, then join a batch already decoding);
     # half stream, half do not.
-    outs = await asyncio.gather(*[engine.generate(_req(i, x, _greedy(n))) if i % 2 else streamed(i) for i, (x, n) in enumerate(zip(ids, lengths))])
+    outs = await asyncio.gather(
+        *[
+            engine.generate(_req(i, x, _greedy(n))) if i % 2 else streamed(i)
+            for i, (x, n) in enumerate(zip(ids, lengths))
+        ]
+    )
     for x, n, out in zip(ids, lengths, outs):
         assert out.token_ids == _hf_greedy(model, x, n) and out.finish_reason == "length"
         assert out.versions == [0] * n
-        fresh = torch.log_softmax(_fresh_logits(model, x, out.token_ids), dim=-1).gather(-1, torch.tensor(out.token_ids)[:, None]).flatten()
+        fresh = (
+            torch.log_softmax(_fresh_logits(model, x, out.token_ids), dim=-1)
+            .gather(-1, torch.tensor(out.token_ids)[:, None])
+            .flatten()
+        )
         assert torch.allclose(fresh, torch.tensor(out.logprobs), atol=1e-4)  # greedy: under temperature 1
     stats = engine.stats()
     assert stats.running == stats.waiting == 0 and stats.finished == 6 and stats.kv_cache_bytes > 0
@@ -91,23 +109,39 @@ async def test_greedy_tokens_and_logprobs_equal_transformers(model_dir: Path, re
 
 
 @uvloop
-async def test_sampled_logprobs_are_temperature_scaled_and_seeds_reproduce(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_sampled_logprobs_are_temperature_scaled_and_seeds_reproduce(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=20, ignore_eos=True, seed=5)
-    outs = await asyncio.gather(*[engine.generate(_req(i, tok.encode(p), params)) for i, p in enumerate(PROMPTS[:4])])
+    outs = await asyncio.gather(
+        *[engine.generate(_req(i, tok.encode(p), params)) for i, p in enumerate(PROMPTS[:4])]
+    )
     for prompt, out in zip(PROMPTS, outs):
         x = tok.encode(prompt)
         fresh = torch.log_softmax(_fresh_logits(model, x, out.token_ids) / 0.7, dim=-1)
-        assert torch.allclose(fresh.gather(-1, torch.tensor(out.token_ids)[:, None]).flatten(), torch.tensor(out.logprobs), atol=1e-4)
+        assert torch.allclose(
+            fresh.gather(-1, torch.tensor(out.token_ids)[:, None]).flatten(),
+            torch.tensor(out.logprobs),
+            atol=1e-4,
+        )
     again = await engine.generate(_req("again", tok.encode(PROMPTS[0]), params))
-    other = await engine.generate(_req("other", tok.encode(PROMPTS[0]), SamplingParams(temperature=0.7, max_new_tokens=20, ignore_eos=True, seed=6)))
+    other = await engine.generate(
+        _req(
+            "other",
+            tok.encode(PROMPTS[0]),
+            SamplingParams(temperature=0.7, max_new_tokens=20, ignore_eos=True, seed=6),
+        )
+    )
     assert again.token_ids == outs[0].token_ids != other.token_ids
     await engine.close()
 
 
 @uvloop
-async def test_seeds_are_dropped_with_a_warning_when_sglang_ignores_them(model_dir: Path, reference: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+async def test_seeds_are_dropped_with_a_warning_when_sglang_ignores_them(
+    model_dir: Path, reference: tuple[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir), enable_deterministic_inference=False)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True, seed=1)
@@ -125,8 +159,16 @@ async def test_stop_tokens_and_max_seq_len(model_dir: Path, reference: tuple[Any
     free = await engine.generate(_req("free", ids, _greedy(24)))
     stop_at = free.token_ids[5]
     first = free.token_ids.index(stop_at)
-    out = await engine.generate(_req("stop", ids, SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True, stop_token_ids=[stop_at])))
-    assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: first + 1]  # the stop token is kept
+    out = await engine.generate(
+        _req(
+            "stop",
+            ids,
+            SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True, stop_token_ids=[stop_at]),
+        )
+    )
+    assert (
+        out.finish_reason == "stop" and out.token_ids == free.token_ids[: first + 1]
+    )  # the stop token is kept
     # The prompt plus max_new_tokens passes max_seq_len: cut there with "length", as the torch engine does.
     long = await engine.generate(_req("long", ids, _greedy(500)))
     assert long.finish_reason == "length" and len(ids) + len(long.token_ids) == 40
@@ -134,7 +176,9 @@ async def test_stop_tokens_and_max_seq_len(model_dir: Path, reference: tuple[Any
 
 
 @uvloop
-async def test_abort_mid_stream_returns_the_partial_tokens(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_abort_mid_stream_returns_the_partial_tokens(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     chunks = []
@@ -151,7 +195,9 @@ async def test_abort_mid_stream_returns_the_partial_tokens(model_dir: Path, refe
 
 
 @uvloop
-async def test_pause_abort_returns_partials_keeps_the_queue_and_resume_continues(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_pause_abort_returns_partials_keeps_the_queue_and_resume_continues(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir), max_batch=2)
     ids = [tok.encode(p) for p in PROMPTS[:3]]
@@ -159,7 +205,10 @@ async def test_pause_abort_returns_partials_keeps_the_queue_and_resume_continues
     await _wait_for(lambda: engine.stats().running == 2)
     partials = await engine.pause("abort")
     assert sorted(p.request_id for p in partials) == ["0", "1"]
-    assert all(p.finish_reason == "abort" and p.token_ids and len(p.logprobs) == len(p.versions) == len(p.token_ids) for p in partials)
+    assert all(
+        p.finish_reason == "abort" and p.token_ids and len(p.logprobs) == len(p.versions) == len(p.token_ids)
+        for p in partials
+    )
     assert engine.stats().waiting == 1 and engine.stats().running == 0 and engine.stats().paused
     late = asyncio.ensure_future(engine.generate(_req("late", ids[0], _greedy(4))))
     await asyncio.sleep(0.2)
@@ -175,7 +224,9 @@ async def test_pause_abort_returns_partials_keeps_the_queue_and_resume_continues
 
 
 @uvloop
-async def test_a_request_paused_before_its_first_token_is_requeued_unseen(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_a_request_paused_before_its_first_token_is_requeued_unseen(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     ids = tok.encode("hello")
@@ -215,7 +266,9 @@ async def test_pause_wait_lets_in_flight_requests_finish(model_dir: Path, refere
 
 
 @uvloop
-async def test_update_weights_changes_outputs_and_records_the_version(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_update_weights_changes_outputs_and_records_the_version(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     model, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     ids = tok.encode("Reverse abcd")
@@ -252,11 +305,19 @@ def _trainer_batch() -> Any:
     from rlasync.trainer import TrainBatch
 
     g = torch.Generator().manual_seed(0)
-    prompts, responses = torch.randint(3, 300, (4, 5), generator=g), torch.randint(3, 300, (4, 6), generator=g)
+    prompts, responses = (
+        torch.randint(3, 300, (4, 5), generator=g),
+        torch.randint(3, 300, (4, 6), generator=g),
+    )
     return TrainBatch(
-        prompts=prompts, responses=responses, response_mask=torch.ones(4, 6, dtype=torch.long), attention_mask=torch.ones(4, 11, dtype=torch.long),
-        position_ids=torch.arange(11).expand(4, -1).clone(), logprobs=-torch.rand(4, 6, generator=g), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
-    )  # fmt: skip
+        prompts=prompts,
+        responses=responses,
+        response_mask=torch.ones(4, 6, dtype=torch.long),
+        attention_mask=torch.ones(4, 11, dtype=torch.long),
+        position_ids=torch.arange(11).expand(4, -1).clone(),
+        logprobs=-torch.rand(4, 6, generator=g),
+        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+    )
 
 
 async def _sync_from_trainer(model_dir: Path, sglang: Any) -> None:
@@ -270,7 +331,12 @@ async def _sync_from_trainer(model_dir: Path, sglang: Any) -> None:
     torch_engine = TorchEngine.from_pretrained(str(model_dir))
     tokenizer = load_tokenizer(model_dir)
     ids = [tokenizer.encode(p) for p in PROMPTS[:3]]
-    before = [o.token_ids for o in await asyncio.gather(*[sglang.generate(_req(f"b{i}", x, _greedy(12))) for i, x in enumerate(ids)])]
+    before = [
+        o.token_ids
+        for o in await asyncio.gather(
+            *[sglang.generate(_req(f"b{i}", x, _greedy(12))) for i, x in enumerate(ids)]
+        )
+    ]
     async with TrainerActor(TrainerConfig(world_size=1, lr=5e-2)) as trainer:
         await trainer.start(model_dir)
         await trainer.step(_trainer_batch())
@@ -279,8 +345,18 @@ async def _sync_from_trainer(model_dir: Path, sglang: Any) -> None:
         report = await sync.sync(1)
         sync.close()
     assert report.engines == {"local-0": 1, "local-1": 1} and sglang.weight_version == 1
-    after = [o.token_ids for o in await asyncio.gather(*[sglang.generate(_req(f"a{i}", x, _greedy(12))) for i, x in enumerate(ids)])]
-    reference = [o.token_ids for o in await asyncio.gather(*[torch_engine.generate(_req(f"t{i}", x, _greedy(12))) for i, x in enumerate(ids)])]
+    after = [
+        o.token_ids
+        for o in await asyncio.gather(
+            *[sglang.generate(_req(f"a{i}", x, _greedy(12))) for i, x in enumerate(ids)]
+        )
+    ]
+    reference = [
+        o.token_ids
+        for o in await asyncio.gather(
+            *[torch_engine.generate(_req(f"t{i}", x, _greedy(12))) for i, x in enumerate(ids)]
+        )
+    ]
     assert after != before and after == reference
     await torch_engine.close()
 
@@ -322,7 +398,9 @@ async def test_bad_requests_get_clear_errors(model_dir: Path) -> None:
 
 
 @uvloop
-async def test_an_abort_sglang_decides_on_its_own_is_an_error(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_an_abort_sglang_decides_on_its_own_is_an_error(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     task = asyncio.ensure_future(engine.generate(_req("victim", tok.encode("hello"), _greedy(500))))
@@ -336,7 +414,9 @@ async def test_an_abort_sglang_decides_on_its_own_is_an_error(model_dir: Path, r
 
 
 @uvloop
-async def test_a_cancelled_caller_aborts_its_request_in_sglang(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_a_cancelled_caller_aborts_its_request_in_sglang(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     task = asyncio.ensure_future(engine.generate(_req("gone", tok.encode("hello"), _greedy(10_000))))
@@ -360,7 +440,9 @@ async def test_close_ends_queued_and_running_requests(model_dir: Path, reference
 
 
 @uvloop
-async def test_the_fake_pauses_in_place_and_retracts_like_sglang(model_dir: Path, reference: tuple[Any, Any]) -> None:
+async def test_the_fake_pauses_in_place_and_retracts_like_sglang(
+    model_dir: Path, reference: tuple[Any, Any]
+) -> None:
     """The fake's own pause modes, which the adapter does not use (SGLang's semantics, kept honest)."""
     model, tok = reference
     fake = (await make_fake_sglang_engine(str(model_dir))).engine
@@ -368,11 +450,17 @@ async def test_the_fake_pauses_in_place_and_retracts_like_sglang(model_dir: Path
     ids = tok.encode("hello")
     for mode in ("in_place", "retract"):
         params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
-        stream = await fake.async_generate(input_ids=ids, sampling_params=params, return_logprob=True, stream=True, rid=mode)
+        stream = await fake.async_generate(
+            input_ids=ids, sampling_params=params, return_logprob=True, stream=True, rid=mode
+        )
         out: dict[str, Any] = {}
         paused = False
         async for out in stream:
-            if out["meta_info"]["completion_tokens"] >= 3 and not paused and out["meta_info"]["finish_reason"] is None:
+            if (
+                out["meta_info"]["completion_tokens"] >= 3
+                and not paused
+                and out["meta_info"]["finish_reason"] is None
+            ):
                 paused = True
                 await tm.pause_generation(PauseGenerationReqInput(mode=mode))
                 await asyncio.sleep(0.05)  # a step under way when the pause came ends first
@@ -382,7 +470,10 @@ async def test_the_fake_pauses_in_place_and_retracts_like_sglang(model_dir: Path
                 assert (mode == "retract") == (len(tm.scheduler.waiting) == 1)
                 assert not (await tm.flush_cache()).success  # the request is still there
                 await tm.continue_generation(ContinueGenerationReqInput())
-        assert out["output_ids"] == _hf_greedy(model, ids, 40) and out["meta_info"]["finish_reason"]["type"] == "length"
+        assert (
+            out["output_ids"] == _hf_greedy(model, ids, 40)
+            and out["meta_info"]["finish_reason"]["type"] == "length"
+        )
         assert [t for _, t, _ in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
     assert (await tm.flush_cache()).success
     fake.shutdown()
@@ -398,13 +489,37 @@ def test_importing_the_adapter_does_not_import_sglang() -> None:
 
 
 def test_engine_config_maps_to_sglang_server_args(model_dir: Path) -> None:
-    config = EngineConfig(backend="sglang", model=str(model_dir), device="cuda:1", dtype="bfloat16", max_batch=8, max_seq_len=512, seed=3)
+    config = EngineConfig(
+        backend="sglang",
+        model=str(model_dir),
+        device="cuda:1",
+        dtype="bfloat16",
+        max_batch=8,
+        max_seq_len=512,
+        seed=3,
+    )
     assert engine_kwargs(config) == {
-        "model_path": str(model_dir), "dtype": "bfloat16", "device": "cuda", "base_gpu_id": 1, "skip_tokenizer_init": True,
-        "random_seed": 3, "max_running_requests": 8, "context_length": 512, "tp_size": 1,
-    }  # fmt: skip
-    gpu = EngineConfig(backend="sglang", model="m", tensor_parallel_size=4, mem_fraction_static=0.7, engine_kwargs={"attention_backend": "triton", "tp_size": 2})
-    assert engine_kwargs(gpu)["mem_fraction_static"] == 0.7 and engine_kwargs(gpu)["attention_backend"] == "triton"
+        "model_path": str(model_dir),
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "base_gpu_id": 1,
+        "skip_tokenizer_init": True,
+        "random_seed": 3,
+        "max_running_requests": 8,
+        "context_length": 512,
+        "tp_size": 1,
+    }
+    gpu = EngineConfig(
+        backend="sglang",
+        model="m",
+        tensor_parallel_size=4,
+        mem_fraction_static=0.7,
+        engine_kwargs={"attention_backend": "triton", "tp_size": 2},
+    )
+    assert (
+        engine_kwargs(gpu)["mem_fraction_static"] == 0.7
+        and engine_kwargs(gpu)["attention_backend"] == "triton"
+    )
     assert engine_kwargs(gpu)["tp_size"] == 2  # engine_kwargs come last: what a user wrote there wins
     shapes = checkpoint_shapes(model_dir)
     assert shapes is not None and shapes["model.embed_tokens.weight"] == (384, 128)
@@ -416,8 +531,12 @@ async def _real_engine(tmp_path: Path, **extra: Any) -> tuple[SGLangEngine, Any,
     # micro: head_dim 64, a size every SGLang attention kernel takes (nano's 32 may not be).
     model, tok = build_tiny_lm(TinyLMConfig.preset("micro", seed=3))
     folder = save_pretrained_dir(model, tok, tmp_path / "micro")
-    config = EngineConfig(backend="sglang", model=str(folder), device="cuda", dtype="float32", max_batch=8, max_seq_len=1024)
-    engine = await build_sglang(config, mem_fraction_static=0.2, disable_cuda_graph=True, attention_backend="triton", **extra)
+    config = EngineConfig(
+        backend="sglang", model=str(folder), device="cuda", dtype="float32", max_batch=8, max_seq_len=1024
+    )
+    engine = await build_sglang(
+        config, mem_fraction_static=0.2, disable_cuda_graph=True, attention_backend="triton", **extra
+    )
     return engine, model.eval(), tok
 
 
@@ -470,11 +589,15 @@ async def test_real_sglang_pause_update_weights_resume(tmp_path: Path) -> None:
         partials = await engine.pause("abort", timeout=60)
         assert len(partials) == 3 and all(p.token_ids and p.finish_reason == "abort" for p in partials)
         assert [o.finish_reason for o in await asyncio.gather(*tasks)] == ["abort"] * 3
-        changed = {n: p.detach() + 0.2 * torch.randn_like(p) for n, p in model.named_parameters() if "mlp" in n}
+        changed = {
+            n: p.detach() + 0.2 * torch.randn_like(p) for n, p in model.named_parameters() if "mlp" in n
+        }
         await engine.update_weights(changed, version=1)
         await engine.resume()
         after = await engine.generate(_req("after", ids, _greedy(24)))
-        assert engine.weight_version == 1 and set(after.versions) == {1} and after.token_ids != before.token_ids
+        assert (
+            engine.weight_version == 1 and set(after.versions) == {1} and after.token_ids != before.token_ids
+        )
         assert engine.stats().kv_cache_bytes > 0
     finally:
         await engine.close()

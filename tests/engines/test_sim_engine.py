@@ -16,7 +16,9 @@ LENGTHS = LogNormalLengths(median=2000, sigma=0.8, cap=16000)
 
 
 def _req(rid: str, seed: int, max_new: int = 100_000) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, prompt_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=max_new, seed=seed))
+    return GenerateRequest(
+        request_id=rid, prompt_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=max_new, seed=seed)
+    )
 
 
 @pytest.mark.parametrize("scale", [0.002, 0.001])
@@ -46,14 +48,24 @@ async def test_a_cut_turn_resumes_where_it_stopped_under_the_new_version() -> No
     await asyncio.sleep(total * LATENCY.step_s(1) * 16 * 0.002 / 2)  # about half way
     partials = await engine.pause("abort")
     cut = await first
-    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < total and partials[0].token_ids == cut.token_ids
-    queued = asyncio.ensure_future(engine.generate(_req("a-resumed", 7)))  # the loop re-submits at once: it waits
+    assert (
+        cut.finish_reason == "abort"
+        and 0 < len(cut.token_ids) < total
+        and partials[0].token_ids == cut.token_ids
+    )
+    queued = asyncio.ensure_future(
+        engine.generate(_req("a-resumed", 7))
+    )  # the loop re-submits at once: it waits
     await asyncio.sleep(0.01)
     assert not queued.done() and engine.stats().waiting == 1
     await engine.update_weights({}, version=1)
     await engine.resume()
     rest = await queued
-    assert len(cut.token_ids) + len(rest.token_ids) == total and set(cut.versions) == {0} and set(rest.versions) == {1}
+    assert (
+        len(cut.token_ids) + len(rest.token_ids) == total
+        and set(cut.versions) == {0}
+        and set(rest.versions) == {1}
+    )
     limited = await engine.generate(_req("b", 8, max_new=3))
     assert limited.finish_reason == "length" and len(limited.token_ids) == 3
     await engine.close()
@@ -61,7 +73,9 @@ async def test_a_cut_turn_resumes_where_it_stopped_under_the_new_version() -> No
 
 async def test_a_failing_simulated_gpu_fails_its_requests_instead_of_hanging_them() -> None:
     broken = SimEngine(SimClock(0.001), LatencyModel(base_s="not a number"), token_block=1)  # type: ignore[arg-type]  # Structs do not check on init
-    request = GenerateRequest(request_id="r", prompt_ids=[1, 2], params=SamplingParams(max_new_tokens=8, seed=1))
+    request = GenerateRequest(
+        request_id="r", prompt_ids=[1, 2], params=SamplingParams(max_new_tokens=8, seed=1)
+    )
     with pytest.raises(EngineError, match="simulated engine .*failed"):
         await asyncio.wait_for(broken.generate(request), 5)
     with pytest.raises(EngineError, match="closed"):

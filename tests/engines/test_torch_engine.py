@@ -10,7 +10,18 @@ import torch
 from rlasync.engines import EngineError, GenerateRequest, SamplingParams, TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm
 
-PROMPTS = ["Reverse abcd", "What is 37*58?", "hello", "Reverse xyz please now", "a", "bb", "ccc dd", "12+34=", "tool", "f"]
+PROMPTS = [
+    "Reverse abcd",
+    "What is 37*58?",
+    "hello",
+    "Reverse xyz please now",
+    "a",
+    "bb",
+    "ccc dd",
+    "12+34=",
+    "tool",
+    "f",
+]
 
 
 def _greedy(n: int) -> SamplingParams:
@@ -38,7 +49,9 @@ async def test_greedy_equals_generate_token_for_token_with_requests_joining_midw
         *[engine.generate(_req(i, x, _greedy(n))) for i, (x, n) in enumerate(zip(ids, lengths))]
     )
     for x, n, out in zip(ids, lengths, outs):
-        ref = model.generate(torch.tensor([x]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = model.generate(
+            torch.tensor([x]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         assert out.token_ids == ref[0, len(x) :].tolist()
         assert out.finish_reason == "length" and len(out.logprobs) == len(out.versions) == n
     await engine.close()
@@ -48,12 +61,18 @@ async def test_logprobs_equal_a_fresh_forward_pass(nano) -> None:  # type: ignor
     model, tok = nano
     engine = TorchEngine(model, max_batch=3)
     params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=20, ignore_eos=True, seed=5)
-    outs = await asyncio.gather(*[engine.generate(_req(i, tok.encode(p), params)) for i, p in enumerate(PROMPTS[:6])])
+    outs = await asyncio.gather(
+        *[engine.generate(_req(i, tok.encode(p), params)) for i, p in enumerate(PROMPTS[:6])]
+    )
     for prompt, out in zip(PROMPTS, outs):
         x = tok.encode(prompt)
         with torch.no_grad():
             logits = model(torch.tensor([x + out.token_ids])).logits[0].float()
-        fresh = torch.log_softmax(logits / 0.7, dim=-1)[len(x) - 1 : -1].gather(-1, torch.tensor(out.token_ids)[:, None]).flatten()
+        fresh = (
+            torch.log_softmax(logits / 0.7, dim=-1)[len(x) - 1 : -1]
+            .gather(-1, torch.tensor(out.token_ids)[:, None])
+            .flatten()
+        )
         assert torch.allclose(fresh, torch.tensor(out.logprobs), atol=1e-4)
     await engine.close()
 
@@ -64,7 +83,13 @@ async def test_same_seed_same_sample(nano) -> None:  # type: ignore[no-untyped-d
     params = SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True, seed=11)
     a = await engine.generate(_req("a", tok.encode("hello"), params))
     b = await engine.generate(_req("b", tok.encode("hello"), params))
-    c = await engine.generate(_req("c", tok.encode("hello"), SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True, seed=12)))
+    c = await engine.generate(
+        _req(
+            "c",
+            tok.encode("hello"),
+            SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True, seed=12),
+        )
+    )
     assert a.token_ids == b.token_ids != c.token_ids
     await engine.close()
 
@@ -74,7 +99,13 @@ async def test_stop_tokens_end_a_request(nano) -> None:  # type: ignore[no-untyp
     engine = TorchEngine(model)
     free = await engine.generate(_req("free", tok.encode("hello")))
     stop_at = free.token_ids[5]
-    out = await engine.generate(_req("stop", tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True, stop_token_ids=[stop_at])))
+    out = await engine.generate(
+        _req(
+            "stop",
+            tok.encode("hello"),
+            SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True, stop_token_ids=[stop_at]),
+        )
+    )
     assert out.finish_reason == "stop" and out.token_ids[-1] == stop_at
     assert out.token_ids == free.token_ids[: len(out.token_ids)]
     await engine.close()
@@ -114,7 +145,13 @@ async def test_pause_abort_returns_partials_and_resume_continues_them(nano) -> N
     # A caller resumes a partial by sending prompt + tokens so far: greedy continues exactly.
     first = partials[0]
     rest = await engine.generate(_req("again", first.prompt_ids + first.token_ids, _greedy(10)))
-    ref = model.generate(torch.tensor([first.prompt_ids]), max_new_tokens=len(first.token_ids) + 10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref = model.generate(
+        torch.tensor([first.prompt_ids]),
+        max_new_tokens=len(first.token_ids) + 10,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     assert first.token_ids + rest.token_ids == ref[0, len(first.prompt_ids) :].tolist()
     await engine.close()
 
@@ -138,7 +175,9 @@ async def test_update_weights_changes_outputs_and_versions(nano) -> None:  # typ
     ids = tok.encode("Reverse abcd")
     before = await engine.generate(_req("b", ids))
     assert set(before.versions) == {0}
-    new = {name: p.detach() + 0.05 * torch.randn_like(p) for name, p in fresh.named_parameters() if "mlp" in name}
+    new = {
+        name: p.detach() + 0.05 * torch.randn_like(p) for name, p in fresh.named_parameters() if "mlp" in name
+    }
     await engine.update_weights(new, version=1)
     assert engine.weight_version == 1 and engine.stats().weight_version == 1
     after = await engine.generate(_req("a", ids))
@@ -163,12 +202,16 @@ async def test_swap_weights_takes_staged_tensors_by_reference(nano) -> None:  # 
     copied, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=1))
     swapped, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=1))
     by_copy, by_swap = TorchEngine(copied), TorchEngine(swapped)
-    staged = {name: p.detach() + 0.05 * torch.randn_like(p) for name, p in copied.named_parameters()}  # embeddings too
+    staged = {
+        name: p.detach() + 0.05 * torch.randn_like(p) for name, p in copied.named_parameters()
+    }  # embeddings too
     await by_copy.update_weights(staged, version=1)
     pause = await by_swap.swap_weights({k: v.clone() for k, v in staged.items()}, version=1)
     assert 0 <= pause == by_swap.last_swap_s and by_swap.weight_version == 1
     ids = tok.encode("Reverse abcd")
-    assert (await by_copy.generate(_req("c", ids))).token_ids == (await by_swap.generate(_req("s", ids))).token_ids
+    assert (await by_copy.generate(_req("c", ids))).token_ids == (
+        await by_swap.generate(_req("s", ids))
+    ).token_ids
     with pytest.raises(EngineError, match="does not fit"):
         await by_swap.swap_weights({next(iter(staged)): torch.zeros(1)}, version=2)
     await by_copy.close()
@@ -227,7 +270,9 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(na
 
     engine._batch.decode = broken_once  # type: ignore[method-assign]
     long = _greedy(50)
-    results = await asyncio.gather(*[engine.generate(_req(i, tok.encode("hello"), long)) for i in range(3)], return_exceptions=True)
+    results = await asyncio.gather(
+        *[engine.generate(_req(i, tok.encode("hello"), long)) for i in range(3)], return_exceptions=True
+    )
     assert all(isinstance(r, EngineError) and "simulated out of memory" in str(r) for r in results), results
     again = await engine.generate(_req("after", tok.encode("hello"), _greedy(5)))
     assert again.finish_reason == "length" and len(again.token_ids) == 5
@@ -257,6 +302,12 @@ async def test_a_seeded_request_resumed_from_its_partial_output_samples_the_same
     ids = tok.encode("Reverse abcd")
     params = SamplingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True, seed=42)
     whole = await engine.generate(_req("whole", ids, params))
-    rest = await engine.generate(_req("rest", ids + whole.token_ids[:7], SamplingParams(temperature=1.0, max_new_tokens=13, ignore_eos=True, seed=42)))
+    rest = await engine.generate(
+        _req(
+            "rest",
+            ids + whole.token_ids[:7],
+            SamplingParams(temperature=1.0, max_new_tokens=13, ignore_eos=True, seed=42),
+        )
+    )
     assert whole.token_ids[7:] == rest.token_ids
     await engine.close()

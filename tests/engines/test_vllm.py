@@ -37,10 +37,18 @@ async def test_quickstart_rollout_on_vllm_matches_the_torch_engine(calc_model: P
     async with LocalCluster(nodes=2, config=config) as cluster:
         answers = {}
         for backend, node in (("vllm", 1), ("torch", 0)):
-            engine = await cluster.spawn(EngineActor, EngineConfig(backend=backend, model=str(calc_model), max_seq_len=512), node=node, name=backend)
+            engine = await cluster.spawn(
+                EngineActor,
+                EngineConfig(backend=backend, model=str(calc_model), max_seq_len=512),
+                node=node,
+                name=backend,
+            )
             async with Router([engine]) as router:
                 episodes = await asyncio.gather(
-                    *[run_episode(router, tokenizer, p, temperature=0, seed=0, request_id=f"{backend}-{i}") for i, p in enumerate(problems)]
+                    *[
+                        run_episode(router, tokenizer, p, temperature=0, seed=0, request_id=f"{backend}-{i}")
+                        for i, p in enumerate(problems)
+                    ]
                 )
             answers[backend] = [(e.tool_calls, e.final, e.reward) for e in episodes]
         vllm, torch_ = answers["vllm"], answers["torch"]
@@ -53,7 +61,9 @@ async def test_quickstart_rollout_on_vllm_matches_the_torch_engine(calc_model: P
 
 
 @pytest.mark.timeout(600)
-async def test_sync_grpo_with_vllm_serving_keeps_the_engine_on_the_trainers_weights(calc_model: Path, tmp_path: Path) -> None:
+async def test_sync_grpo_with_vllm_serving_keeps_the_engine_on_the_trainers_weights(
+    calc_model: Path, tmp_path: Path
+) -> None:
     """The quickstart's tool run with engine.backend=vllm: vLLM samples, the trainer steps, the
     new weights go into vLLM. A large learning rate makes the step move the policy a lot, so
     a PPO ratio of 1 at step 2 means vLLM sampled with step 1's weights, not the old ones."""
@@ -61,11 +71,20 @@ async def test_sync_grpo_with_vllm_serving_keeps_the_engine_on_the_trainers_weig
     from rlasync.modes import train_sync
 
     overrides = [
-        f"train.run_dir={tmp_path}", f"train.model_dir={calc_model}", "train.steps=2", "train.prompts_per_step=8",
-        "train.group_size=8", "train.val_size=8", "train.validate_every=100", "engine.backend=vllm",
-        "engine.max_seq_len=512", "trainer.lr=3e-3",
-    ]  # fmt: skip
-    result = await train_sync(load_config(Path(__file__).parents[2] / "configs" / "quickstart_tools.yaml", overrides))
+        f"train.run_dir={tmp_path}",
+        f"train.model_dir={calc_model}",
+        "train.steps=2",
+        "train.prompts_per_step=8",
+        "train.group_size=8",
+        "train.val_size=8",
+        "train.validate_every=100",
+        "engine.backend=vllm",
+        "engine.max_seq_len=512",
+        "trainer.lr=3e-3",
+    ]
+    result = await train_sync(
+        load_config(Path(__file__).parents[2] / "configs" / "quickstart_tools.yaml", overrides)
+    )
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert result.steps == 2 and [r["step"] for r in records] == [0, 1, 2]
     assert records[1]["train/grad_norm"] > 0, records[1]  # some groups were mixed: the step moved
@@ -76,7 +95,9 @@ async def test_sync_grpo_with_vllm_serving_keeps_the_engine_on_the_trainers_weig
 
 
 @pytest.mark.timeout(600)
-async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same_weights(calc_model: Path) -> None:
+async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same_weights(
+    calc_model: Path,
+) -> None:
     """The trainer takes a big step; the synchroniser moves its parameters into a vLLM engine
     and into a torch engine. vLLM's greedy answers change, and equal the torch engine's."""
     from rlasync.config import TrainerConfig, WeightsConfig
@@ -85,10 +106,21 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
     from rlasync.weights import ParameterSynchronizer
 
     _, tokenizer = load_pretrained_dir(calc_model)
-    prompts = [tokenizer.encode(f"What is {a}*{b}?") for a, b in ((12, 7), (31, 4), (9, 88), (45, 45), (3, 71))]
+    prompts = [
+        tokenizer.encode(f"What is {a}*{b}?") for a, b in ((12, 7), (31, 4), (9, 88), (45, 45), (3, 71))
+    ]
 
     async def greedy(engine: object, tag: str) -> list[list[int]]:
-        outs = [await engine.generate(GenerateRequest(request_id=f"{tag}{i}", prompt_ids=p, params=SamplingParams(temperature=0, max_new_tokens=12))) for i, p in enumerate(prompts)]  # type: ignore[attr-defined]
+        outs = [
+            await engine.generate(
+                GenerateRequest(
+                    request_id=f"{tag}{i}",
+                    prompt_ids=p,
+                    params=SamplingParams(temperature=0, max_new_tokens=12),
+                )
+            )
+            for i, p in enumerate(prompts)
+        ]  # type: ignore[attr-defined]
         return [list(o.token_ids) for o in outs]
 
     vllm_engine = await build_engine(EngineConfig(backend="vllm", model=str(calc_model), max_seq_len=512))
@@ -97,21 +129,34 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor([prompts[0] + prompts[1][:4]] * 4)
     batch = TrainBatch(
-        prompts=ids[:, :-4], responses=ids[:, -4:], response_mask=torch.ones(4, 4, dtype=torch.long), attention_mask=torch.ones_like(ids),
-        position_ids=torch.arange(ids.shape[1]).expand(4, -1).clone(), logprobs=-torch.rand(4, 4, generator=g) * 3, advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]),
-    )  # fmt: skip
+        prompts=ids[:, :-4],
+        responses=ids[:, -4:],
+        response_mask=torch.ones(4, 4, dtype=torch.long),
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(ids.shape[1]).expand(4, -1).clone(),
+        logprobs=-torch.rand(4, 4, generator=g) * 3,
+        advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]),
+    )
     async with TrainerActor(TrainerConfig(lr=5e-2)) as trainer:
         await trainer.start(calc_model)
         await trainer.step(batch)  # a step big enough to change greedy answers
-        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.25), trainer, [vllm_engine, torch_engine])  # one sync, both engines
+        sync = ParameterSynchronizer(
+            WeightsConfig(bucket_mb=0.25), trainer, [vllm_engine, torch_engine]
+        )  # one sync, both engines
         await sync.start()
         report = await sync.sync(1)
         sync.close()
-    assert report.engines == {"local-0": 1, "local-1": 1} and report.transports == {"local-0": "shm", "local-1": "shm"}
+    assert report.engines == {"local-0": 1, "local-1": 1} and report.transports == {
+        "local-0": "shm",
+        "local-1": "shm",
+    }
     after_vllm, after_torch = await greedy(vllm_engine, "a"), await greedy(torch_engine, "t")
     assert vllm_engine.weight_version == torch_engine.weight_version == 1
     assert after_vllm != before  # vLLM serves the new weights
-    assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (after_vllm, after_torch)  # fp32 kernels may break one near-tie
+    assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (
+        after_vllm,
+        after_torch,
+    )  # fp32 kernels may break one near-tie
     await vllm_engine.close()
     await torch_engine.close()
 
@@ -124,13 +169,31 @@ async def test_a_fully_async_run_trains_with_vllm_on_a_node_process(calc_model: 
     from rlasync.modes import train
 
     overrides = [
-        f"train.run_dir={tmp_path}", f"train.model_dir={calc_model}", "train.steps=3", "train.prompts_per_step=4", "train.group_size=4",
-        "train.val_size=8", "train.validate_every=100", "train.mode=fully_async", "async_training.staleness_threshold=1",
-        "engine.backend=vllm", "engine.max_seq_len=512", "cluster.engines=[1]", "runtime.join_timeout_s=120", "runtime.call_timeout_s=300",
-    ]  # fmt: skip
+        f"train.run_dir={tmp_path}",
+        f"train.model_dir={calc_model}",
+        "train.steps=3",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.val_size=8",
+        "train.validate_every=100",
+        "train.mode=fully_async",
+        "async_training.staleness_threshold=1",
+        "engine.backend=vllm",
+        "engine.max_seq_len=512",
+        "cluster.engines=[1]",
+        "runtime.join_timeout_s=120",
+        "runtime.call_timeout_s=300",
+    ]
     records: list[dict[str, object]] = []
-    result = await train(load_config(Path(__file__).parents[2] / "configs" / "quickstart_tools.yaml", overrides), on_step=records.append)
-    assert result.steps == 3 and [r["step"] for r in records] == [1, 2, 3] and all(r["cluster/engines"] == 1 for r in records)
+    result = await train(
+        load_config(Path(__file__).parents[2] / "configs" / "quickstart_tools.yaml", overrides),
+        on_step=records.append,
+    )
+    assert (
+        result.steps == 3
+        and [r["step"] for r in records] == [1, 2, 3]
+        and all(r["cluster/engines"] == 1 for r in records)
+    )
     assert max(r["async/staleness_max"] for r in records) <= 1 and records[-1]["async/version"] == 3  # type: ignore[operator]
 
 
@@ -140,8 +203,21 @@ async def test_engine_settings_are_accepted_by_vllm(calc_model: Path) -> None:
 
     from rlasync.engines.vllm import engine_args
 
-    config = EngineConfig(backend="vllm", model=str(calc_model), max_seq_len=512, max_batch=24, tensor_parallel_size=1,
-                          gpu_memory_utilization=0.5, engine_kwargs={"max_num_batched_tokens": 2048})  # fmt: skip
+    config = EngineConfig(
+        backend="vllm",
+        model=str(calc_model),
+        max_seq_len=512,
+        max_batch=24,
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        engine_kwargs={"max_num_batched_tokens": 2048},
+    )
     vllm_config = AsyncEngineArgs(**engine_args(config)).create_engine_config()
-    assert vllm_config.parallel_config.tensor_parallel_size == 1 and vllm_config.cache_config.gpu_memory_utilization == 0.5
-    assert vllm_config.scheduler_config.max_num_seqs == 24 and vllm_config.scheduler_config.max_num_batched_tokens == 2048
+    assert (
+        vllm_config.parallel_config.tensor_parallel_size == 1
+        and vllm_config.cache_config.gpu_memory_utilization == 0.5
+    )
+    assert (
+        vllm_config.scheduler_config.max_num_seqs == 24
+        and vllm_config.scheduler_config.max_num_batched_tokens == 2048
+    )

@@ -22,7 +22,16 @@ from rlasync.models.warmstart import (
     warm_start,
 )
 
-TINY = WarmStartSettings(batch_size=8, check_every=2, refine_every=0, max_steps=4, eval_problems=8, group_size=2, threshold=1.0, greedy_threshold=1.0)
+TINY = WarmStartSettings(
+    batch_size=8,
+    check_every=2,
+    refine_every=0,
+    max_steps=4,
+    eval_problems=8,
+    group_size=2,
+    threshold=1.0,
+    greedy_threshold=1.0,
+)
 
 
 class ReplayEngine:
@@ -40,9 +49,13 @@ class ReplayEngine:
             end += 1
         out = self.ids[start:end]
         return GenerateOutput(
-            request_id=request.request_id, prompt_ids=request.prompt_ids, token_ids=out, logprobs=[0.0] * len(out),
-            versions=[0] * len(out), finish_reason="stop",
-        )  # fmt: skip
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            token_ids=out,
+            logprobs=[0.0] * len(out),
+            versions=[0] * len(out),
+            finish_reason="stop",
+        )
 
 
 @pytest.mark.parametrize("task", ["reverse", "arith", "calc"])
@@ -54,7 +67,9 @@ def test_sft_tokens_are_exactly_an_episode_of_the_solution(task: str) -> None:
     if task == "calc":  # the tool's response is the environment's: no loss on it
         assert generated.count("<tool_call>") == 1 and "<tool_response>" not in generated
     assert generated.endswith(f"{problem.answer}<|im_end|>")
-    episode = asyncio.run(run_episode(ReplayEngine(ids, mask), tok, problem, temperature=1.0, seed=0, request_id="r"))
+    episode = asyncio.run(
+        run_episode(ReplayEngine(ids, mask), tok, problem, temperature=1.0, seed=0, request_id="r")
+    )
     n = len(episode.prompt_ids)
     assert episode.prompt_ids + episode.completion_ids == ids[: n + len(episode.completion_ids)]
     assert episode.completion_mask == mask[n : n + len(episode.completion_mask)]
@@ -66,13 +81,17 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_short_warm_start_caches_and_the_same_seed_gives_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_short_warm_start_caches_and_the_same_seed_gives_the_same_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     threads = torch.get_num_threads()
     path = warm_start("reverse", run_dir=tmp_path / "a", seed=3, settings=TINY)
     assert path.parent == tmp_path / "a" / "warmstart" and path.name.startswith("reverse-nano-seed3-")
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary folder left
     summary = load_summary(path)
-    assert summary.steps == 4 and summary.stopped == "max_steps" and [c.step for c in summary.history] == [2, 4]
+    assert (
+        summary.steps == 4 and summary.stopped == "max_steps" and [c.step for c in summary.history] == [2, 4]
+    )
     assert summary.group_accuracy is not None and summary.mixed_groups is not None
     assert torch.get_num_threads() == threads  # restored
     _, tok = load_pretrained_dir(path)
@@ -97,10 +116,20 @@ def test_short_warm_start_caches_and_the_same_seed_gives_the_same_weights(tmp_pa
 def test_meeting_the_threshold_replays_from_the_last_check_more_finely(tmp_path: Path) -> None:
     # Threshold 0: the first check (step 4) meets it; going back to step 0 and checking every
     # 2 steps stops at step 2, with the weights of a plain 2-step run.
-    refined = warm_start("arith", run_dir=tmp_path, settings=WarmStartSettings(**{**_fields(TINY), "threshold": 0.0, "check_every": 4, "refine_every": 2}))
-    plain = warm_start("arith", run_dir=tmp_path, settings=WarmStartSettings(**{**_fields(TINY), "max_steps": 2}))
+    refined = warm_start(
+        "arith",
+        run_dir=tmp_path,
+        settings=WarmStartSettings(
+            **{**_fields(TINY), "threshold": 0.0, "check_every": 4, "refine_every": 2}
+        ),
+    )
+    plain = warm_start(
+        "arith", run_dir=tmp_path, settings=WarmStartSettings(**{**_fields(TINY), "max_steps": 2})
+    )
     summary = load_summary(refined)
-    assert summary.stopped == "threshold" and summary.steps == 2 and [c.step for c in summary.history] == [4, 2]
+    assert (
+        summary.stopped == "threshold" and summary.steps == 2 and [c.step for c in summary.history] == [4, 2]
+    )
     a, b = _weights(refined), _weights(plain)
     assert all(torch.equal(a[k], b[k]) for k in a)
 

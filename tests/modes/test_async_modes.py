@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rlasync.config import ConfigError, load_config
+from rlasync.config import load_config
 from rlasync.modes import train
 from rlasync.trainer import RankLostError
 from rlasync.trainer.checkpoint import CheckpointError
@@ -28,9 +28,15 @@ CONFIG = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
 def _config(tmp_path: Path, model_dir: Path, *overrides: str) -> Any:
     base = [
-        f"train.run_dir={tmp_path}", f"train.model_dir={model_dir}", "train.prompts_per_step=4", "train.group_size=4",
-        "train.max_new_tokens=24", "train.val_size=8", "train.validate_every=100", "trainer.lr=1e-3",
-    ]  # fmt: skip
+        f"train.run_dir={tmp_path}",
+        f"train.model_dir={model_dir}",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.max_new_tokens=24",
+        "train.val_size=8",
+        "train.validate_every=100",
+        "trainer.lr=1e-3",
+    ]
     return load_config(CONFIG, [*base, *overrides])
 
 
@@ -41,9 +47,17 @@ async def _records(config: Any) -> list[dict[str, Any]]:
 
 
 @uvloop
-async def test_the_on_policy_setting_trains_only_tokens_of_the_version_being_trained(tmp_path: Path, nano_model_dir: Path) -> None:
-    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=5",
-                     "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0")  # fmt: skip
+async def test_the_on_policy_setting_trains_only_tokens_of_the_version_being_trained(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        "train.mode=fully_async",
+        "train.steps=5",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=0",
+    )
     records = await _records(config)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     for r in records:  # index 0 of the histogram: tokens 0 versions old; nothing anywhere else
@@ -53,12 +67,24 @@ async def test_the_on_policy_setting_trains_only_tokens_of_the_version_being_tra
 
 
 @uvloop
-async def test_a_fully_async_run_keeps_the_staleness_bound_with_partial_rollouts(tmp_path: Path, nano_model_dir: Path) -> None:
-    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=8", "async_training.trigger_parameter_sync_step=2",
-                     "async_training.staleness_threshold=0.5", "async_training.require_batches=2", "train.prompts_per_step=2")  # fmt: skip
+async def test_a_fully_async_run_keeps_the_staleness_bound_with_partial_rollouts(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        "train.mode=fully_async",
+        "train.steps=8",
+        "async_training.trigger_parameter_sync_step=2",
+        "async_training.staleness_threshold=0.5",
+        "async_training.require_batches=2",
+        "train.prompts_per_step=2",
+    )
     records = await _records(config)
     assert max(r["async/staleness_max"] for r in records) <= 1  # ceil(0.5)
-    assert all(len(r["async/staleness_token_hist"]) <= 2 for r in records) and all(r["updates"] == 2 for r in records)
+    assert all(len(r["async/staleness_token_hist"]) <= 2 for r in records) and all(
+        r["updates"] == 2 for r in records
+    )
     # Syncs cut the generations in flight, which go on under the next version: a sample's tokens
     # may span two versions, never more (how many are cut depends on timing; the cut-and-resume
     # itself is tested exactly in test_partial_rollout.py).
@@ -68,26 +94,47 @@ async def test_a_fully_async_run_keeps_the_staleness_bound_with_partial_rollouts
 
 
 @uvloop
-async def test_one_step_off_trains_on_data_exactly_one_version_old(tmp_path: Path, nano_model_dir: Path) -> None:
-    records = await _records(_config(tmp_path, nano_model_dir, "train.mode=one_step_off", "train.steps=4", "train.validate_every=2"))
-    assert records[0]["async/staleness_token_hist"] == [records[0]["response_tokens"]]  # the first step is on-policy
+async def test_one_step_off_trains_on_data_exactly_one_version_old(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    records = await _records(
+        _config(
+            tmp_path, nano_model_dir, "train.mode=one_step_off", "train.steps=4", "train.validate_every=2"
+        )
+    )
+    assert records[0]["async/staleness_token_hist"] == [
+        records[0]["response_tokens"]
+    ]  # the first step is on-policy
     for r in records[1:]:
-        assert r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["async/partial_samples"] == 0
+        assert (
+            r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["async/partial_samples"] == 0
+        )
     assert [r["step"] for r in records if "val_accuracy" in r] == [2, 4]
     _assert_ends_with_its_model(records, 4)
 
 
-async def test_one_step_off_resumes_with_the_batch_that_was_in_flight(tmp_path: Path, nano_model_dir: Path) -> None:
+async def test_one_step_off_resumes_with_the_batch_that_was_in_flight(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
     """Cut after step 2's checkpoint and resumed: step 3 trains the batch that was in flight
     (from the checkpoint, not generated again), step 4 what the uninterrupted run generated."""
-    more = ("train.mode=one_step_off", "train.steps=4", "train.checkpoint_every=2", "train.validate_every=100", "train.group_size=8")
+    more = (
+        "train.mode=one_step_off",
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "train.validate_every=100",
+        "train.group_size=8",
+    )
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     await train(_config(whole, nano_model_dir, *more))
     shutil.copytree(whole, cut)
     shutil.rmtree(cut / "checkpoints" / "step_000004")
     assert (cut / "checkpoints" / "step_000002" / "in_flight.msgpack").is_file()
     await train(_config(cut, nano_model_dir, *more), resume=True)
-    expected, resumed = ([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (whole, cut))
+    expected, resumed = (
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (whole, cut)
+    )
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     for step in (3, 4):  # the same samples trained, the same versions behind
         for key in ("reward", "response_tokens", "async/staleness_token_hist"):
@@ -96,7 +143,9 @@ async def test_one_step_off_resumes_with_the_batch_that_was_in_flight(tmp_path: 
     with pytest.raises(CheckpointError, match="written by train.mode=one_step_off: resume it with that mode"):
         await train(_config(cut, nano_model_dir, "train.mode=fully_async"), resume=True)
     with pytest.raises(CheckpointError, match="written by train.mode=one_step_off: resume it with that mode"):
-        await train(_config(cut, nano_model_dir, "train.mode=sync"), resume=True)  # it would drop the batch in flight
+        await train(
+            _config(cut, nano_model_dir, "train.mode=sync"), resume=True
+        )  # it would drop the batch in flight
 
 
 def _assert_ends_with_its_model(records: list[dict[str, Any]], steps: int) -> None:
@@ -135,8 +184,14 @@ def _rank_pids(parent: int) -> list[int]:
 
 @uvloop
 async def test_a_dead_trainer_rank_stops_the_async_run_cleanly(tmp_path: Path, nano_model_dir: Path) -> None:
-    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=200", "async_training.staleness_threshold=1",
-                     "trainer.call_timeout_s=60")  # fmt: skip
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        "train.mode=fully_async",
+        "train.steps=200",
+        "async_training.staleness_threshold=1",
+        "trainer.call_timeout_s=60",
+    )
     killed: list[float] = []
 
     def on_step(record: dict[str, Any]) -> None:
@@ -154,9 +209,22 @@ async def test_a_dead_trainer_rank_stops_the_async_run_cleanly(tmp_path: Path, n
 
 
 def test_ctrl_c_stops_an_async_run_cleanly(tmp_path: Path, nano_model_dir: Path) -> None:
-    overrides = [f"train.run_dir={tmp_path}", f"train.model_dir={nano_model_dir}", "train.mode=fully_async", "train.steps=500",
-                 "train.prompts_per_step=4", "train.group_size=4", "train.val_size=8", "async_training.staleness_threshold=1"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "rlasync", "train", str(CONFIG), *overrides], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    overrides = [
+        f"train.run_dir={tmp_path}",
+        f"train.model_dir={nano_model_dir}",
+        "train.mode=fully_async",
+        "train.steps=500",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.val_size=8",
+        "async_training.staleness_threshold=1",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlasync", "train", str(CONFIG), *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):  # a few steps in
@@ -169,4 +237,8 @@ def test_ctrl_c_stops_an_async_run_cleanly(tmp_path: Path, nano_model_dir: Path)
     assert proc.returncode == 130, output
     assert "interrupted" in output and "Traceback" not in output, output
     time.sleep(1.5)
-    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists() and "Z" not in (Path(f"/proc/{pid}") / "stat").read_text().split()[2]]
+    assert not [
+        pid
+        for pid in ranks
+        if Path(f"/proc/{pid}").exists() and "Z" not in (Path(f"/proc/{pid}") / "stat").read_text().split()[2]
+    ]

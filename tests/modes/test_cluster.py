@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,8 @@ from rlasync.agents import NoWorkerError
 from rlasync.config import load_config
 from rlasync.engines import NoEngineError
 from rlasync.modes import train_fully_async, train_one_step_off, train_sync
-from rlasync.runtime.spawner import current_spawner
 from rlasync.modes.parts import Run
+from rlasync.runtime.spawner import current_spawner
 from rlasync.trainer import RankLostError
 from rlasync.weights import SyncError
 
@@ -41,9 +42,16 @@ FAST = ["runtime.heartbeat_interval_s=0.2", "runtime.node_dead_after_s=2.0", "ru
 
 def _config(tmp_path: Path, model_dir: Path, *overrides: str) -> Any:
     small = [
-        f"train.run_dir={tmp_path}", f"train.model_dir={model_dir}", "train.prompts_per_step=4", "train.group_size=4",
-        "train.max_new_tokens=24", "train.val_size=8", "train.validate_every=1000", "trainer.lr=1e-3", *FAST,
-    ]  # fmt: skip
+        f"train.run_dir={tmp_path}",
+        f"train.model_dir={model_dir}",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.max_new_tokens=24",
+        "train.val_size=8",
+        "train.validate_every=1000",
+        "trainer.lr=1e-3",
+        *FAST,
+    ]
     return load_config(CLUSTER, [*small, *overrides])
 
 
@@ -75,7 +83,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-async def _run(config: Any, schedule: Callable[..., Any], on_step: Callable[[Run, dict[str, Any]], None]) -> tuple[Run, Any]:
+async def _run(
+    config: Any, schedule: Callable[..., Any], on_step: Callable[[Run, dict[str, Any]], None]
+) -> tuple[Run, Any]:
     run = await Run.open(config)
     result = await schedule(config, run=run, on_step=lambda record: on_step(run, record))
     return run, result
@@ -89,23 +99,51 @@ async def test_the_quickstart_cluster_learns(tmp_path: Path, reverse_model: Path
     run learns a little slower on a loaded machine (more of its samples are a version stale):
     it gets 140 steps (0.32-0.36 after 100 steps, with the whole suite running beside it)."""
     steps = 100 if mode == "sync" else 140
-    command = [sys.executable, "-m", "rlasync", "train", str(CLUSTER), f"train.mode={mode}", f"train.steps={steps}", "train.validate_every=50",
-               f"train.run_dir={tmp_path}", f"train.model_dir={reverse_model}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlasync",
+        "train",
+        str(CLUSTER),
+        f"train.mode={mode}",
+        f"train.steps={steps}",
+        "train.validate_every=50",
+        f"train.run_dir={tmp_path}",
+        f"train.model_dir={reverse_model}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
+    assert (
+        result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08
+    ), result
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records[1:]] == list(range(1, steps + 1)) and all(r["cluster/engines"] == 2 for r in records)
-    assert "cluster: 3 node(s); engine replicas on node-1, node-2; agent loops next to their engines; trainer ranks on node-0, node-1" in done.stderr
+    assert [r["step"] for r in records[1:]] == list(range(1, steps + 1)) and all(
+        r["cluster/engines"] == 2 for r in records
+    )
+    assert (
+        "cluster: 3 node(s); engine replicas on node-1, node-2; agent loops next to their engines; trainer ranks on node-0, node-1"
+        in done.stderr
+    )
 
 
 # -- failures ---------------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
-async def test_a_killed_engine_node_leaves_rotation_and_the_async_run_trains_every_step(tmp_path: Path, nano_model_dir: Path) -> None:
+async def test_a_killed_engine_node_leaves_rotation_and_the_async_run_trains_every_step(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
     steps = 8
-    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", f"train.steps={steps}", "cluster.trainer=[0]", "trainer.world_size=1",
-                     "async_training.staleness_threshold=1", "weights.on_engine_failure=remove", "weights.timeout_s=10")  # fmt: skip
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        "train.mode=fully_async",
+        f"train.steps={steps}",
+        "cluster.trainer=[0]",
+        "trainer.world_size=1",
+        "async_training.staleness_threshold=1",
+        "weights.on_engine_failure=remove",
+        "weights.timeout_s=10",
+    )
     records: list[dict[str, Any]] = []
 
     def on_step(run: Run, record: dict[str, Any]) -> None:
@@ -120,15 +158,26 @@ async def test_a_killed_engine_node_leaves_rotation_and_the_async_run_trains_eve
     last = records[-1]
     assert last["async/consumed"] == steps * 4  # every step got its whole batch
     # Nothing admitted was dropped: what was not trained on is still finished or running.
-    assert last["async/admitted"] == last["async/consumed"] + last["async/queue_ready"] + last["async/in_flight"]
+    assert (
+        last["async/admitted"] == last["async/consumed"] + last["async/queue_ready"] + last["async/in_flight"]
+    )
     assert last["async/version"] == steps  # every step's weights reached the survivor
     assert not _descendants(os.getpid())
 
 
 @pytest.mark.timeout(300)
-async def test_a_killed_engine_node_leaves_rotation_and_the_sync_run_trains_every_step(tmp_path: Path, nano_model_dir: Path) -> None:
+async def test_a_killed_engine_node_leaves_rotation_and_the_sync_run_trains_every_step(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
     steps = 6
-    config = _config(tmp_path, nano_model_dir, f"train.steps={steps}", "cluster.trainer=[0]", "trainer.world_size=1", "weights.timeout_s=10")
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        f"train.steps={steps}",
+        "cluster.trainer=[0]",
+        "trainer.world_size=1",
+        "weights.timeout_s=10",
+    )
     records: list[dict[str, Any]] = []
 
     def on_step(run: Run, record: dict[str, Any]) -> None:
@@ -137,17 +186,28 @@ async def test_a_killed_engine_node_leaves_rotation_and_the_sync_run_trains_ever
             _kill(run, 1)
 
     run, result = await _run(config, train_sync, on_step)
-    assert [r["step"] for r in records] == list(range(1, steps + 1)) and [e.name for e in run.router.engines] == ["engine-1"]
+    assert [r["step"] for r in records] == list(range(1, steps + 1)) and [
+        e.name for e in run.router.engines
+    ] == ["engine-1"]
     assert all(r["response_tokens"] > 0 for r in records) and records[-1]["cluster/engines"] == 1
     assert not _descendants(os.getpid())
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["sync", "fully_async"])
-async def test_a_killed_node_holding_a_trainer_rank_stops_the_run_with_rank_lost(tmp_path: Path, nano_model_dir: Path, mode: str) -> None:
+async def test_a_killed_node_holding_a_trainer_rank_stops_the_run_with_rank_lost(
+    tmp_path: Path, nano_model_dir: Path, mode: str
+) -> None:
     """node-1 hosts engine-0 and trainer rank 1 (in a process it supervises): killed, its rank's
     process dies with it and the run stops within the call deadline, leaving nothing behind."""
-    config = _config(tmp_path, nano_model_dir, f"train.mode={mode}", "train.steps=200", "trainer.call_timeout_s=60", "async_training.staleness_threshold=1")
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        f"train.mode={mode}",
+        "train.steps=200",
+        "trainer.call_timeout_s=60",
+        "async_training.staleness_threshold=1",
+    )
     killed: list[float] = []
 
     def on_step(run: Run, record: dict[str, Any]) -> None:
@@ -157,16 +217,28 @@ async def test_a_killed_node_holding_a_trainer_rank_stops_the_run_with_rank_lost
 
     with pytest.raises(RankLostError, match="trainer rank 1"):
         await _run(config, train_sync if mode == "sync" else train_fully_async, on_step)
-    assert time.monotonic() - killed[0] < 60  # trainer.call_timeout_s: here the node deadline (2 s), not a hang
+    assert (
+        time.monotonic() - killed[0] < 60
+    )  # trainer.call_timeout_s: here the node deadline (2 s), not a hang
     assert not _descendants(os.getpid())  # node-2, both rank processes: all gone
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not pending, pending  # the rollouter and its samples were stopped
 
 
 @pytest.mark.timeout(300)
-async def test_with_every_engine_node_dead_the_async_run_stops_with_a_typed_error(tmp_path: Path, nano_model_dir: Path) -> None:
-    config = _config(tmp_path, nano_model_dir, "train.mode=fully_async", "train.steps=200", "cluster.trainer=[0]", "trainer.world_size=1",
-                     "async_training.staleness_threshold=1", "weights.timeout_s=10")  # fmt: skip
+async def test_with_every_engine_node_dead_the_async_run_stops_with_a_typed_error(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        "train.mode=fully_async",
+        "train.steps=200",
+        "cluster.trainer=[0]",
+        "trainer.world_size=1",
+        "async_training.staleness_threshold=1",
+        "weights.timeout_s=10",
+    )
     killed: list[float] = []
 
     def on_step(run: Run, record: dict[str, Any]) -> None:
@@ -182,11 +254,15 @@ async def test_with_every_engine_node_dead_the_async_run_stops_with_a_typed_erro
     assert not pending, pending
 
 
-async def test_one_step_off_on_the_cluster_placement_trains_one_version_behind(tmp_path: Path, nano_model_dir: Path) -> None:
+async def test_one_step_off_on_the_cluster_placement_trains_one_version_behind(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
     config = _config(tmp_path, nano_model_dir, "train.mode=one_step_off", "train.steps=4")
     records: list[dict[str, Any]] = []
     await _run(config, train_one_step_off, lambda run, record: records.append(record))
-    assert records[0]["async/staleness_token_hist"] == [records[0]["response_tokens"]]  # the first step is on-policy
+    assert records[0]["async/staleness_token_hist"] == [
+        records[0]["response_tokens"]
+    ]  # the first step is on-policy
     for r in records[1:]:
         assert r["async/staleness_token_hist"] == [0, r["response_tokens"]] and r["cluster/engines"] == 2
 
@@ -199,9 +275,22 @@ async def test_on_gpus_the_cluster_placement_trains_with_nccl(tmp_path: Path, na
     import torch
 
     ranks = 2 if torch.cuda.device_count() >= 2 else 1
-    config = _config(tmp_path, nano_model_dir, "train.steps=3", "cluster.engines=[1]", f"cluster.trainer={list(range(ranks))}",
-                     f"trainer.world_size={ranks}", "trainer.device=cuda", "engine.device=cuda", "weights.backend=auto")  # fmt: skip
+    config = _config(
+        tmp_path,
+        nano_model_dir,
+        "train.steps=3",
+        "cluster.engines=[1]",
+        f"cluster.trainer={list(range(ranks))}",
+        f"trainer.world_size={ranks}",
+        "trainer.device=cuda",
+        "engine.device=cuda",
+        "weights.backend=auto",
+    )
     records: list[dict[str, Any]] = []
     run, result = await _run(config, train_sync, lambda run, record: records.append(record))
-    assert result.steps == 3 and run.trainer.info["backend"] == "nccl" and run.trainer.info["device"].startswith("cuda")
+    assert (
+        result.steps == 3
+        and run.trainer.info["backend"] == "nccl"
+        and run.trainer.info["device"].startswith("cuda")
+    )
     assert all(r["weights/transfer_s"] > 0 for r in records)

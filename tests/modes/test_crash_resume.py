@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,15 +26,32 @@ STEPS, PROMPTS = 6, 4
 
 def _overrides(run_dir: Path, model_dir: Path, mode: str) -> list[str]:
     return [
-        f"train.run_dir={run_dir}", f"train.model_dir={model_dir}", f"train.mode={mode}", f"train.steps={STEPS}",
-        f"train.prompts_per_step={PROMPTS}", "train.group_size=4", "train.max_new_tokens=24", "train.val_size=8",
-        "train.validate_every=100", "train.checkpoint_every=2", "train.keep_checkpoints=2", "trainer.lr=1e-3",
+        f"train.run_dir={run_dir}",
+        f"train.model_dir={model_dir}",
+        f"train.mode={mode}",
+        f"train.steps={STEPS}",
+        f"train.prompts_per_step={PROMPTS}",
+        "train.group_size=4",
+        "train.max_new_tokens=24",
+        "train.val_size=8",
+        "train.validate_every=100",
+        "train.checkpoint_every=2",
+        "train.keep_checkpoints=2",
+        "trainer.lr=1e-3",
         "async_training.staleness_threshold=1",
-    ]  # fmt: skip
+    ]
 
 
 def _train(overrides: list[str], *, resume: bool = False) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "rlasync", "train", str(CONFIG), *overrides, *(["--resume"] if resume else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "rlasync",
+        "train",
+        str(CONFIG),
+        *overrides,
+        *(["--resume"] if resume else []),
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -44,7 +60,9 @@ def _descendants(parent: int) -> set[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+                children.setdefault(
+                    int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []
+                ).append(int(entry.name))
             except (OSError, IndexError):
                 continue
     found, todo = set(), list(children.get(parent, []))
@@ -78,7 +96,9 @@ def _kill_when(proc: subprocess.Popen[str], run_dir: Path, when: str, rng: rando
         time.sleep(rng.uniform(0.0, 1.5))
     else:
         while not list(checkpoints.glob("*.partial")):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before a second checkpoint was written"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the run ended before a second checkpoint was written"
+            )
             time.sleep(0.001)
     family = _descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
@@ -94,20 +114,32 @@ def _kill_when(proc: subprocess.Popen[str], run_dir: Path, when: str, rng: rando
 def _expected_uses(model_dir: Path, run_dir: Path) -> collections.Counter[tuple[int, int]]:
     """What an uninterrupted run trains: the sampler's first ``STEPS * PROMPTS`` row uses."""
     config = load_config(CONFIG, [f"train.run_dir={run_dir}", f"train.model_dir={model_dir}"])
-    rows = synthetic_rows(config.train.task, config.data.synthetic_train_size, seed=config.train.seed, split="train")
+    rows = synthetic_rows(
+        config.train.task, config.data.synthetic_train_size, seed=config.train.seed, split="train"
+    )
     sampler = RowSampler(rows, seed=config.train.seed, shuffle=config.data.shuffle)
     return collections.Counter(sampler.next_uses(STEPS * PROMPTS))
 
 
-ELSEWHERE = ["trainer.world_size=2", "cluster.engines=[0, 0]"]  # another placement: two trainer ranks, two engines
+ELSEWHERE = [
+    "trainer.world_size=2",
+    "cluster.engines=[0, 0]",
+]  # another placement: two trainer ranks, two engines
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "mode, when, placement",
-    [("sync", "random", []), ("one_step_off", "checkpoint", []), ("fully_async", "random", ELSEWHERE), ("fully_async", "checkpoint", [])],
-)  # fmt: skip
-def test_a_run_killed_and_resumed_trains_every_sample_once(tmp_path: Path, nano_model_dir: Path, mode: str, when: str, placement: list[str]) -> None:
+    [
+        ("sync", "random", []),
+        ("one_step_off", "checkpoint", []),
+        ("fully_async", "random", ELSEWHERE),
+        ("fully_async", "checkpoint", []),
+    ],
+)
+def test_a_run_killed_and_resumed_trains_every_sample_once(
+    tmp_path: Path, nano_model_dir: Path, mode: str, when: str, placement: list[str]
+) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     overrides = _overrides(tmp_path, nano_model_dir, mode)
@@ -117,12 +149,16 @@ def test_a_run_killed_and_resumed_trains_every_sample_once(tmp_path: Path, nano_
     finally:
         if proc.poll() is None:
             proc.kill()
-    context = f"{mode}, killed at {when} (seed {seed}): {seen}, resumed with {placement or 'the same placement'}"
+    context = (
+        f"{mode}, killed at {when} (seed {seed}): {seen}, resumed with {placement or 'the same placement'}"
+    )
     resumed = _train([*overrides, *placement], resume=True)
     output, _ = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, f"{context}\n{output}"
     resumed_from = output.split("resumed from ", 1)[-1].split(" ", 1)[0]
-    assert resumed_from.startswith(str(tmp_path / "checkpoints" / "step_")) and not resumed_from.endswith(".partial"), f"{context}\n{output}"
+    assert resumed_from.startswith(str(tmp_path / "checkpoints" / "step_")) and not resumed_from.endswith(
+        ".partial"
+    ), f"{context}\n{output}"
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(STEPS + 1)), context
@@ -151,8 +187,14 @@ def _interrupt(proc: subprocess.Popen[str], run_dir: Path, *, after_steps: int) 
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_with_checkpoint_on_interrupt_saves_the_step_and_resumes_without_loss(tmp_path: Path, nano_model_dir: Path) -> None:
-    overrides = [*_overrides(tmp_path, nano_model_dir, "fully_async"), "train.checkpoint_every=0", "train.checkpoint_on_interrupt=true"]
+def test_ctrl_c_with_checkpoint_on_interrupt_saves_the_step_and_resumes_without_loss(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    overrides = [
+        *_overrides(tmp_path, nano_model_dir, "fully_async"),
+        "train.checkpoint_every=0",
+        "train.checkpoint_on_interrupt=true",
+    ]
     output, took = _interrupt(_train(overrides), tmp_path, after_steps=2)
     assert took < 30 and "Traceback" not in output, output
     saved = sorted((tmp_path / "checkpoints").glob("step_*"))
@@ -172,14 +214,20 @@ SOAK_S = float(os.environ.get("RLASYNC_SOAK_S", "0"))
 @pytest.mark.skipif(not SOAK_S, reason="runs with `make soak` (RLASYNC_SOAK_S set)")
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("checkpoint", [False, True])
-def test_sigint_at_20_random_moments_stops_a_fully_async_run_within_30_s(tmp_path: Path, nano_model_dir: Path, checkpoint: bool) -> None:
+def test_sigint_at_20_random_moments_stops_a_fully_async_run_within_30_s(
+    tmp_path: Path, nano_model_dir: Path, checkpoint: bool
+) -> None:
     """From its first instant to its steps, Ctrl-C stops ``rlasync train`` within 30 s, with exit
     code 130, no traceback and no process left (with ``checkpoint_on_interrupt`` too)."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     for attempt in range(20):
         run_dir = tmp_path / f"run{attempt}"
-        overrides = [*_overrides(run_dir, nano_model_dir, "fully_async"), "train.steps=500", f"train.checkpoint_on_interrupt={str(checkpoint).lower()}"]
+        overrides = [
+            *_overrides(run_dir, nano_model_dir, "fully_async"),
+            "train.steps=500",
+            f"train.checkpoint_on_interrupt={str(checkpoint).lower()}",
+        ]
         proc = _train(overrides)
         at = rng.uniform(0.0, 15.0)
         time.sleep(at)

@@ -43,21 +43,31 @@ def _a_step(ids: list[int]) -> TrainBatch:
     """A big step on one sequence: enough to change the weights."""
     row = torch.tensor([ids])
     return TrainBatch(
-        prompts=row[:, :-4], responses=row[:, -4:], response_mask=torch.ones(1, 4, dtype=torch.long), attention_mask=torch.ones_like(row),
-        position_ids=torch.arange(row.shape[1])[None], logprobs=torch.full((1, 4), -2.0), advantages=torch.tensor([1.0]),
-    )  # fmt: skip
+        prompts=row[:, :-4],
+        responses=row[:, -4:],
+        response_mask=torch.ones(1, 4, dtype=torch.long),
+        attention_mask=torch.ones_like(row),
+        position_ids=torch.arange(row.shape[1])[None],
+        logprobs=torch.full((1, 4), -2.0),
+        advantages=torch.tensor([1.0]),
+    )
 
 
 @pytest.mark.timeout(600)  # the calculator warm-start (about a minute, more on a busy machine) runs first
 @uvloop
-async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_resume_intact(calc_model: Path) -> None:
+async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_resume_intact(
+    calc_model: Path,
+) -> None:
     _, tok = load_pretrained_dir(calc_model)
     engine = TorchEngine.from_pretrained(str(calc_model), max_batch=16)
     tool = HeldCalculator()
     rows = synthetic_rows("calc", 6, seed=0, split="val")
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
     agent = AgentConfig(default_loop="tool", tools=["calculator"], max_tool_response_length=64)
-    tool_loops = [ToolAgentLoop(engine, tok, agent, tools={"calculator": tool}, trajectory_id=f"tool{i}") for i in range(len(rows))]
+    tool_loops = [
+        ToolAgentLoop(engine, tok, agent, tools={"calculator": tool}, trajectory_id=f"tool{i}")
+        for i in range(len(rows))
+    ]
     long_loop = SingleTurnAgentLoop(engine, tok, trajectory_id="long")
     async with TrainerActor(TrainerConfig(lr=5e-2)) as trainer:
         await trainer.start(calc_model)
@@ -67,12 +77,21 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
         while tool.running < len(rows):  # every trajectory is in the middle of its tool call
             assert not any(t.done() for t in tasks), [t.result().termination for t in tasks if t.done()]
             await asyncio.sleep(0.01)
-        long_task = asyncio.ensure_future(long_loop.run(SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=1), **rows[0]))
-        while not any(seq.request.request_id.startswith("long") and len(seq.tokens) >= 8 for seq in engine._by_id.values()):
+        long_task = asyncio.ensure_future(
+            long_loop.run(
+                SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=1), **rows[0]
+            )
+        )
+        while not any(
+            seq.request.request_id.startswith("long") and len(seq.tokens) >= 8
+            for seq in engine._by_id.values()
+        ):
             await asyncio.sleep(0.001)
         await trainer.step(_a_step(tool_loops[0].state.prompt_ids + tool_loops[0].state.response_ids[:8]))
         started = time.monotonic()
-        run = SimpleNamespace(engine=engine, synchronizer=synchronizer, config=SimpleNamespace(weights=WeightsConfig()))
+        run = SimpleNamespace(
+            engine=engine, synchronizer=synchronizer, config=SimpleNamespace(weights=WeightsConfig())
+        )
         await _sync(run, None, 1, partial=True, advance=False)  # type: ignore[arg-type]
         took = time.monotonic() - started
         assert engine.weight_version == 1 and not tool.release.is_set() and not any(t.done() for t in tasks)
@@ -88,9 +107,15 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
     await engine.close()
     for (ids, versions), t in zip(before, trajectories):
         model_versions = [v for v, m in zip(t.versions, t.response_mask) if m]
-        assert t.response_ids[: len(ids)] == ids and t.versions[: len(versions)] == versions  # the first turn, intact
+        assert (
+            t.response_ids[: len(ids)] == ids and t.versions[: len(versions)] == versions
+        )  # the first turn, intact
         assert set(versions) - {-1} == {0} and t.metrics.tool_calls >= 1
-        assert model_versions == sorted(model_versions) and model_versions[-1] == 1  # answered under the new weights
+        assert (
+            model_versions == sorted(model_versions) and model_versions[-1] == 1
+        )  # answered under the new weights
     versions = long.versions
     assert long.response_ids[: len(cut)] == cut and len(long.response_ids) == 400 and long.metrics.aborts == 1
-    assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1  # cut mid-turn, resumed under v1
+    assert (
+        versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1
+    )  # cut mid-turn, resumed under v1

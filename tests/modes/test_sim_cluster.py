@@ -17,16 +17,29 @@ CONFIG = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
 def _simulate(mode: str, scale: float, run_dir: Path, **extra: str) -> tuple[float, list[dict[str, Any]]]:
     overrides = [
-        f"train.mode={mode}", "train.steps=6", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=200",
-        "agent.response_length=260", "train.validate_every=1000", f"train.run_dir={run_dir}", "train.model_dir=simulated",
+        f"train.mode={mode}",
+        "train.steps=6",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.max_new_tokens=200",
+        "agent.response_length=260",
+        "train.validate_every=1000",
+        f"train.run_dir={run_dir}",
+        "train.model_dir=simulated",
         *[f"async_training.{k}={v}" for k, v in extra.items()],
-    ]  # fmt: skip
+    ]
     config = load_config(CONFIG, overrides)
 
     async def main() -> tuple[float, list[dict[str, Any]]]:
         clock = SimClock(scale)
         records: list[dict[str, Any]] = []
-        cluster = SimCluster(clock, engines=2, trainer_gpus=2, latency=LatencyModel(), lengths=LogNormalLengths(median=300, sigma=0.8, cap=3000))
+        cluster = SimCluster(
+            clock,
+            engines=2,
+            trainer_gpus=2,
+            latency=LatencyModel(),
+            lengths=LogNormalLengths(median=300, sigma=0.8, cap=3000),
+        )
         start = clock.now()
         await train_run(config, cluster, on_step=records.append)
         return clock.now() - start, records
@@ -39,7 +52,9 @@ def test_the_simulation_is_exact_at_any_scale_and_async_overlaps_the_long_tail(t
     sync_s, sync_records = _simulate("sync", 0.01, tmp_path / "a")
     again_s, _ = _simulate("sync", 0.005, tmp_path / "b")
     assert abs(again_s - sync_s) < 1e-6 * sync_s  # the same simulated time at half the scale
-    async_s, async_records = _simulate("fully_async", 0.01, tmp_path / "c", staleness_threshold="2", trigger_parameter_sync_step="2")
+    async_s, async_records = _simulate(
+        "fully_async", 0.01, tmp_path / "c", staleness_threshold="2", trigger_parameter_sync_step="2"
+    )
     assert len(sync_records) == len(async_records) == 6
     assert async_s < 0.8 * sync_s, (async_s, sync_s)
     assert all(r["async/staleness_max"] <= 2 for r in async_records)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 
@@ -27,12 +27,34 @@ class Hosts(msgspec.Struct, frozen=True):
         ``settings``: ``runtime.x=y`` overrides."""
         import sys
 
-        return ["ip", "netns", "exec", host, sys.executable, "-m", "rlasync", "node", "--rank", str(rank), "--listen",
-                f"tcp://{self.ip(host)}:{port}", "--head", head, "--log-level", "WARNING", *[f"--set={s}" for s in settings]]  # fmt: skip
+        return [
+            "ip",
+            "netns",
+            "exec",
+            host,
+            sys.executable,
+            "-m",
+            "rlasync",
+            "node",
+            "--rank",
+            str(rank),
+            "--listen",
+            f"tcp://{self.ip(host)}:{port}",
+            "--head",
+            head,
+            "--log-level",
+            "WARNING",
+            *[f"--set={s}" for s in settings],
+        ]
 
     def link(self, up: bool) -> None:
         """Cut (or restore) the only link between the two hosts."""
-        subprocess.run(["ip", "-n", self.a, "link", "set", self.veth_a, "up" if up else "down"], check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            ["ip", "-n", self.a, "link", "set", self.veth_a, "up" if up else "down"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
 
 def make_hosts(subnet: str) -> Iterator[Hosts]:
@@ -80,7 +102,9 @@ class Lan(msgspec.Struct, frozen=True):
         """Every process in any host namespace (this test's only)."""
         found = []
         for name in self.names:
-            out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(
+                ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30
+            ).stdout
             found += [int(p) for p in out.split()]
         return found
 
@@ -88,7 +112,11 @@ class Lan(msgspec.Struct, frozen=True):
 def make_lan(n: int, subnet: str, v6prefix: str) -> Iterator[Lan]:
     tag = uuid.uuid4().hex[:6]
     lan = Lan([f"rl{i}-{tag}" for i in range(n)], f"rls-{tag}", subnet, v6prefix)
-    setup = [["ip", "netns", "add", lan.switch], ["ip", "-n", lan.switch, "link", "add", "br0", "type", "bridge"], ["ip", "-n", lan.switch, "link", "set", "br0", "up"]]
+    setup = [
+        ["ip", "netns", "add", lan.switch],
+        ["ip", "-n", lan.switch, "link", "add", "br0", "type", "bridge"],
+        ["ip", "-n", lan.switch, "link", "set", "br0", "up"],
+    ]
     for i, name in enumerate(lan.names):
         here, there = f"h{i}{tag}", f"s{i}{tag}"
         setup += [

@@ -45,7 +45,12 @@ async def main(listen: str) -> None:
             await asyncio.wait_for(pending, 30)
             say(phase="lost", error=None)
         except rlasync.NodeLostError as exc:
-            say(phase="lost", error=type(exc).__name__, seconds=time.monotonic() - killed, members=[m.node_id for m in await head.members()])
+            say(
+                phase="lost",
+                error=type(exc).__name__,
+                seconds=time.monotonic() - killed,
+                members=[m.node_id for m in await head.members()],
+            )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,13 @@ async def main(listen: str) -> None:
         first = await traffic
         await asyncio.sleep(11)  # libzmq aborted the head ~10 s after a takeover
         again = await bouncer.bounce(counter, 10)
-        say(phase="after", first=first, again=again, members=[m.node_id for m in await head.members()],
-            incarnation=(await head.members())[1].incarnation == victim.incarnation)  # fmt: skip
+        say(
+            phase="after",
+            first=first,
+            again=again,
+            members=[m.node_id for m in await head.members()],
+            incarnation=(await head.members())[1].incarnation == victim.incarnation,
+        )
 
 
 if __name__ == "__main__":

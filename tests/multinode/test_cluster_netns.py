@@ -29,33 +29,67 @@ from rlasync.runtime.types import SECRET_ENV
 pytestmark = pytest.mark.multinode
 ROOT = Path(__file__).parents[2]
 DEAD_AFTER_S = 2.0
-RUNTIME = [f"runtime.heartbeat_interval_s=0.2", f"runtime.node_dead_after_s={DEAD_AFTER_S}", "runtime.join_timeout_s=90"]
+RUNTIME = [
+    "runtime.heartbeat_interval_s=0.2",
+    f"runtime.node_dead_after_s={DEAD_AFTER_S}",
+    "runtime.join_timeout_s=90",
+]
 
 
 class Cluster:
     """The head's ``rlasync train`` and the ``rlasync node`` processes, each in its host's namespace."""
 
-    def __init__(self, hosts: Hosts, tmp_path: Path, model_dir: Path, overrides: list[str], nodes: dict[int, str]) -> None:
+    def __init__(
+        self, hosts: Hosts, tmp_path: Path, model_dir: Path, overrides: list[str], nodes: dict[int, str]
+    ) -> None:
         self.hosts, self.run_dir = hosts, tmp_path / "run"
         self.head = f"tcp://{hosts.ip(hosts.a)}:29700"
-        self.env = dict(os.environ, **{SECRET_ENV: new_secret()})  # the secret by environment, never by command line
+        self.env = dict(
+            os.environ, **{SECRET_ENV: new_secret()}
+        )  # the secret by environment, never by command line
         command = [
-            sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / "quickstart_cluster.yaml"), "cluster.start=external",
-            f"cluster.listen={self.head}", f"cluster.nodes={1 + len(nodes)}", f"train.run_dir={self.run_dir}", f"train.model_dir={model_dir}",
-            "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16", "train.val_size=8", "train.validate_every=1000",
-            "weights.transport=broadcast", "weights.timeout_s=10", *RUNTIME, *overrides,
-        ]  # fmt: skip
-        self.processes: dict[int, subprocess.Popen[str]] = {0: self._start(["ip", "netns", "exec", hosts.a, *command], tmp_path / "head.log")}
+            sys.executable,
+            "-m",
+            "rlasync",
+            "train",
+            str(ROOT / "configs" / "quickstart_cluster.yaml"),
+            "cluster.start=external",
+            f"cluster.listen={self.head}",
+            f"cluster.nodes={1 + len(nodes)}",
+            f"train.run_dir={self.run_dir}",
+            f"train.model_dir={model_dir}",
+            "train.prompts_per_step=4",
+            "train.group_size=4",
+            "train.max_new_tokens=16",
+            "train.val_size=8",
+            "train.validate_every=1000",
+            "weights.transport=broadcast",
+            "weights.timeout_s=10",
+            *RUNTIME,
+            *overrides,
+        ]
+        self.processes: dict[int, subprocess.Popen[str]] = {
+            0: self._start(["ip", "netns", "exec", hosts.a, *command], tmp_path / "head.log")
+        }
         for rank, host in nodes.items():
-            self.processes[rank] = self._start(hosts.node_command(host, rank, 29700 + rank, self.head, *RUNTIME), tmp_path / f"node-{rank}.log")
+            self.processes[rank] = self._start(
+                hosts.node_command(host, rank, 29700 + rank, self.head, *RUNTIME),
+                tmp_path / f"node-{rank}.log",
+            )
 
     def _start(self, command: list[str], log: Path) -> subprocess.Popen[str]:
         # `ip netns exec` execs the command: the process is the node itself.
-        return subprocess.Popen(command, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            command, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True
+        )
 
     def records(self) -> list[dict[str, object]]:
         path = self.run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+        return (
+            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if path.is_file()
+            else []
+        )
 
     def wait_for_step(self, step: int, timeout: float = 240) -> None:
         ends = time.monotonic() + timeout
@@ -92,7 +126,9 @@ def _descendants(pid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+                children.setdefault(
+                    int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []
+                ).append(int(entry.name))
             except OSError:
                 continue
     found, todo = [], [pid]
@@ -111,14 +147,25 @@ def _gone(pids: list[int], timeout: float) -> list[int]:
 
 
 @pytest.mark.timeout(400)
-def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path) -> None:
+def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
+    two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path
+) -> None:
     hosts = two_hosts
     steps = 30
     cluster = Cluster(
-        hosts, tmp_path, nano_model_dir, ["train.mode=fully_async", f"train.steps={steps}", "cluster.engines=[1, 2, 3]", "cluster.trainer=[0]",
-                                          "trainer.world_size=1", "async_training.staleness_threshold=1"],
+        hosts,
+        tmp_path,
+        nano_model_dir,
+        [
+            "train.mode=fully_async",
+            f"train.steps={steps}",
+            "cluster.engines=[1, 2, 3]",
+            "cluster.trainer=[0]",
+            "trainer.world_size=1",
+            "async_training.staleness_threshold=1",
+        ],
         nodes={1: hosts.b, 2: hosts.a, 3: hosts.b},
-    )  # fmt: skip
+    )
     try:
         cluster.wait_for_step(3)
         cluster.processes[1].send_signal(signal.SIGKILL)  # engine-0's node, on host B
@@ -131,11 +178,16 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(tw
         records = [r for r in cluster.records() if r["step"] > 0]
         assert [r["step"] for r in records] == list(range(1, steps + 1))
         assert min(r["cluster/engines"] for r in records[:2]) == 3
-        assert records[-1]["cluster/engines"] == 2 and records[-1]["cluster/rejoins"] == 1, records[-1]  # engine-2 serves again
+        assert records[-1]["cluster/engines"] == 2 and records[-1]["cluster/rejoins"] == 1, records[
+            -1
+        ]  # engine-2 serves again
         assert max(r["async/staleness_max"] for r in records) <= 1  # the bound held through both losses
         last = records[-1]
         assert last["async/consumed"] == steps * 4 and last["async/version"] == steps
-        assert last["async/admitted"] == last["async/consumed"] + last["async/queue_ready"] + last["async/in_flight"]
+        assert (
+            last["async/admitted"]
+            == last["async/consumed"] + last["async/queue_ready"] + last["async/in_flight"]
+        )
         assert not _gone(cluster.everything(), 30)
     finally:
         hosts.link(up=True)
@@ -144,13 +196,23 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(tw
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("loss", ["killed", "cut_off"])
-def test_a_node_holding_a_trainer_rank_lost_stops_the_run_with_rank_lost(two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path, loss: str) -> None:
+def test_a_node_holding_a_trainer_rank_lost_stops_the_run_with_rank_lost(
+    two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path, loss: str
+) -> None:
     hosts = two_hosts
     call_timeout = 60
     cluster = Cluster(
-        hosts, tmp_path, nano_model_dir, ["train.steps=500", "cluster.engines=[1, 2]", "cluster.trainer=[0, 1]", f"trainer.call_timeout_s={call_timeout}"],
+        hosts,
+        tmp_path,
+        nano_model_dir,
+        [
+            "train.steps=500",
+            "cluster.engines=[1, 2]",
+            "cluster.trainer=[0, 1]",
+            f"trainer.call_timeout_s={call_timeout}",
+        ],
         nodes={1: hosts.b, 2: hosts.a},
-    )  # fmt: skip
+    )
     try:
         cluster.wait_for_step(3)
         everything = cluster.everything()
@@ -165,7 +227,9 @@ def test_a_node_holding_a_trainer_rank_lost_stops_the_run_with_rank_lost(two_hos
         assert code == 1 and "RankLostError" in head and "trainer rank 1" in head, head
         assert took < call_timeout, took
         hosts.link(up=True)
-        assert not _gone(everything, 60), [Path(f"/proc/{p}/cmdline").read_bytes() for p in everything if _alive(p)]
+        assert not _gone(everything, 60), [
+            Path(f"/proc/{p}/cmdline").read_bytes() for p in everything if _alive(p)
+        ]
     finally:
         hosts.link(up=True)
         cluster.close()

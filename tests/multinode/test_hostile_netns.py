@@ -33,25 +33,65 @@ print(sum(getattr(m, "id", 0) <= 1000 for m in got), len(got))
 
 def test_a_member_on_another_host_taking_a_nodes_identity_gets_nothing(two_hosts: Hosts) -> None:
     secret = new_secret()
-    env = dict(os.environ, **{SECRET_ENV: secret, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "runtime"), *sys.path])})
+    env = dict(
+        os.environ,
+        **{SECRET_ENV: secret, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "runtime"), *sys.path])},
+    )
     head_address = f"tcp://{two_hosts.ip(two_hosts.a)}:29650"
-    driver = subprocess.Popen(["ip", "netns", "exec", two_hosts.a, sys.executable, str(HERE / "takeover_driver.py"), head_address],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)  # fmt: skip
-    node = subprocess.Popen(two_hosts.node_command(two_hosts.b, 1, 29650, head_address, "runtime.heartbeat_interval_s=0.2", "runtime.node_dead_after_s=1.5"), env=env)
+    driver = subprocess.Popen(
+        ["ip", "netns", "exec", two_hosts.a, sys.executable, str(HERE / "takeover_driver.py"), head_address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    node = subprocess.Popen(
+        two_hosts.node_command(
+            two_hosts.b,
+            1,
+            29650,
+            head_address,
+            "runtime.heartbeat_interval_s=0.2",
+            "runtime.node_dead_after_s=1.5",
+        ),
+        env=env,
+    )
     try:
         assert driver.stdout is not None and driver.stdin is not None
         ready = json.loads(driver.stdout.readline())
         assert ready["phase"] == "ready", ready
         attack = subprocess.run(
-            ["ip", "netns", "exec", two_hosts.b, sys.executable, "-c", ATTACKER, head_address, secret, ready["identity"]],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                two_hosts.b,
+                sys.executable,
+                "-c",
+                ATTACKER,
+                head_address,
+                secret,
+                ready["identity"],
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         stolen, answers = map(int, attack.stdout.split())
-        assert attack.returncode == 0 and answers >= 1 and stolen == 0, attack  # only answers to its own calls
+        assert attack.returncode == 0 and answers >= 1 and stolen == 0, (
+            attack
+        )  # only answers to its own calls
         driver.stdin.write("done\n")
         driver.stdin.flush()
         after = json.loads(driver.stdout.readline())
-        assert after == {"phase": "after", "first": 5000, "again": 10, "members": ["node-0", "node-1"], "incarnation": True}
+        assert after == {
+            "phase": "after",
+            "first": 5000,
+            "again": 10,
+            "members": ["node-0", "node-1"],
+            "incarnation": True,
+        }
         assert driver.wait(timeout=30) == 0  # the head never aborted
     finally:
         for proc in (driver, node):

@@ -34,26 +34,61 @@ RUN = ["weights.transport=broadcast", "runtime.heartbeat_interval_s=0.3", "launc
 
 
 def _hosts_file(lan: Lan, path: Path, *extra: str) -> Path:
-    lines = [f"{lan.names[0]} addr={lan.ip6(0)}", f"{lan.names[1]} addr={lan.ip(1)}", f"{lan.names[2]} addr={lan.ip(2)}"]
-    comments = ["  # the head, by its IPv6 address: the nodes join it, and the trainer's and weights' stores meet there, over IPv6", "", ""]
-    path.write_text("".join(f"{line} {more}{comment}\n" for line, more, comment in zip(lines, [*extra, "", "", ""], comments)))
+    lines = [
+        f"{lan.names[0]} addr={lan.ip6(0)}",
+        f"{lan.names[1]} addr={lan.ip(1)}",
+        f"{lan.names[2]} addr={lan.ip(2)}",
+    ]
+    comments = [
+        "  # the head, by its IPv6 address: the nodes join it, and the trainer's and weights' stores meet there, over IPv6",
+        "",
+        "",
+    ]
+    path.write_text(
+        "".join(
+            f"{line} {more}{comment}\n" for line, more, comment in zip(lines, [*extra, "", "", ""], comments)
+        )
+    )
     return path
 
 
-def _launch(lan: Lan, tmp_path: Path, model: Path, *overrides: str, hosts_extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+def _launch(
+    lan: Lan, tmp_path: Path, model: Path, *overrides: str, hosts_extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
     env = dict(os.environ, **{SECRET_ENV: new_secret()})
     log = tmp_path / "launch.log"
-    command = [sys.executable, "-m", "rlasync", "launch", "--nodes", str(_hosts_file(lan, tmp_path / "hosts.txt", *hosts_extra)), "--via", "ip netns exec {host}",
-               str(CLUSTER), f"train.run_dir={tmp_path / 'run'}", f"train.model_dir={model}", *RUN, *overrides]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True), log, env
+    command = [
+        sys.executable,
+        "-m",
+        "rlasync",
+        "launch",
+        "--nodes",
+        str(_hosts_file(lan, tmp_path / "hosts.txt", *hosts_extra)),
+        "--via",
+        "ip netns exec {host}",
+        str(CLUSTER),
+        f"train.run_dir={tmp_path / 'run'}",
+        f"train.model_dir={model}",
+        *RUN,
+        *overrides,
+    ]
+    return (
+        subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True),
+        log,
+        env,
+    )
 
 
 def _records(tmp_path: Path) -> list[dict[str, object]]:
     path = tmp_path / "run" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
 
 
-def _wait_for_step(proc: subprocess.Popen[str], tmp_path: Path, log: Path, step: int, timeout: float = 240) -> None:
+def _wait_for_step(
+    proc: subprocess.Popen[str], tmp_path: Path, log: Path, step: int, timeout: float = 240
+) -> None:
     ends = time.monotonic() + timeout
     while not any(int(r["step"]) >= step for r in _records(tmp_path)):  # type: ignore[call-overload]
         assert proc.poll() is None, log.read_text()[-4000:]
@@ -61,11 +96,16 @@ def _wait_for_step(proc: subprocess.Popen[str], tmp_path: Path, log: Path, step:
         time.sleep(0.3)
 
 
-def _run_on_every_host(tmp_path: Path, commands: list[tuple[list[str], dict[str, str]]], timeout: float) -> list[str]:
+def _run_on_every_host(
+    tmp_path: Path, commands: list[tuple[list[str], dict[str, str]]], timeout: float
+) -> list[str]:
     """Run one command (with its environment) per host, as torchrun or srun would start them on
     each machine; all must exit 0 within ``timeout``. Returns their outputs."""
     logs = [tmp_path / f"host-{i}.log" for i in range(len(commands))]
-    procs = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True) for (command, env), log in zip(commands, logs)]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+        for (command, env), log in zip(commands, logs)
+    ]
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
         assert codes == [0] * len(procs), "\n".join(log.read_text()[-3000:] for log in logs)
@@ -83,69 +123,147 @@ def _gone(lan: Lan, timeout: float) -> list[int]:
 
 
 @pytest.mark.timeout(500)
-def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them(three_hosts: Lan, tmp_path: Path, reverse_model: Path) -> None:
+def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them(
+    three_hosts: Lan, tmp_path: Path, reverse_model: Path
+) -> None:
     lan = three_hosts
     proc, log, env = _launch(lan, tmp_path, reverse_model, "train.steps=100", "train.validate_every=50")
     try:
         _wait_for_step(proc, tmp_path, log, 3)
-        status = subprocess.run(["ip", "netns", "exec", lan.names[1], sys.executable, "-m", "rlasync", "status", "--head", f"tcp://[{lan.ip6(0)}]:29800"],
-                                env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        status = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                lan.names[1],
+                sys.executable,
+                "-m",
+                "rlasync",
+                "status",
+                "--head",
+                f"tcp://[{lan.ip6(0)}]:29800",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert status.returncode == 0, status.stderr
         table = status.stdout
         for node, address in (("node-0", f"[{lan.ip6(0)}]"), ("node-1", lan.ip(1)), ("node-2", lan.ip(2))):
             assert node in table and address in table, table
-        assert "head" in table and "engine-0 (weights v" in table and "engine-1 (weights v" in table and "trainer rank 1" in table, table
+        assert (
+            "head" in table
+            and "engine-0 (weights v" in table
+            and "engine-1 (weights v" in table
+            and "trainer rank 1" in table
+        ), table
         assert proc.wait(timeout=400) == 0, log.read_text()[-4000:]
     finally:
         proc.kill()
     out = log.read_text()
     result = json.loads(out.strip().splitlines()[-1].split("| ", 1)[1])
-    assert result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08, result
+    assert (
+        result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08
+    ), result
     assert [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 101))
-    assert f"{lan.names[2]} |" in out and f"{lan.names[1]} |" in out  # every host's output, prefixed with its name
+    assert (
+        f"{lan.names[2]} |" in out and f"{lan.names[1]} |" in out
+    )  # every host's output, prefixed with its name
     assert SECRET_ENV not in out and env[SECRET_ENV] not in out
     assert not _gone(lan, 30)
 
 
 @pytest.mark.timeout(500)
-def test_the_same_run_started_by_torchrun_in_each_namespace(three_hosts: Lan, tmp_path: Path, reverse_model: Path) -> None:
+def test_the_same_run_started_by_torchrun_in_each_namespace(
+    three_hosts: Lan, tmp_path: Path, reverse_model: Path
+) -> None:
     lan = three_hosts
     env = dict(os.environ, **{SECRET_ENV: new_secret()})
     addresses = [lan.ip(0), lan.ip(1), lan.ip6(2)]
     commands = [
-        (["ip", "netns", "exec", name, sys.executable, "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=1", "--rdzv-backend=c10d",
-          f"--rdzv-endpoint={lan.ip(0)}:29400", f"--rdzv-conf=is_host={int(i == 0)}", f"--local-addr={address}",
-          "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}", f"train.model_dir={reverse_model}",
-          "train.steps=30", "train.validate_every=1000", *RUN], env)
+        (
+            [
+                "ip",
+                "netns",
+                "exec",
+                name,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=3",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={lan.ip(0)}:29400",
+                f"--rdzv-conf=is_host={int(i == 0)}",
+                f"--local-addr={address}",
+                "-m",
+                "rlasync",
+                "launch",
+                "--from-env",
+                str(CLUSTER),
+                f"train.run_dir={tmp_path / 'run'}",
+                f"train.model_dir={reverse_model}",
+                "train.steps=30",
+                "train.validate_every=1000",
+                *RUN,
+            ],
+            env,
+        )
         for i, (name, address) in enumerate(zip(lan.names, addresses))
-    ]  # fmt: skip
+    ]
     logs = _run_on_every_host(tmp_path, commands, timeout=420)
     head_log = next(log for log in logs if '"final_accuracy"' in log)  # c10d picks which machine is rank 0
-    result = json.loads(next(line for line in reversed(head_log.splitlines()) if line.startswith('{"initial_accuracy"')))
-    assert result["steps"] == 30 and [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 31)), result  # learning: the test above
+    result = json.loads(
+        next(line for line in reversed(head_log.splitlines()) if line.startswith('{"initial_accuracy"'))
+    )
+    assert result["steps"] == 30 and [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 31)), (
+        result
+    )  # learning: the test above
     assert "cluster: 3 node(s)" in head_log
     assert not _gone(lan, 30)
 
 
 @pytest.mark.timeout(200)
-def test_a_host_that_cannot_start_is_named_within_the_deadline_and_nothing_is_left(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path) -> None:
+def test_a_host_that_cannot_start_is_named_within_the_deadline_and_nothing_is_left(
+    three_hosts: Lan, tmp_path: Path, nano_model_dir: Path
+) -> None:
     lan = three_hosts
     started = time.monotonic()
-    proc, log, _ = _launch(lan, tmp_path, nano_model_dir, "launch.start_timeout_s=60", hosts_extra=("", "", "python=/opt/no-such-python/bin/python3"))
+    proc, log, _ = _launch(
+        lan,
+        tmp_path,
+        nano_model_dir,
+        "launch.start_timeout_s=60",
+        hosts_extra=("", "", "python=/opt/no-such-python/bin/python3"),
+    )
     code = proc.wait(timeout=120)
     took = time.monotonic() - started
     out = log.read_text()
     assert code == 2, out[-3000:]
-    assert f"rlasync launch: {lan.names[2]} (node-2) stopped with exit code" in out and "no-such-python" in out, out[-3000:]
+    assert (
+        f"rlasync launch: {lan.names[2]} (node-2) stopped with exit code" in out and "no-such-python" in out
+    ), out[-3000:]
     assert took < 60, took
     assert not _gone(lan, 30)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("stop", ["ctrl_c", "a_node_fails"])
-def test_ctrl_c_or_a_failed_node_stops_every_host_within_30_s(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path, stop: str) -> None:
+def test_ctrl_c_or_a_failed_node_stops_every_host_within_30_s(
+    three_hosts: Lan, tmp_path: Path, nano_model_dir: Path, stop: str
+) -> None:
     lan = three_hosts
-    proc, log, _ = _launch(lan, tmp_path, nano_model_dir, "train.steps=500", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16", "train.val_size=8")
+    proc, log, _ = _launch(
+        lan,
+        tmp_path,
+        nano_model_dir,
+        "train.steps=500",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.max_new_tokens=16",
+        "train.val_size=8",
+    )
     try:
         _wait_for_step(proc, tmp_path, log, 2)
         assert len(lan.pids()) >= 5  # three nodes and the two trainer ranks' processes
@@ -154,27 +272,64 @@ def test_ctrl_c_or_a_failed_node_stops_every_host_within_30_s(three_hosts: Lan, 
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=40) == 130, log.read_text()[-3000:]
         else:  # node-2 (an engine's) dies: the run could go on, the launch stops every host
-            node = [int(p) for p in subprocess.run(["ip", "netns", "pids", lan.names[2]], capture_output=True, text=True).stdout.split()]
+            node = [
+                int(p)
+                for p in subprocess.run(
+                    ["ip", "netns", "pids", lan.names[2]], capture_output=True, text=True
+                ).stdout.split()
+            ]
             os.kill(min(node), signal.SIGKILL)
             assert proc.wait(timeout=40) == 1, log.read_text()[-3000:]
-            assert f"launch: {lan.names[2]} (node-2) failed with exit code -9; stopping every host" in log.read_text()
+            assert (
+                f"launch: {lan.names[2]} (node-2) failed with exit code -9; stopping every host"
+                in log.read_text()
+            )
         assert not _gone(lan, 30 - (time.monotonic() - stopped)), log.read_text()[-3000:]
     finally:
         proc.kill()
 
 
 @pytest.mark.timeout(300)
-def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(three_hosts: Lan, tmp_path: Path, nano_model_dir: Path) -> None:
+def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(
+    three_hosts: Lan, tmp_path: Path, nano_model_dir: Path
+) -> None:
     """What ``launch/slurm.sbatch``'s ``srun`` starts on each host: ``--from-env`` with Slurm's
     variables; node 0 hosts the store at MASTER_ADDR:MASTER_PORT (no torchrun agent here)."""
     lan = three_hosts
-    env = dict(os.environ, **{SECRET_ENV: new_secret()}, MASTER_ADDR=lan.ip(0), MASTER_PORT="29450", SLURM_NTASKS="3", SLURM_NNODES="3")
+    env = dict(
+        os.environ,
+        **{SECRET_ENV: new_secret()},
+        MASTER_ADDR=lan.ip(0),
+        MASTER_PORT="29450",
+        SLURM_NTASKS="3",
+        SLURM_NNODES="3",
+    )
     commands = [
-        (["ip", "netns", "exec", name, sys.executable, "-m", "rlasync", "launch", "--from-env", str(CLUSTER), f"train.run_dir={tmp_path / 'run'}",
-          f"train.model_dir={nano_model_dir}", "train.steps=4", "train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=16",
-          "train.val_size=8", *RUN], dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"))
+        (
+            [
+                "ip",
+                "netns",
+                "exec",
+                name,
+                sys.executable,
+                "-m",
+                "rlasync",
+                "launch",
+                "--from-env",
+                str(CLUSTER),
+                f"train.run_dir={tmp_path / 'run'}",
+                f"train.model_dir={nano_model_dir}",
+                "train.steps=4",
+                "train.prompts_per_step=4",
+                "train.group_size=4",
+                "train.max_new_tokens=16",
+                "train.val_size=8",
+                *RUN,
+            ],
+            dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"),
+        )
         for i, name in enumerate(lan.names)
-    ]  # fmt: skip
+    ]
     head = _run_on_every_host(tmp_path, commands, timeout=240)[0]
     assert "cluster: 3 node(s)" in head and '"steps": 4' in head, head[-3000:]
     assert [r["step"] for r in _records(tmp_path)[1:]] == [1, 2, 3, 4]

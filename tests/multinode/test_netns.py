@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hosts import Hosts
 
 from rlasync import new_secret
 from rlasync.runtime.types import SECRET_ENV
-
-from hosts import Hosts
 
 pytestmark = pytest.mark.multinode
 HERE = Path(__file__).parent
@@ -27,13 +26,32 @@ HERE = Path(__file__).parent
 def test_two_hosts_call_stream_and_detect_a_dead_host(two_hosts: Hosts) -> None:
     head_ns, node_ns = two_hosts.a, two_hosts.b
     SUBNET = two_hosts.subnet
-    env = dict(os.environ, **{SECRET_ENV: new_secret(), "PYTHONPATH": os.pathsep.join([str(HERE.parent / "runtime"), *sys.path])})
+    env = dict(
+        os.environ,
+        **{
+            SECRET_ENV: new_secret(),
+            "PYTHONPATH": os.pathsep.join([str(HERE.parent / "runtime"), *sys.path]),
+        },
+    )
     head_address = f"tcp://{SUBNET}.1:29600"
     driver = subprocess.Popen(
         ["ip", "netns", "exec", head_ns, sys.executable, str(HERE / "netns_driver.py"), head_address],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-    )  # fmt: skip
-    node = subprocess.Popen(two_hosts.node_command(node_ns, 1, 29600, head_address, "runtime.heartbeat_interval_s=0.2", "runtime.node_dead_after_s=1.5"), env=env)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    node = subprocess.Popen(
+        two_hosts.node_command(
+            node_ns,
+            1,
+            29600,
+            head_address,
+            "runtime.heartbeat_interval_s=0.2",
+            "runtime.node_dead_after_s=1.5",
+        ),
+        env=env,
+    )
     try:
         assert driver.stdout is not None and driver.stdin is not None
         calls = json.loads(driver.stdout.readline())

@@ -17,7 +17,14 @@ class RawPeer:
     None over TCP: an outsider. ``identity``: a routing id of its choosing (another member's).
     ``keys``: the member's keys, to be the same member on several connections."""
 
-    def __init__(self, address: str, *, secret: str | None = None, identity: bytes | None = None, keys: CurveKeys | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        secret: str | None = None,
+        identity: bytes | None = None,
+        keys: CurveKeys | None = None,
+    ) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -120,7 +127,9 @@ class Attack:
     def _run(self) -> None:
         try:
             self.run()
-        except Exception as exc:  # recorded for the test to report; an attacker's own bug must not pass silently
+        except (
+            Exception
+        ) as exc:  # recorded for the test to report; an attacker's own bug must not pass silently
             self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def run(self) -> None:
@@ -155,8 +164,14 @@ class Fuzzer(Attack):
         if choice == 5:
             return [self._value(depth + 1) for _ in range(rng.randint(0, 5))]
         if choice == 6:
-            return {str(self._value(depth + 1))[:20]: self._value(depth + 1) for _ in range(rng.randint(0, 4))}
-        return {"node_id": rng.choice(["node-0", "node-1", "node-2", "evil"]), "address": "tcp://127.0.0.1:1", "incarnation": "x"}
+            return {
+                str(self._value(depth + 1))[:20]: self._value(depth + 1) for _ in range(rng.randint(0, 4))
+            }
+        return {
+            "node_id": rng.choice(["node-0", "node-1", "node-2", "evil"]),
+            "address": "tcp://127.0.0.1:1",
+            "incarnation": "x",
+        }
 
     def _message(self, peer: RawPeer) -> list[bytes]:
         from rlasync.transport import Cancel, StreamAck
@@ -165,14 +180,44 @@ class Fuzzer(Attack):
         kind = rng.randrange(6)
         if kind <= 1:  # a call to the runtime's actors, with random arguments
             actor = rng.choice(["_membership", "_node"])
-            method = rng.choice(["join", "leave", "heartbeat", "register", "unregister", "lookup", "members_list", "wait_node",
-                                 "wait_members", "node_dead", "shutdown", "cluster_ends", "spawn", "start_child", "stats", "ping"])  # fmt: skip
+            method = rng.choice(
+                [
+                    "join",
+                    "leave",
+                    "heartbeat",
+                    "register",
+                    "unregister",
+                    "lookup",
+                    "members_list",
+                    "wait_node",
+                    "wait_members",
+                    "node_dead",
+                    "shutdown",
+                    "cluster_ends",
+                    "spawn",
+                    "start_child",
+                    "stats",
+                    "ping",
+                ]
+            )
             args = [self._value() for _ in range(rng.randint(0, 4))]
-            msg: Any = Call(rng.randint(0, 2**40), actor, method, args, stream=rng.random() < 0.1, timeout=rng.random() * 5)
+            msg: Any = Call(
+                rng.randint(0, 2**40),
+                actor,
+                method,
+                args,
+                stream=rng.random() < 0.1,
+                timeout=rng.random() * 5,
+            )
         elif kind == 2:  # an actor that does not exist
             msg = Call(rng.randint(1, 2**40), f"nobody-{rng.randint(0, 99)}", "m", [self._value()])
         elif kind == 3:
-            msg = rng.choice([Cancel(rng.randint(0, 2**40)), StreamAck(rng.randint(0, 2**40), rng.randint(-(2**40), 2**40))])
+            msg = rng.choice(
+                [
+                    Cancel(rng.randint(0, 2**40)),
+                    StreamAck(rng.randint(0, 2**40), rng.randint(-(2**40), 2**40)),
+                ]
+            )
         else:
             frames = peer.codec.encode(Call(1, "_node", "ping"))
             body = bytearray(frames[0])
@@ -180,7 +225,11 @@ class Fuzzer(Attack):
                 for _ in range(rng.randint(1, 4)):
                     body[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
             else:  # truncated, or garbage behind a real kind byte
-                body = body[: rng.randrange(len(body))] if rng.random() < 0.5 else bytearray([rng.randint(0, 8)]) + rng.randbytes(rng.randint(0, 200))
+                body = (
+                    body[: rng.randrange(len(body))]
+                    if rng.random() < 0.5
+                    else bytearray([rng.randint(0, 8)]) + rng.randbytes(rng.randint(0, 200))
+                )
             return [bytes(body)]
         return [bytes(f) for f in peer.codec.encode(msg)]
 
@@ -235,7 +284,15 @@ class Outsider(Attack):
                         if choice == 0:
                             s.send(rng.randbytes(rng.randint(1, 512)))
                         elif choice == 1:  # a CURVE greeting, then a frame header announcing 1 GB
-                            s.send(b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"CURVE".ljust(20, b"\x00") + b"\x00" * 32 + b"\x06" + (2**30).to_bytes(8, "big"))
+                            s.send(
+                                b"\xff"
+                                + b"\x00" * 8
+                                + b"\x7f\x03\x00"
+                                + b"CURVE".ljust(20, b"\x00")
+                                + b"\x00" * 32
+                                + b"\x06"
+                                + (2**30).to_bytes(8, "big")
+                            )
                     except OSError:
                         pass
                     held.append(s)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 
@@ -70,7 +71,12 @@ class Slow(Actor):
 
     @endpoint
     async def report(self) -> dict[str, int]:
-        return {"running": self.running, "max_running": self.max_running, "cancelled": self.cancelled, "finished": self.finished}
+        return {
+            "running": self.running,
+            "max_running": self.max_running,
+            "cancelled": self.cancelled,
+            "finished": self.finished,
+        }
 
 
 class Streamer(Actor):
@@ -196,7 +202,9 @@ class Pumper(Actor):
     async def start(self, counter: Any) -> None:
         async def pump() -> None:
             while True:
-                asyncio.ensure_future(counter.add(1)).add_done_callback(lambda f: f.cancelled() or f.exception())
+                asyncio.ensure_future(counter.add(1)).add_done_callback(
+                    lambda f: f.cancelled() or f.exception()
+                )
                 await asyncio.sleep(0.005)
 
         self._task = asyncio.create_task(pump())

@@ -30,13 +30,16 @@ async def test_a_wrong_argument_is_the_same_error_wherever_the_actor_lives(node:
                 pass
         assert await counter.norm1({"x": 3, "y": -4}) == 7  # type: ignore[arg-type]  # converted here too, as it would arrive
         assert await counter.mirror(Point(1, 2)) == Point(2, 1)
-        with pytest.raises((TypeError, ActorError), match="PosixPath"):  # not encodable (remote) or not an int (here)
+        with pytest.raises(
+            (TypeError, ActorError), match="PosixPath"
+        ):  # not encodable (remote) or not an int (here)
             await counter.add(Path("/tmp"))  # type: ignore[arg-type]
 
 
 def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path: Path) -> None:
     script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import rlasync
 
         class Greeter(rlasync.Actor):
@@ -50,9 +53,18 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path: Path) -> Non
                 print(await greeter.hello())
 
         rlasync.run(main())   # no `if __name__ == "__main__":`
-    """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode != 0
-    assert 'if __name__ == "__main__":' in done.stderr and "starts rlasync when imported" in done.stderr, done.stderr[-3000:]
+    assert 'if __name__ == "__main__":' in done.stderr and "starts rlasync when imported" in done.stderr, (
+        done.stderr[-3000:]
+    )
     assert "define actor classes at module level" not in done.stderr, done.stderr[-3000:]

@@ -60,7 +60,11 @@ async def test_garbage_frames_never_kill_a_node() -> None:
         sock.connect(target)
         for i in range(10_000):
             # Mostly a valid kind byte followed by random msgpack-ish bytes, sometimes anything.
-            body = bytes([rng.randint(1, 7)]) + rng.randbytes(rng.randint(0, 48)) if rng.random() < 0.8 else rng.randbytes(rng.randint(0, 4))
+            body = (
+                bytes([rng.randint(1, 7)]) + rng.randbytes(rng.randint(0, 48))
+                if rng.random() < 0.8
+                else rng.randbytes(rng.randint(0, 4))
+            )
             frames = [body] + [rng.randbytes(rng.randint(0, 48)) for _ in range(rng.randint(0, 3))]
             sock.send_multipart(frames)
             if i % 1000 == 0:
@@ -74,7 +78,9 @@ async def test_garbage_frames_never_kill_a_node() -> None:
 
 
 async def test_raw_tcp_garbage_and_wrong_secret_are_refused() -> None:
-    config = RuntimeConfig(transport="tcp", heartbeat_interval_s=0.2, node_dead_after_s=1.5, join_timeout_s=20)
+    config = RuntimeConfig(
+        transport="tcp", heartbeat_interval_s=0.2, node_dead_after_s=1.5, join_timeout_s=20
+    )
     async with LocalCluster(nodes=2, config=config) as cluster:
         counter = await cluster.spawn(Counter, node=1)
         head_address = cluster.head.address
@@ -83,8 +89,13 @@ async def test_raw_tcp_garbage_and_wrong_secret_are_refused() -> None:
         for _ in range(20):  # raw bytes that are not ZeroMQ at all
             with socket.create_connection((host, int(port)), timeout=5) as s:
                 s.sendall(rng.randbytes(rng.randint(1, 512)))
-        intruder = Node(5, "tcp://127.0.0.1:0", head=head_address, secret="not-the-cluster-secret-at-all",
-                        config=RuntimeConfig(join_timeout_s=1.5))  # fmt: skip
+        intruder = Node(
+            5,
+            "tcp://127.0.0.1:0",
+            head=head_address,
+            secret="not-the-cluster-secret-at-all",
+            config=RuntimeConfig(join_timeout_s=1.5),
+        )
         with pytest.raises(JoinError, match="same cluster secret"):
             await intruder.start()
         assert await counter.add(2) == 2
@@ -108,7 +119,6 @@ async def test_no_lost_wakeups_without_the_safety_timer() -> None:
         assert cluster.head.stats().lost_wakeups == 0
 
 
-
 @contextlib.asynccontextmanager
 async def _head_and_node(tmp_path, runtime: str):  # type: ignore[no-untyped-def]
     """A head and node-1 as worker processes (``runtime``: their config as JSON), both joined."""
@@ -119,7 +129,9 @@ async def _head_and_node(tmp_path, runtime: str):  # type: ignore[no-untyped-def
     head_address = f"ipc://{tmp_path}/head.sock"
     worker = [sys.executable, "-m", "rlasync.runtime.worker"]
     head = subprocess.Popen([*worker, "--rank", "0", "--listen", head_address], env=env)
-    node = subprocess.Popen([*worker, "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head_address], env=env)
+    node = subprocess.Popen(
+        [*worker, "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head_address], env=env
+    )
     try:
         # A third node: when it sees node-1 as a member, node-1 has joined. It leaves again.
         async with Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address) as probe:
@@ -139,7 +151,9 @@ async def _head_and_node(tmp_path, runtime: str):  # type: ignore[no-untyped-def
 async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Kill the head: the other node must not linger (or hang) but exit within the deadline,
     with EX_TEMPFAIL (75) so a supervisor restarts it (rejoining is off here)."""
-    async with _head_and_node(tmp_path, '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5, "rejoin_timeout_s": 0}') as (head, node):
+    async with _head_and_node(
+        tmp_path, '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 1.5, "rejoin_timeout_s": 0}'
+    ) as (head, node):
         head.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         assert await asyncio.to_thread(node.wait, 15) == 75  # EX_TEMPFAIL: not a crash, and not "done"
@@ -149,7 +163,10 @@ async def test_a_node_that_loses_its_head_stops_by_itself(tmp_path) -> None:  # 
 async def test_sigterm_of_the_head_tells_the_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A head stopped by SIGTERM tells every node, which exits 0 at once, long before the
     heartbeat deadline (30 s here) would have told it."""
-    async with _head_and_node(tmp_path, '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 30}') as (head, node):
+    async with _head_and_node(tmp_path, '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 30}') as (
+        head,
+        node,
+    ):
         head.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         assert await asyncio.to_thread(head.wait, 15) == 0
@@ -160,7 +177,9 @@ async def test_sigterm_of_the_head_tells_the_nodes(tmp_path) -> None:  # type: i
 async def test_heartbeats_do_not_queue_behind_a_full_call_window() -> None:
     """node-1 keeps more slow calls to the head than its in-flight limit for longer than the
     dead-node deadline: its heartbeats must still get through, so nobody is declared dead."""
-    config = RuntimeConfig(max_inflight_per_peer=2, heartbeat_interval_s=0.2, node_dead_after_s=1.0, call_timeout_s=30)
+    config = RuntimeConfig(
+        max_inflight_per_peer=2, heartbeat_interval_s=0.2, node_dead_after_s=1.0, call_timeout_s=30
+    )
     async with LocalCluster(nodes=2, config=config) as cluster:
         slow = await cluster.spawn(Slow)  # on the head
         relay = await cluster.spawn(Relay, node=1)
@@ -181,11 +200,25 @@ async def test_a_restarted_rank_replaces_its_dead_process(tmp_path) -> None:  # 
         old = await cluster.spawn(Counter, node=1)
         old_incarnation = old.info.node.incarnation  # type: ignore[attr-defined]
         os.kill(cluster.pid(1), signal.SIGKILL)
-        env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(FAST).decode(), PYTHONPATH=os.pathsep.join(sys.path))
+        env = dict(
+            os.environ,
+            RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(FAST).decode(),
+            PYTHONPATH=os.pathsep.join(sys.path),
+        )
         new_process = subprocess.Popen(
-            [sys.executable, "-m", "rlasync.runtime.worker", "--rank", "1", "--listen", f"ipc://{tmp_path}/n1b.sock",
-             "--head", cluster.head.address], env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rlasync.runtime.worker",
+                "--rank",
+                "1",
+                "--listen",
+                f"ipc://{tmp_path}/n1b.sock",
+                "--head",
+                cluster.head.address,
+            ],
+            env=env,
+        )
         try:
             for _ in range(200):
                 members = {m.node_id: m for m in await cluster.members()}
@@ -220,10 +253,26 @@ async def test_a_call_meant_for_a_dead_process_is_refused_by_its_successor(tmp_p
         old = await cluster.spawn(Counter, node=1, name="counter")
         old_info = old.info  # type: ignore[attr-defined]
         os.kill(cluster.pid(1), signal.SIGKILL)
-        env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(FAST).decode(), PYTHONPATH=os.pathsep.join(sys.path))
+        env = dict(
+            os.environ,
+            RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(FAST).decode(),
+            PYTHONPATH=os.pathsep.join(sys.path),
+        )
         address = old_info.node.address  # the same socket path: the successor binds where it lived
-        successor = subprocess.Popen([sys.executable, "-m", "rlasync.runtime.worker", "--rank", "1", "--listen", address,
-                                      "--head", cluster.head.address], env=env)  # fmt: skip
+        successor = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlasync.runtime.worker",
+                "--rank",
+                "1",
+                "--listen",
+                address,
+                "--head",
+                cluster.head.address,
+            ],
+            env=env,
+        )
         try:
             for _ in range(200):
                 members = {m.node_id: m for m in await cluster.members()}

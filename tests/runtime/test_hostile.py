@@ -18,7 +18,16 @@ import pytest
 from hostile import RawPeer, rss_mb
 from sample_actors import Counter, PingPong, Pumper, Slow, Streamer, Ticker
 
-from rlasync import ActorError, CallRefused, CallTimeout, JoinError, LocalCluster, Node, NodeLostError, RuntimeConfig
+from rlasync import (
+    ActorError,
+    CallRefused,
+    CallTimeout,
+    JoinError,
+    LocalCluster,
+    Node,
+    NodeLostError,
+    RuntimeConfig,
+)
 from rlasync.runtime.types import ActorInfo, NodeInfo
 from rlasync.transport import Error, Reply, StreamAck
 
@@ -69,10 +78,18 @@ async def test_members_cannot_join_leave_or_declare_deaths_for_others() -> None:
             out: dict[str, object] = {}
             with RawPeer(head.address, secret=cluster.secret) as peer:
                 ask = peer.ask
-                out["join as the head"] = ask("_membership", "join", msgspec.structs.replace(head, incarnation="x", key=peer.key))
-                out["join made up"] = ask("_membership", "join", NodeInfo("evil", "tcp://127.0.0.1:9", "x", key=peer.key))
-                out["join with its key"] = ask("_membership", "join", msgspec.structs.replace(victim, incarnation="x"))
-                out["join its rank"] = ask("_membership", "join", msgspec.structs.replace(victim, incarnation="x", key=peer.key))
+                out["join as the head"] = ask(
+                    "_membership", "join", msgspec.structs.replace(head, incarnation="x", key=peer.key)
+                )
+                out["join made up"] = ask(
+                    "_membership", "join", NodeInfo("evil", "tcp://127.0.0.1:9", "x", key=peer.key)
+                )
+                out["join with its key"] = ask(
+                    "_membership", "join", msgspec.structs.replace(victim, incarnation="x")
+                )
+                out["join its rank"] = ask(
+                    "_membership", "join", msgspec.structs.replace(victim, incarnation="x", key=peer.key)
+                )
                 out["leave"] = ask("_membership", "leave", victim.node_id, victim.incarnation)
                 out["heartbeat"] = ask("_membership", "heartbeat", victim.node_id, victim.incarnation, 0)
                 out["register"] = ask("_membership", "register", ActorInfo("fake", victim, {}))
@@ -81,19 +98,37 @@ async def test_members_cannot_join_leave_or_declare_deaths_for_others() -> None:
             with RawPeer(victim.address, secret=cluster.secret) as peer:
                 out["node_dead"] = peer.ask("_node", "node_dead", head.node_id, head.incarnation, "lies")
                 out["shutdown"] = peer.ask("_node", "shutdown")
-                out["spawn _"] = peer.ask("_node", "spawn", {"module": "sample_actors", "qualname": "Counter", "name": "_membership"})
+                out["spawn _"] = peer.ask(
+                    "_node",
+                    "spawn",
+                    {"module": "sample_actors", "qualname": "Counter", "name": "_membership"},
+                )
                 out["start_child"] = peer.ask("_node", "start_child", [])
             return out
 
         out = await asyncio.to_thread(attack)
         for what in ("join as the head", "join made up"):
             assert isinstance(out[what], Error) and "node-<rank>" in out[what].message, (what, out[what])  # type: ignore[attr-defined]
-        for what in ("join with its key", "leave", "heartbeat", "register", "unregister", "head shutdown", "node_dead", "shutdown", "spawn _", "start_child"):
+        for what in (
+            "join with its key",
+            "leave",
+            "heartbeat",
+            "register",
+            "unregister",
+            "head shutdown",
+            "node_dead",
+            "shutdown",
+            "spawn _",
+            "start_child",
+        ):
             assert _forbidden(out[what]), (what, out[what])
         joined = out["join its rank"]  # its own key, node-1's rank: it waits, node-1 stays
         assert isinstance(joined, Reply) and "still held" in joined.value["retry"], joined
         await asyncio.sleep(0.5)
-        assert [(m.node_id, m.incarnation) for m in await cluster.members()] == [(head.node_id, head.incarnation), (victim.node_id, victim.incarnation)]
+        assert [(m.node_id, m.incarnation) for m in await cluster.members()] == [
+            (head.node_id, head.incarnation),
+            (victim.node_id, victim.incarnation),
+        ]
         assert await counter.add(1) == 1 and cluster.head.is_running
         assert cluster.head.stats().calls_forbidden >= 6
 
@@ -103,14 +138,18 @@ async def test_calls_that_expire_in_the_queue_are_never_sent_and_the_queue_is_bo
     config = msgspec.structs.replace(FAST, max_inflight_per_peer=4, max_queued_calls=100)
     async with LocalCluster(nodes=2, config=config) as cluster:
         slow = await cluster.spawn(Slow, node=1)
-        results = await asyncio.gather(*[slow.sleep.options(timeout=1.0)(3) for _ in range(2000)], return_exceptions=True)
+        results = await asyncio.gather(
+            *[slow.sleep.options(timeout=1.0)(3) for _ in range(2000)], return_exceptions=True
+        )
         refused = [r for r in results if isinstance(r, CallRefused)]
         timed_out = [r for r in results if isinstance(r, CallTimeout)]
         assert len(refused) == 2000 - 104 and len(timed_out) == 104
         assert "runtime.max_queued_calls=100" in str(refused[0])
         await asyncio.sleep(0.3)
         report = await slow.report()
-        assert report["running"] + report["cancelled"] + report["finished"] <= 8  # the first 4, never the queue
+        assert (
+            report["running"] + report["cancelled"] + report["finished"] <= 8
+        )  # the first 4, never the queue
         assert cluster.head.stats().calls_expired_unsent >= 96
 
 
@@ -190,7 +229,15 @@ async def test_outsiders_get_bounded_connections_time_and_memory() -> None:
             idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
             # The CURVE greeting, then a command frame announcing 512 MB, then 8 MB of it.
             big = socket.create_connection((host, int(port)), timeout=5)
-            big.sendall(b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31)
+            big.sendall(
+                b"\xff"
+                + b"\x00" * 8
+                + b"\x7f"
+                + b"\x03\x00"
+                + b"CURVE".ljust(20, b"\x00")
+                + b"\x00"
+                + b"\x00" * 31
+            )
             big.sendall(b"\x06" + (512 * 2**20).to_bytes(8, "big"))
             try:
                 for _ in range(8):
@@ -245,7 +292,9 @@ async def test_big_bodies_are_refused_and_torch_loads_off_the_loop() -> None:
         echoed = await asyncio.gather(*[counter.echo(tensor) for _ in range(3)], counter.add(1))
         assert all(torch.equal(t, tensor) for t in echoed[:3]) and echoed[3] == 1
         report = await ticker.report()
-        assert report["torch"] is True and (await cluster.head.node_stats(1)).held_for_torch >= 1  # loaded in a thread
+        assert (
+            report["torch"] is True and (await cluster.head.node_stats(1)).held_for_torch >= 1
+        )  # loaded in a thread
         assert report["max_gap"] < config.node_dead_after_s, report
         assert [m.node_id for m in await cluster.members()] == ["node-0", "node-1"]
 
@@ -292,11 +341,26 @@ async def test_a_node_cut_off_past_the_deadline_rejoins_and_stops_with_the_head(
     """Defect 8: a node fenced after a partition exited 0 and never came back. On its own it
     now rejoins as a new process of its rank; when the head stops, it is told and exits 0."""
     config = msgspec.structs.replace(FAST, rejoin_timeout_s=60)
-    env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(config).decode(), PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(
+        os.environ,
+        RLASYNC_RUNTIME_CONFIG=msgspec.json.encode(config).decode(),
+        PYTHONPATH=os.pathsep.join(sys.path),
+    )
     head = await Node(0, f"ipc://{tmp_path}/head.sock", config=config).start()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "rlasync.runtime.worker", "--rank", "1", "--listen", f"ipc://{tmp_path}/n1.sock", "--head", head.address], env=env
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlasync.runtime.worker",
+            "--rank",
+            "1",
+            "--listen",
+            f"ipc://{tmp_path}/n1.sock",
+            "--head",
+            head.address,
+        ],
+        env=env,
+    )
     try:
         first = await _wait_for_member(head, "node-1", None)
         old = await head.spawn(Counter, node=1)

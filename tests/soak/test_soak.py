@@ -45,17 +45,48 @@ def test_attacks_on_a_training_cluster_cost_nothing(tmp_path: Path, nano_model_d
     steps = max(20, int(SOAK_S / SECONDS_PER_STEP))
     run_dir = tmp_path / "run"
     head = subprocess.Popen(
-        [sys.executable, "-m", "rlasync", "train", str(ROOT / "configs" / "quickstart_cluster.yaml"), "cluster.start=external",
-         f"cluster.listen={head_address}", "cluster.nodes=3", f"train.run_dir={run_dir}", f"train.model_dir={nano_model_dir}",
-         f"train.steps={steps}", "train.validate_every=1000000", "train.checkpoint_every=1000000", "runtime.join_timeout_s=120"],
-        env=env, stdout=(tmp_path / "head.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlasync",
+            "train",
+            str(ROOT / "configs" / "quickstart_cluster.yaml"),
+            "cluster.start=external",
+            f"cluster.listen={head_address}",
+            "cluster.nodes=3",
+            f"train.run_dir={run_dir}",
+            f"train.model_dir={nano_model_dir}",
+            f"train.steps={steps}",
+            "train.validate_every=1000000",
+            "train.checkpoint_every=1000000",
+            "runtime.join_timeout_s=120",
+        ],
+        env=env,
+        stdout=(tmp_path / "head.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "rlasync", "node", "--rank", str(rank), "--listen", "tcp://127.0.0.1:0", "--head", head_address,
-             "--log-level", "WARNING", "--set", "runtime.join_timeout_s=120"],
-            env=env, stdout=(tmp_path / f"node-{rank}.log").open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rlasync",
+                "node",
+                "--rank",
+                str(rank),
+                "--listen",
+                "tcp://127.0.0.1:0",
+                "--head",
+                head_address,
+                "--log-level",
+                "WARNING",
+                "--set",
+                "runtime.join_timeout_s=120",
+            ],
+            env=env,
+            stdout=(tmp_path / f"node-{rank}.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         for rank in (1, 2)
     ]
     attacks = []
@@ -66,7 +97,11 @@ def test_attacks_on_a_training_cluster_cost_nothing(tmp_path: Path, nano_model_d
         addresses = [m["address"] for m in members]
         baseline = rss_mb(head.pid)
         started = time.monotonic()
-        attacks = [Fuzzer(addresses, secret).start(), Outsider(head_address).start(), Flooder(head_address, secret).start()]
+        attacks = [
+            Fuzzer(addresses, secret).start(),
+            Outsider(head_address).start(),
+            Flooder(head_address, secret).start(),
+        ]
         peak = baseline
         while head.poll() is None and time.monotonic() - started < 3 * SOAK_S + 600:
             peak = max(peak, rss_mb(head.pid))
@@ -77,14 +112,29 @@ def test_attacks_on_a_training_cluster_cost_nothing(tmp_path: Path, nano_model_d
         code = head.wait(timeout=120)
         log = (tmp_path / "head.log").read_text()[-3000:]
         fuzzer, outsider, flooder = attacks
-        print(json.dumps({
-            "soak_s": round(attacked_s, 1), "steps": steps, "head_rss_mb_start": round(baseline), "head_rss_mb_peak": round(peak),
-            "fuzzer_messages": fuzzer.sent, "fuzzer_answers": fuzzer.answers, "outsider_connections": outsider.sent,
-            "outsider_closed_by_node": outsider.closed_by_node, "flooder_calls": flooder.sent, "flooder_refused": flooder.busy,
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "soak_s": round(attacked_s, 1),
+                    "steps": steps,
+                    "head_rss_mb_start": round(baseline),
+                    "head_rss_mb_peak": round(peak),
+                    "fuzzer_messages": fuzzer.sent,
+                    "fuzzer_answers": fuzzer.answers,
+                    "outsider_connections": outsider.sent,
+                    "outsider_closed_by_node": outsider.closed_by_node,
+                    "flooder_calls": flooder.sent,
+                    "flooder_refused": flooder.busy,
+                }
+            )
+        )
         assert code == 0, log
-        assert attacked_s >= 0.9 * SOAK_S, f"the run ended after {attacked_s:.0f}s of attacks: raise SECONDS_PER_STEP's steps"
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        assert attacked_s >= 0.9 * SOAK_S, (
+            f"the run ended after {attacked_s:.0f}s of attacks: raise SECONDS_PER_STEP's steps"
+        )
+        records = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+        ]
         assert [r["step"] for r in records if r["step"] > 0] == list(range(1, steps + 1))
         assert peak - baseline < HEAD_GROWTH_MB, (baseline, peak)
         assert all(not a.errors for a in attacks), [a.errors for a in attacks]
@@ -103,7 +153,9 @@ def _wait_for_step(run_dir: Path, head: subprocess.Popen[bytes], step: int, tmp_
     metrics = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
         assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
-        if metrics.is_file() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines() if line.strip()):
+        if metrics.is_file() and any(
+            json.loads(line)["step"] >= step for line in metrics.read_text().splitlines() if line.strip()
+        ):
             return
         time.sleep(0.5)
     raise AssertionError(f"no step {step} within 600 s")

@@ -44,12 +44,19 @@ def _batch(size: int = 6, seed: int = 0) -> TrainBatch:
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     logprobs = -torch.rand(size, response, generator=g) * 6 * mask
     return TrainBatch(
-        prompts=prompts, responses=responses, response_mask=mask, attention_mask=attention, position_ids=positions,
-        logprobs=logprobs, advantages=torch.linspace(-1.0, 1.0, size),
-    )  # fmt: skip
+        prompts=prompts,
+        responses=responses,
+        response_mask=mask,
+        attention_mask=attention,
+        position_ids=positions,
+        logprobs=logprobs,
+        advantages=torch.linspace(-1.0, 1.0, size),
+    )
 
 
-async def _step_and_weights(model_dir: Path, config: TrainerConfig, batch: TrainBatch) -> tuple[dict[str, float], dict[str, Any]]:
+async def _step_and_weights(
+    model_dir: Path, config: TrainerConfig, batch: TrainBatch
+) -> tuple[dict[str, float], dict[str, Any]]:
     async with TrainerActor(config) as trainer:
         await trainer.start(model_dir)
         metrics = await trainer.step(batch, temperature=0.8)
@@ -76,7 +83,9 @@ async def test_two_gloo_ranks_take_the_step_one_rank_takes_on_the_whole_batch(mo
     assert _max_diff(w1, {k: v.detach() for k, v in start.named_parameters()}) > 1e-4
 
 
-async def test_fsdp2_shards_take_the_same_step_and_checkpoints_move_between_strategies(model_dir: Path, tmp_path: Path) -> None:
+async def test_fsdp2_shards_take_the_same_step_and_checkpoints_move_between_strategies(
+    model_dir: Path, tmp_path: Path
+) -> None:
     """Uneven shards (7 rows: 4 + 3, micro-batches of 2: the short rank runs a filler so both
     gather parameters as often). Checkpoints are saved whole: an FSDP2 one resumes under DDP."""
     batch, follow = _batch(7), _batch(6, seed=2)
@@ -108,7 +117,9 @@ async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_
     _, distributed = await _step_and_weights(model_dir, config, batch)
     from rlasync.models import load_pretrained_dir
 
-    local = PolicyTrainer(load_pretrained_dir(model_dir)[0], TrainerConfig(loss_agg="seq-mean-token-mean", lr=1e-3))
+    local = PolicyTrainer(
+        load_pretrained_dir(model_dir)[0], TrainerConfig(loss_agg="seq-mean-token-mean", lr=1e-3)
+    )
     local.step(batch, temperature=0.8)
     assert _max_diff(distributed, local.weights()) <= 1e-5
 
@@ -124,7 +135,9 @@ async def test_logprobs_are_gathered_in_row_order(model_dir: Path) -> None:
     assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-6)
 
 
-async def test_a_failing_call_raises_with_the_remote_traceback_and_the_trainer_lives_on(model_dir: Path) -> None:
+async def test_a_failing_call_raises_with_the_remote_traceback_and_the_trainer_lives_on(
+    model_dir: Path,
+) -> None:
     async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
         await trainer.start(model_dir)
         broken = _batch(4)
@@ -144,9 +157,11 @@ async def test_the_trainer_has_no_rpc_of_its_own() -> None:
 
     for path in Path(rlasync.trainer.__file__).parent.glob("*.py"):
         imported = {
-            alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+            alias.name.split(".")[0]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
             for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
-        }  # fmt: skip
+        }
         assert not imported & {"zmq", "socket"}, f"{path.name} imports {sorted(imported & {'zmq', 'socket'})}"
 
 
@@ -162,12 +177,16 @@ async def test_a_killed_rank_fails_the_call_at_once_not_at_the_deadline(model_di
             await trainer.step(_batch(4))
 
 
-async def test_ranks_on_two_nodes_take_the_step_and_a_lost_node_fails_the_call_with_rank_lost(model_dir: Path) -> None:
+async def test_ranks_on_two_nodes_take_the_step_and_a_lost_node_fails_the_call_with_rank_lost(
+    model_dir: Path,
+) -> None:
     """Rank 0 beside the head, rank 1 in a process node-1 supervises; node-1 killed: its rank's
     process dies with it, and the trainer's call fails with RankLostError, leaving no process."""
     runtime = RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=2.0, join_timeout_s=60)
     async with LocalCluster(nodes=2, config=runtime) as cluster:
-        trainer = TrainerActor(TrainerConfig(world_size=2, call_timeout_s=60), node=cluster.head, hosts=[0, 1])
+        trainer = TrainerActor(
+            TrainerConfig(world_size=2, call_timeout_s=60), node=cluster.head, hosts=[0, 1]
+        )
         try:
             await trainer.start(model_dir)
             assert trainer.processes == ["node-0.0", "node-1.0"]
@@ -184,7 +203,9 @@ async def test_ranks_on_two_nodes_take_the_step_and_a_lost_node_fails_the_call_w
             _wait_gone(pid, 15)
 
 
-async def test_ranks_meet_at_master_addr_and_port_when_they_are_set(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_ranks_meet_at_master_addr_and_port_when_they_are_set(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torchrun's variables name the rendezvous: the store is there (hosted by this process
     unless torchrun's agent hosts it), and the ranks' group forms on it."""
     import socket
@@ -231,7 +252,11 @@ async def test_on_gpu_ranks_train_under_bf16_autocast_and_match_the_cpu_step(mod
     weights: the step lands near the float32 CPU step."""
     world = 2 if torch.cuda.device_count() >= 2 else 1
     batch = _batch(6)
-    gpu_metrics, on_gpu = await _step_and_weights(model_dir, TrainerConfig(world_size=world, device="cuda", micro_batch_size=3), batch)
-    _, on_cpu = await _step_and_weights(model_dir, TrainerConfig(world_size=1, device="cpu", micro_batch_size=3), batch)
+    gpu_metrics, on_gpu = await _step_and_weights(
+        model_dir, TrainerConfig(world_size=world, device="cuda", micro_batch_size=3), batch
+    )
+    _, on_cpu = await _step_and_weights(
+        model_dir, TrainerConfig(world_size=1, device="cpu", micro_batch_size=3), batch
+    )
     assert all(v.dtype == torch.float32 for v in on_gpu.values())
     assert gpu_metrics["grad_norm"] > 0 and _max_diff(on_gpu, on_cpu) <= 5e-3

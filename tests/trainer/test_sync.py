@@ -45,7 +45,9 @@ async def test_the_trainer_recomputes_the_engines_logprobs_so_the_first_ratio_is
     advantages = grpo_advantages(torch.arange(8, dtype=torch.float32), 4)
     metrics = trainer.step(TrainBatch.from_rollout(batch, advantages), temperature=0.9)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["grad_norm"] > 0
-    assert metrics["ratio_min"] <= 1.0 <= metrics["ratio_max"] and metrics["tokens"] == float(batch.response_mask.sum())
+    assert metrics["ratio_min"] <= 1.0 <= metrics["ratio_max"] and metrics["tokens"] == float(
+        batch.response_mask.sum()
+    )
     after = trainer.compute_logprobs(TrainBatch.from_rollout(batch), temperature=0.9)
     # The step moved probability toward the positive-advantage samples.
     gain = ((after - fresh) * mask).sum(-1) / mask.sum(-1)
@@ -65,10 +67,15 @@ async def test_the_kl_penalty_holds_the_policy_near_its_frozen_reference() -> No
     reference_before = None
     drift = {}
     for coef in (0.0, 5.0):
-        trainer = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=5))[0], TrainerConfig(lr=1e-2, kl_coef=coef or 1e-9))
+        trainer = PolicyTrainer(
+            build_tiny_lm(TinyLMConfig.preset("nano", seed=5))[0],
+            TrainerConfig(lr=1e-2, kl_coef=coef or 1e-9),
+        )
         reference_before = trainer.reference_logprobs(batch, temperature=0.9)
         first = trainer.step(batch, temperature=0.9)
-        assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6) and first["entropy"] > 0  # policy == reference at first
+        assert (
+            first["kl_ref"] == pytest.approx(0.0, abs=1e-6) and first["entropy"] > 0
+        )  # policy == reference at first
         trainer.config = msgspec.structs.replace(trainer.config, kl_coef=coef)
         for _ in range(4):
             last = trainer.step(batch, temperature=0.9)
@@ -79,9 +86,16 @@ async def test_the_kl_penalty_holds_the_policy_near_its_frozen_reference() -> No
 
 def _short_run(run_dir: Path, model: Path, *more: str) -> list[str]:
     return [
-        "train.steps=3", "train.prompts_per_step=4", "train.group_size=4", "train.val_size=16", "train.validate_every=2",
-        f"train.run_dir={run_dir}", "train.max_new_tokens=20", f"train.model_dir={model}", *more,
-    ]  # fmt: skip
+        "train.steps=3",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.val_size=16",
+        "train.validate_every=2",
+        f"train.run_dir={run_dir}",
+        "train.max_new_tokens=20",
+        f"train.model_dir={model}",
+        *more,
+    ]
 
 
 async def test_a_short_sync_run_writes_its_run_directory(tmp_path: Path, reverse_model: Path) -> None:
@@ -100,10 +114,17 @@ async def test_a_short_sync_run_writes_its_run_directory(tmp_path: Path, reverse
 
 
 # 64 samples a step: with the warm-start's sampled accuracy (~0.1) some groups are mixed.
-RESUME = ("train.checkpoint_every=2", "train.validate_every=100", "train.prompts_per_step=8", "train.group_size=8")
+RESUME = (
+    "train.checkpoint_every=2",
+    "train.validate_every=100",
+    "train.prompts_per_step=8",
+    "train.group_size=8",
+)
 
 
-async def test_resume_reproduces_the_uninterrupted_runs_next_step(tmp_path: Path, reverse_model: Path) -> None:
+async def test_resume_reproduces_the_uninterrupted_runs_next_step(
+    tmp_path: Path, reverse_model: Path
+) -> None:
     whole = tmp_path / "whole"
     await train_sync(load_config(CONFIG, _short_run(whole, reverse_model, *RESUME)))
     assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
@@ -122,28 +143,50 @@ async def test_resume_reproduces_the_uninterrupted_runs_next_step(tmp_path: Path
     # And the parameters after that step (saved in both runs' last checkpoint). Not bit-equal:
     # the engine batches requests as they arrive, so behaviour logprobs can differ in the last
     # float bits between runs, and AdamW's first steps magnify that on near-zero gradients.
-    after = [load_file(str(run / "checkpoints" / "step_000003" / "model" / "model.safetensors")) for run in (whole, cut)]
+    after = [
+        load_file(str(run / "checkpoints" / "step_000003" / "model" / "model.safetensors"))
+        for run in (whole, cut)
+    ]
     assert max(float((after[0][k] - after[1][k]).abs().max()) for k in after[0]) <= 1e-5
 
 
-async def test_resume_skips_a_torn_or_corrupt_checkpoint_naming_it(tmp_path: Path, reverse_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_resume_skips_a_torn_or_corrupt_checkpoint_naming_it(
+    tmp_path: Path, reverse_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from rlasync.trainer.checkpoint import CheckpointError, Checkpoints, verify
 
-    overrides = _short_run(tmp_path, reverse_model, "train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=3", "train.validate_every=100")
+    overrides = _short_run(
+        tmp_path,
+        reverse_model,
+        "train.steps=2",
+        "train.checkpoint_every=1",
+        "train.keep_checkpoints=3",
+        "train.validate_every=100",
+    )
     await train_sync(load_config(CONFIG, overrides))
     first, second = tmp_path / "checkpoints" / "step_000001", tmp_path / "checkpoints" / "step_000002"
     manifest = json.loads((second / "manifest.json").read_text())["files"]
-    assert {"state.json", "optimizer.pt", "model/model.safetensors", "model/config.json"} <= set(manifest) and not verify(second)
+    assert {"state.json", "optimizer.pt", "model/model.safetensors", "model/config.json"} <= set(
+        manifest
+    ) and not verify(second)
     weights = second / "model" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit of the newest: its size is right, its contents are not
     weights.write_bytes(bytes(data))
-    shutil.copytree(first, tmp_path / "checkpoints" / "step_000003.partial")  # a save cut short: never a candidate
+    shutil.copytree(
+        first, tmp_path / "checkpoints" / "step_000003.partial"
+    )  # a save cut short: never a candidate
     with caplog.at_level("WARNING", logger="rlasync.trainer.checkpoint"):
         assert Checkpoints(tmp_path, keep=3).latest() == first
-    assert any("step_000002 is torn or corrupt (model/model.safetensors does not match its checksum)" in r.getMessage() for r in caplog.records)
+    assert any(
+        "step_000002 is torn or corrupt (model/model.safetensors does not match its checksum)"
+        in r.getMessage()
+        for r in caplog.records
+    )
     await train_sync(load_config(CONFIG, overrides), resume=True)  # from step 1: step 2 again, saved whole
-    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2 and not verify(second)
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2 and not verify(
+        second
+    )
     (first / "optimizer.pt").unlink()  # and torn: a file missing
     assert verify(first) == "optimizer.pt is missing"
     weights.write_bytes(weights.read_bytes()[:-10])  # the newest cut short too
@@ -156,7 +199,9 @@ def test_a_sharded_checkpoint_loads(tmp_path: Path) -> None:
     model = build_tiny_lm(TinyLMConfig.preset("nano", seed=6))[0]
     PolicyTrainer(model, TrainerConfig(lr=1e-2)).save(tmp_path)
     (tmp_path / "model" / "model.safetensors").unlink()
-    model.save_pretrained(tmp_path / "model", max_shard_size="300KB")  # shards and an index, as large models are saved
+    model.save_pretrained(
+        tmp_path / "model", max_shard_size="300KB"
+    )  # shards and an index, as large models are saved
     assert len(list((tmp_path / "model").glob("model-*-of-*.safetensors"))) > 1
     fresh = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=7))[0], TrainerConfig(lr=1e-2))
     fresh.load(tmp_path)
@@ -176,13 +221,22 @@ def test_a_checkpoint_taken_for_the_background_is_a_copy_in_the_distributed_layo
     taken = trainer.state_to_save()
     assert taken is not None
     full = dcp.StateDictOptions(full_state_dict=True)
-    model, optimizer = dcp.get_model_state_dict(trainer.model, options=full), dcp.get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)
-    assert list(taken["model"]) == list(model) and all(torch.equal(taken["model"][k], v) for k, v in model.items())
-    assert taken["optimizer"]["param_groups"] == optimizer["param_groups"] and list(taken["optimizer"]["state"]) == list(optimizer["state"])
+    model, optimizer = (
+        dcp.get_model_state_dict(trainer.model, options=full),
+        dcp.get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full),
+    )
+    assert list(taken["model"]) == list(model) and all(
+        torch.equal(taken["model"][k], v) for k, v in model.items()
+    )
+    assert taken["optimizer"]["param_groups"] == optimizer["param_groups"] and list(
+        taken["optimizer"]["state"]
+    ) == list(optimizer["state"])
     before = {k: v.clone() for k, v in taken["model"].items()}
     trainer.model(ids).logits.sum().backward()
     trainer.optimizer.step()  # training goes on while the checkpoint is written
-    assert all(torch.equal(before[k], taken["model"][k]) for k in before) and not torch.equal(before["model.embed_tokens.weight"], model["model.embed_tokens.weight"])
+    assert all(torch.equal(before[k], taken["model"][k]) for k in before) and not torch.equal(
+        before["model.embed_tokens.weight"], model["model.embed_tokens.weight"]
+    )
     trainer.write_saved(tmp_path, taken)
     fresh = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=7))[0], TrainerConfig(lr=1e-2))
     fresh.load(tmp_path)
@@ -191,16 +245,27 @@ def test_a_checkpoint_taken_for_the_background_is_a_copy_in_the_distributed_layo
 
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={tmp_path}", "--resume"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rlasync", "train", str(CONFIG), f"train.run_dir={tmp_path}", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "no complete checkpoint" in lines[0] and "checkpoint_every" in lines[0], done.stderr
+    assert len(lines) == 1 and "no complete checkpoint" in lines[0] and "checkpoint_every" in lines[0], (
+        done.stderr
+    )
 
 
 @pytest.mark.parametrize(("override", "needle"), [("trainer.lr=abc", "trainer.lr"), ("trainer.lrr=1", "lrr")])
 def test_a_config_typo_is_a_one_line_error_naming_the_key(override: str, needle: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "rlasync", "train", "configs/quickstart.yaml", override], capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlasync", "train", "configs/quickstart.yaml", override],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        timeout=120,
+    )
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], done.stderr
@@ -215,13 +280,17 @@ def test_a_config_typo_is_a_one_line_error_naming_the_key(override: str, needle:
         (["train.val_size=100000"], "train.val_size=100000: the reverse task has"),
     ],
 )
-async def test_a_run_that_cannot_work_fails_before_it_starts(tmp_path: Path, overrides: list[str], needle: str) -> None:
+async def test_a_run_that_cannot_work_fails_before_it_starts(
+    tmp_path: Path, overrides: list[str], needle: str
+) -> None:
     config = load_config(CONFIG, [f"train.run_dir={tmp_path}", "train.model_dir=/nonexistent", *overrides])
     with pytest.raises(ConfigError, match=needle):
         await train_sync(config)
 
 
-async def test_a_run_whose_rewards_all_fail_stops_and_failed_rewards_are_counted(tmp_path: Path, reverse_model: Path) -> None:
+async def test_a_run_whose_rewards_all_fail_stops_and_failed_rewards_are_counted(
+    tmp_path: Path, reverse_model: Path
+) -> None:
     from rlasync.data import synthetic_rows
     from rlasync.rewards import RewardError, RewardInput, register_reward
 
@@ -231,26 +300,54 @@ async def test_a_run_whose_rewards_all_fail_stops_and_failed_rewards_are_counted
 
     for split, n in (("train", 16), ("val", 4)):
         rows = synthetic_rows("reverse", n, seed=0, split=split)  # type: ignore[arg-type]
-        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"prompt": r["messages"][-1]["content"], "answer": r["ground_truth"]}) + "\n" for r in rows))
-    files = [f"data.train_files=[{tmp_path}/train.jsonl]", f"data.val_files=[{tmp_path}/val.jsonl]", "data.reward=broken_for_test"]
-    with pytest.raises(RewardError, match=r"every reward of training batch 1 failed .*ZeroDivisionError.*train.fail_on_reward_errors=0"):
-        await train_sync(load_config(CONFIG, _short_run(tmp_path / "a", reverse_model, "train.steps=2", *files)))
-    config = load_config(CONFIG, _short_run(tmp_path / "b", reverse_model, "train.steps=2", "train.fail_on_reward_errors=0", *files))
+        (tmp_path / f"{split}.jsonl").write_text(
+            "".join(
+                json.dumps({"prompt": r["messages"][-1]["content"], "answer": r["ground_truth"]}) + "\n"
+                for r in rows
+            )
+        )
+    files = [
+        f"data.train_files=[{tmp_path}/train.jsonl]",
+        f"data.val_files=[{tmp_path}/val.jsonl]",
+        "data.reward=broken_for_test",
+    ]
+    with pytest.raises(
+        RewardError,
+        match=r"every reward of training batch 1 failed .*ZeroDivisionError.*train.fail_on_reward_errors=0",
+    ):
+        await train_sync(
+            load_config(CONFIG, _short_run(tmp_path / "a", reverse_model, "train.steps=2", *files))
+        )
+    config = load_config(
+        CONFIG,
+        _short_run(tmp_path / "b", reverse_model, "train.steps=2", "train.fail_on_reward_errors=0", *files),
+    )
     await train_sync(config)  # told to train on: it does, and counts what failed
     records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["reward/errors"] == 2 * config.train.prompts_per_step * config.train.group_size
 
 
-async def test_training_rows_come_from_files_with_their_own_reward(tmp_path: Path, reverse_model: Path) -> None:
+async def test_training_rows_come_from_files_with_their_own_reward(
+    tmp_path: Path, reverse_model: Path
+) -> None:
     """JSONL rows (a prompt column, an answer column) instead of the synthetic task."""
     from rlasync.data import synthetic_rows
 
     for split, n in (("train", 32), ("val", 8)):
         rows = synthetic_rows("reverse", n, seed=0, split=split)  # type: ignore[arg-type]
-        lines = [json.dumps({"question": r["messages"][-1]["content"], "answer": r["ground_truth"]}) for r in rows]
+        lines = [
+            json.dumps({"question": r["messages"][-1]["content"], "answer": r["ground_truth"]}) for r in rows
+        ]
         (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    overrides = _short_run(tmp_path / "run", reverse_model, "train.steps=1", f"data.train_files=[{tmp_path}/train.jsonl]",
-                           f"data.val_files=[{tmp_path}/val.jsonl]", "data.prompt_key=question", "data.answer_key=answer")  # fmt: skip
+    overrides = _short_run(
+        tmp_path / "run",
+        reverse_model,
+        "train.steps=1",
+        f"data.train_files=[{tmp_path}/train.jsonl]",
+        f"data.val_files=[{tmp_path}/val.jsonl]",
+        "data.prompt_key=question",
+        "data.answer_key=answer",
+    )
     result = await train_sync(load_config(CONFIG, overrides))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert result.steps == 1 and records[0]["step"] == 0 and records[1]["response_tokens"] > 0

@@ -9,7 +9,9 @@ from rlasync.runtime.address import advertised, child_address, host_of, interfac
 def test_hosts_of_addresses() -> None:
     assert host_of("tcp://10.0.0.2:29600") == "10.0.0.2"
     assert host_of("tcp://[fd00::2]:29600") == "fd00::2"
-    assert host_of("tcp://0.0.0.0:29600") == "127.0.0.1" and host_of("ipc:///tmp/x/node-1.sock") == "127.0.0.1"
+    assert (
+        host_of("tcp://0.0.0.0:29600") == "127.0.0.1" and host_of("ipc:///tmp/x/node-1.sock") == "127.0.0.1"
+    )
 
 
 def test_children_listen_beside_their_parent() -> None:
@@ -21,7 +23,9 @@ def test_children_listen_beside_their_parent() -> None:
 
 def test_a_wildcard_bind_advertises_the_address_on_the_route_to_the_head() -> None:
     assert advertised("tcp://0.0.0.0:29601", "tcp://127.0.0.1:29600") == "tcp://127.0.0.1:29601"
-    assert advertised("tcp://10.0.0.2:29601", "tcp://10.0.0.1:29600") == "tcp://10.0.0.2:29601"  # a real address stays
+    assert (
+        advertised("tcp://10.0.0.2:29601", "tcp://10.0.0.1:29600") == "tcp://10.0.0.2:29601"
+    )  # a real address stays
     assert advertised("ipc:///tmp/d/node-1.sock", None) == "ipc:///tmp/d/node-1.sock"
 
 

@@ -336,9 +336,9 @@ def test_rejection_mask_sequence_level_uses_geometric_mean() -> None:
     kept, metrics = rejection_mask(train, torch.zeros(3, 2), mask, level="sequence", high=2.0)
     assert kept.dtype == torch.float32
     close(kept, [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
-    assert metrics["rejected_token_frac"] == pytest.approx(3 / 5) and metrics["rejected_seq_frac"] == pytest.approx(
-        2 / 3
-    )
+    assert metrics["rejected_token_frac"] == pytest.approx(3 / 5) and metrics[
+        "rejected_seq_frac"
+    ] == pytest.approx(2 / 3)
 
 
 def test_offpolicy_metrics() -> None:

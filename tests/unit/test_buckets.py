@@ -13,9 +13,13 @@ from rlasync.weights.buckets import ALIGN, solo
 
 def _tensors() -> dict[str, torch.Tensor]:
     return {
-        "a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64), "c": torch.randn(100).bfloat16(),
-        "d": torch.randn(2), "e": torch.empty(0, 3), "f": torch.randn(4, 4).t(),  # non-contiguous
-    }  # fmt: skip
+        "a": torch.randn(3, 5),
+        "b": torch.arange(7, dtype=torch.int64),
+        "c": torch.randn(100).bfloat16(),
+        "d": torch.randn(2),
+        "e": torch.empty(0, 3),
+        "f": torch.randn(4, 4).t(),  # non-contiguous
+    }
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 40, 64, 300, 1000, 1 << 20])
@@ -33,9 +37,18 @@ def test_every_tensor_round_trips_through_its_bucket(bucket_bytes: int) -> None:
 
 
 def test_buckets_fill_up_to_their_size_and_big_tensors_travel_alone() -> None:
-    plan = plan_buckets([("x", (10,), "float32"), ("y", (10,), "float32"), ("z", (100,), "float32"), ("w", (1,), "float32")], 100, alone_bytes=400)
+    plan = plan_buckets(
+        [("x", (10,), "float32"), ("y", (10,), "float32"), ("z", (100,), "float32"), ("w", (1,), "float32")],
+        100,
+        alone_bytes=400,
+    )
     # x (40 B) and y (40 B at offset 48) share a bucket; z (400 B) is alone; w starts a new one.
-    assert [(t.name, t.bucket, t.offset) for t in plan.tensors] == [("x", 0, 0), ("y", 0, 48), ("z", 1, 0), ("w", 2, 0)]
+    assert [(t.name, t.bucket, t.offset) for t in plan.tensors] == [
+        ("x", 0, 0),
+        ("y", 0, 48),
+        ("z", 1, 0),
+        ("w", 2, 0),
+    ]
     assert plan.sizes == [88, 400, 4] and solo(plan, 1) is not None and solo(plan, 0) is None
     assert plan.digest != plan_buckets([("x", (10,), "float32")], 100).digest
     with pytest.raises(ValueError, match="at least one byte"):
@@ -55,7 +68,10 @@ def test_parameters_laid_out_as_the_buckets_are_sent_from_their_own_memory() -> 
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     params = dict(model.named_parameters())
     plan = plan_for({n: p.detach() for n, p in params.items()}, 300)
-    assert len(plan.bucket(1)) > 1 and contiguous_bucket(plan, 1, {n: p.detach() for n, p in params.items()}) is None  # scattered
+    assert (
+        len(plan.bucket(1)) > 1
+        and contiguous_bucket(plan, 1, {n: p.detach() for n, p in params.items()}) is None
+    )  # scattered
     flat = flat_layout(plan, params)
     live = {name: p.detach() for name, p in model.named_parameters()}
     assert all(torch.equal(live[n], before[n]) for n in before)  # values kept
@@ -70,7 +86,9 @@ def test_parameters_laid_out_as_the_buckets_are_sent_from_their_own_memory() -> 
     assert torch.equal(contiguous_bucket(plan, 0, live), pack(plan, 0, live))
 
 
-def test_shared_weights_are_found_only_by_their_nonce_and_a_changed_buffer_is_never_copied(tmp_path: Path) -> None:
+def test_shared_weights_are_found_only_by_their_nonce_and_a_changed_buffer_is_never_copied(
+    tmp_path: Path,
+) -> None:
     from rlasync.weights import SharedWeights, ShmOffer, SyncError, flat_layout, plan_for
 
     params = {"a": torch.randn(5, 3), "b": torch.arange(7, dtype=torch.int64)}
@@ -78,7 +96,9 @@ def test_shared_weights_are_found_only_by_their_nonce_and_a_changed_buffer_is_ne
     shared = SharedWeights.create(tmp_path, plan)
     flat_layout(plan, params, out=shared.data)  # the tensors now live in the file
     offer = shared.offer
-    assert SharedWeights.open(ShmOffer(offer.path, offer.nonce + 1, offer.nbytes), plan) is None  # another machine's file
+    assert (
+        SharedWeights.open(ShmOffer(offer.path, offer.nonce + 1, offer.nbytes), plan) is None
+    )  # another machine's file
     assert SharedWeights.open(ShmOffer(str(tmp_path / "missing"), offer.nonce, offer.nbytes), plan) is None
     view = SharedWeights.open(offer, plan)
     assert view is not None

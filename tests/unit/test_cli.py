@@ -17,7 +17,9 @@ def test_help_lists_commands_and_imports_no_torch() -> None:
 
 
 def test_node_rejects_a_bad_override_naming_the_path() -> None:
-    result = CliRunner().invoke(app, ["node", "--rank", "0", "--listen", "ipc:///tmp/x.sock", "--set", "runtime.node_dead_after_s=-2"])
+    result = CliRunner().invoke(
+        app, ["node", "--rank", "0", "--listen", "ipc:///tmp/x.sock", "--set", "runtime.node_dead_after_s=-2"]
+    )
     assert result.exit_code != 0
     assert "runtime.node_dead_after_s" in result.output
 

@@ -12,9 +12,18 @@ import zmq
 from rlasync.transport import Call, Codec, DecodeError, Reply
 
 DTYPES = [
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-]  # fmt: skip
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def _layouts(dtype: torch.dtype) -> dict[str, torch.Tensor]:

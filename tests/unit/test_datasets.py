@@ -16,24 +16,43 @@ from rlasync.data import DatasetError, Problem, RowSampler, load_rows, make_prob
 
 HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
-needs_pyarrow = pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow is not installed (optional: pip install pyarrow)")
-needs_datasets = pytest.mark.skipif(not HAS_DATASETS, reason="`datasets` is not installed (optional: pip install datasets)")
+needs_pyarrow = pytest.mark.skipif(
+    not HAS_PYARROW, reason="pyarrow is not installed (optional: pip install pyarrow)"
+)
+needs_datasets = pytest.mark.skipif(
+    not HAS_DATASETS, reason="`datasets` is not installed (optional: pip install datasets)"
+)
 
 TOOL = {
     "type": "function",
-    "function": {"name": "calculator", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}},
+    "function": {
+        "name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
 }
 RECORDS: list[dict[str, Any]] = [
     {"prompt": "What is 2+2?", "answer": "4", "uid": "a", "level": 1},
-    {"messages": [{"role": "system", "content": "Own system."}, {"role": "user", "content": "Hi"}], "answer": "hello",
-     "agent_name": "tool", "tools": [TOOL], "uid": "b", "level": 2},
+    {
+        "messages": [{"role": "system", "content": "Own system."}, {"role": "user", "content": "Hi"}],
+        "answer": "hello",
+        "agent_name": "tool",
+        "tools": [TOOL],
+        "uid": "b",
+        "level": 2,
+    },
     {"prompt": [{"role": "user", "content": "Reverse abc"}], "answer": "cba", "uid": "c", "level": 3},
-]  # fmt: skip
+]
 
 # A columnar column holds one type: a string-prompt column cannot also hold message lists.
 # Every row has every column (null where a row had none), as a table does.
-_COLUMNAR = [*RECORDS[:2], {**{k: v for k, v in RECORDS[2].items() if k != "prompt"}, "messages": RECORDS[2]["prompt"]}]
-COLUMNAR = [{k: r.get(k) for k in ("prompt", "messages", "answer", "agent_name", "tools", "uid", "level")} for r in _COLUMNAR]
+_COLUMNAR = [
+    *RECORDS[:2],
+    {**{k: v for k, v in RECORDS[2].items() if k != "prompt"}, "messages": RECORDS[2]["prompt"]},
+]
+COLUMNAR = [
+    {k: r.get(k) for k in ("prompt", "messages", "answer", "agent_name", "tools", "uid", "level")}
+    for r in _COLUMNAR
+]
 
 
 def write_jsonl(path: Path, lines: list[Any]) -> Path:
@@ -47,8 +66,13 @@ def check_rows(rows: list[dict[str, Any]], *, system: str | None) -> None:
     assert rows[0]["ground_truth"] == "4" and rows[0]["level"] == 1 and rows[0]["uid"] == "a"
     assert "prompt" not in rows[0] and "answer" not in rows[0] and "agent_name" not in rows[0]
     # A row's own system message is kept, never replaced or doubled.
-    assert rows[1]["messages"] == [{"role": "system", "content": "Own system."}, {"role": "user", "content": "Hi"}]
-    assert rows[1]["agent_name"] == "tool" and rows[1]["tools"] == [TOOL] and rows[1]["ground_truth"] == "hello"
+    assert rows[1]["messages"] == [
+        {"role": "system", "content": "Own system."},
+        {"role": "user", "content": "Hi"},
+    ]
+    assert (
+        rows[1]["agent_name"] == "tool" and rows[1]["tools"] == [TOOL] and rows[1]["ground_truth"] == "hello"
+    )
     assert rows[2]["messages"] == [*head, {"role": "user", "content": "Reverse abc"}]
     assert [r["level"] for r in rows] == [1, 2, 3]
 
@@ -61,9 +85,15 @@ def test_jsonl_string_and_message_prompts(tmp_path: Path, system: str | None) ->
 
 
 def test_jsonl_keeps_ground_truth_and_custom_prompt_key(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "q.jsonl", [{"question": "Why?", "ground_truth": "because", "extra": [1, 2]}])
+    path = write_jsonl(
+        tmp_path / "q.jsonl", [{"question": "Why?", "ground_truth": "because", "extra": [1, 2]}]
+    )
     (row,) = load_rows(path, prompt_key="question")
-    assert row == {"messages": [{"role": "user", "content": "Why?"}], "ground_truth": "because", "extra": [1, 2]}
+    assert row == {
+        "messages": [{"role": "user", "content": "Why?"}],
+        "ground_truth": "because",
+        "extra": [1, 2],
+    }
 
 
 def test_split_reads_a_file_in_a_directory(tmp_path: Path) -> None:
@@ -90,15 +120,22 @@ def test_split_reads_a_file_in_a_directory(tmp_path: Path) -> None:
         ({"messages": [{"role": "user"}]}, "line 3", "messages[0].content", "missing"),
         ({"messages": [{"role": "user", "content": 5}]}, "line 3", "messages[0].content", "got int"),
         ({"prompt": "a", "agent_name": 3, "answer": "x"}, "line 3", "agent_name", "agent loop"),
-        ({"prompt": "a", "tools": {"type": "function"}, "answer": "x"}, "line 3", "tools", "list of tool schemas"),
+        (
+            {"prompt": "a", "tools": {"type": "function"}, "answer": "x"},
+            "line 3",
+            "tools",
+            "list of tool schemas",
+        ),
         ({"prompt": "a", "tools": "[oops", "answer": "x"}, "line 3", "tools", "not JSON"),
         ({"prompt": "a", "uid": 1.5, "answer": "x"}, "line 3", "uid", "got float"),
         ({"prompt": "a"}, "line 3", "answer", "missing"),  # answer_key="answer" below
         ("[1, 2]", "line 3", None, "expected a JSON object, got list"),
         ("{not json", "line 3", None, "invalid JSON"),
     ],
-)  # fmt: skip
-def test_malformed_rows_name_file_line_and_field(tmp_path: Path, line: Any, where: str, field: str | None, problem: str) -> None:
+)
+def test_malformed_rows_name_file_line_and_field(
+    tmp_path: Path, line: Any, where: str, field: str | None, problem: str
+) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "answer": "1"}, "", line])
     with pytest.raises(DatasetError) as info:
         load_rows(path, answer_key="answer")
@@ -157,13 +194,25 @@ def test_parquet_nulls_of_other_rows_structs_are_dropped(tmp_path: Path) -> None
     import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     def tool(name: str, prop: str, kind: str) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {prop: {"type": kind}}}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": name,
+                "parameters": {"type": "object", "properties": {prop: {"type": kind}}},
+            },
+        }
 
     call = {"type": "function", "function": {"name": "a", "arguments": "{}"}}
     records: list[dict[str, Any]] = [
-        {"messages": [{"role": "user", "content": "p"}, {"role": "assistant", "content": None, "tool_calls": [call]}], "tools": [tool("a", "x", "string")]},
+        {
+            "messages": [
+                {"role": "user", "content": "p"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+            ],
+            "tools": [tool("a", "x", "string")],
+        },
         {"messages": [{"role": "user", "content": "q"}], "tools": [tool("b", "y", "integer")]},
-    ]  # fmt: skip
+    ]
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "t.parquet")
     rows = load_rows(tmp_path / "t.parquet")
     # Arrow gave row 1 a `tool_calls: None` and a property `x: None`; row 0 a property `y: None`.
@@ -176,7 +225,10 @@ def test_parquet_malformed_row_is_named(tmp_path: Path) -> None:
     import pyarrow as pa  # type: ignore[import-not-found, import-untyped, unused-ignore]
     import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
-    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "answer": "1"}, {"prompt": None, "answer": "2"}]), tmp_path / "d.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": "a", "answer": "1"}, {"prompt": None, "answer": "2"}]),
+        tmp_path / "d.parquet",
+    )
     with pytest.raises(DatasetError) as info:
         load_rows(tmp_path / "d.parquet")
     assert (info.value.where, info.value.field) == ("row 1", "prompt")
@@ -202,9 +254,13 @@ def test_hf_saved_to_disk(tmp_path: Path) -> None:
     datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "single"))
     check_rows(load_rows(tmp_path / "single", answer_key="answer"), system=None)
 
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(records), "test": datasets.Dataset.from_list(records[:1])})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(records), "test": datasets.Dataset.from_list(records[:1])}
+    )
     dd.save_to_disk(str(tmp_path / "dict"))
-    check_rows(load_rows(tmp_path / "dict", split="train", answer_key="answer", system_prompt="S"), system="S")
+    check_rows(
+        load_rows(tmp_path / "dict", split="train", answer_key="answer", system_prompt="S"), system="S"
+    )
     assert len(load_rows(tmp_path / "dict", split="test", answer_key="answer")) == 1
     with pytest.raises(DatasetError, match="choose one with split="):
         load_rows(tmp_path / "dict")

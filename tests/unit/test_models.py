@@ -7,10 +7,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlasync.models import SPECIAL_TOKENS, TinyLMConfig, build_tiny_lm, build_tokenizer, load_pretrained_dir, save_pretrained_dir
+from rlasync.models import (
+    SPECIAL_TOKENS,
+    TinyLMConfig,
+    build_tiny_lm,
+    build_tokenizer,
+    load_pretrained_dir,
+    save_pretrained_dir,
+)
 from rlasync.models.tokenizer import QWEN2_SPLIT
 
-PROBES = ["Reverse abcd", "What is 37*58?", "héllo wörld 日本語 🙂 12345", '<tool_call>{"name": "calc", "arguments": {}}</tool_call><|im_end|>', "a\n\n  b\tc"]
+PROBES = [
+    "Reverse abcd",
+    "What is 37*58?",
+    "héllo wörld 日本語 🙂 12345",
+    '<tool_call>{"name": "calc", "arguments": {}}</tool_call><|im_end|>',
+    "a\n\n  b\tc",
+]
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +31,9 @@ def nano() -> tuple[object, object]:
     return build_tiny_lm(TinyLMConfig.preset("nano"))
 
 
-@pytest.mark.parametrize(("preset", "low", "high"), [("nano", 0.4e6, 0.7e6), ("micro", 3e6, 5e6), ("mini", 15e6, 25e6)])
+@pytest.mark.parametrize(
+    ("preset", "low", "high"), [("nano", 0.4e6, 0.7e6), ("micro", 3e6, 5e6), ("mini", 15e6, 25e6)]
+)
 def test_presets_have_the_documented_sizes(preset: str, low: float, high: float) -> None:
     model, _ = build_tiny_lm(TinyLMConfig.preset(preset))
     assert low < sum(p.numel() for p in model.parameters()) < high
@@ -63,7 +78,11 @@ def test_chat_template_renders_tools_calls_and_responses() -> None:
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
     messages = [
         {"role": "user", "content": "What is 37*58?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": {"expression": "37*58"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "calc", "arguments": {"expression": "37*58"}}}],
+        },
         {"role": "tool", "content": "2146"},
         {"role": "assistant", "content": "2146"},
     ]

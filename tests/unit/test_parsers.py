@@ -52,17 +52,26 @@ def test_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- hermes ----------------------------------------------------------------------------------
 def test_hermes_one_call_and_the_text_around_it() -> None:
-    turn = hermes.parse('Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>')
-    assert turn == ParsedTurn(content="Let me compute.", calls=[ToolCall("calculator", {"expression": "2*3"}, "call_0")])
+    turn = hermes.parse(
+        'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
+    )
+    assert turn == ParsedTurn(
+        content="Let me compute.", calls=[ToolCall("calculator", {"expression": "2*3"}, "call_0")]
+    )
 
 
 def test_hermes_several_calls_nested_and_unicode() -> None:
-    nested = {"query": {"filters": [{"field": "città", "op": "=", "value": "東京 🗼"}], "limit": 3}, "flags": [True, None, 1.5]}
+    nested = {
+        "query": {"filters": [{"field": "città", "op": "=", "value": "東京 🗼"}], "limit": 3},
+        "flags": [True, None, 1.5],
+    }
     text = f"{call('search', nested)}\n{call('calculator', {'expression': '1+1'})}\n{call('émoji_😀', {})}"
     turn = hermes.parse(text, call_id_prefix="t3_")
     assert turn.calls == [
-        ToolCall("search", nested, "t3_0"), ToolCall("calculator", {"expression": "1+1"}, "t3_1"), ToolCall("émoji_😀", {}, "t3_2"),
-    ]  # fmt: skip
+        ToolCall("search", nested, "t3_0"),
+        ToolCall("calculator", {"expression": "1+1"}, "t3_1"),
+        ToolCall("émoji_😀", {}, "t3_2"),
+    ]
     assert turn.errors == [] and turn.content == ""
 
 
@@ -77,8 +86,13 @@ def test_hermes_lenient_shapes() -> None:
     )
     turn = hermes.parse(text)
     assert [(c.name, c.arguments) for c in turn.calls] == [
-        ("a", {"x": 1}), ("b", {"y": 2}), ("c", {}), ("d", {}), ("e", {"code": "print('</tool_call>')"}), ("f", {"z": 3}),
-    ]  # fmt: skip
+        ("a", {"x": 1}),
+        ("b", {"y": 2}),
+        ("c", {}),
+        ("d", {}),
+        ("e", {"code": "print('</tool_call>')"}),
+        ("f", {"z": 3}),
+    ]
     assert turn.errors == [] and [c.id for c in turn.calls] == [f"call_{i}" for i in range(6)]
 
 
@@ -125,7 +139,9 @@ def test_hermes_unclosed_think_swallows_the_rest() -> None:
 
 def test_hermes_think_opened_by_the_prompt() -> None:
     # A generation prompt ending in "<think>\n" (DeepSeek-R1, QwQ) leaves only the closing tag.
-    turn = hermes.parse(f"plan: {call('x', {})} later</think>\n\n42 {call('calculator', {'expression': '6*7'})}")
+    turn = hermes.parse(
+        f"plan: {call('x', {})} later</think>\n\n42 {call('calculator', {'expression': '6*7'})}"
+    )
     assert turn.reasoning.startswith("plan:") and turn.content == "42"
     assert turn.calls == [ToolCall("calculator", {"expression": "6*7"}, "call_0")]
     # …but a </think> inside a call's arguments, with no <think> before, is just text.
@@ -137,14 +153,28 @@ def test_hermes_render_turn_and_responses_are_what_the_chat_template_renders() -
     from rlasync.models import build_tokenizer
 
     tok = build_tokenizer()
-    calls = [ToolCall("calculator", {"expression": "2*3"}, "call_0"), ToolCall("python", {"code": 'print("é")', "n": [1, {"a": None}]}, "call_1")]
-    results = [ToolResult(text="6", name="calculator", call_id="call_0"), error_result("exception", "python failed", name="python")]
+    calls = [
+        ToolCall("calculator", {"expression": "2*3"}, "call_0"),
+        ToolCall("python", {"code": 'print("é")', "n": [1, {"a": None}]}, "call_1"),
+    ]
+    results = [
+        ToolResult(text="6", name="calculator", call_id="call_0"),
+        error_result("exception", "python failed", name="python"),
+    ]
     history = [{"role": "user", "content": "hi"}]
-    assistant = {"role": "assistant", "content": "ok", "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}  # fmt: skip
+    assistant = {
+        "role": "assistant",
+        "content": "ok",
+        "tool_calls": [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ],
+    }
     before = str(tok.apply_chat_template([*history, assistant], tokenize=False))  # type: ignore[arg-type]
     messages = [*history, assistant, *hermes.format_responses(results)]
     after = str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))  # type: ignore[arg-type]
-    assert before.endswith("<|im_start|>assistant\n" + hermes.render_turn(calls, content="ok") + "<|im_end|>\n")
+    assert before.endswith(
+        "<|im_start|>assistant\n" + hermes.render_turn(calls, content="ok") + "<|im_end|>\n"
+    )
     assert after == before + hermes.render_responses(results)
     assert hermes.parse(hermes.render_turn(calls, content="ok")).calls == calls
 
@@ -165,7 +195,8 @@ DOC_EXAMPLE = (  # openai/harmony docs/format.md, "Receiving tool calls", after 
 def test_harmony_doc_example() -> None:
     turn = harmony.parse(DOC_EXAMPLE)
     assert turn == ParsedTurn(
-        reasoning="Need to use function get_weather.", calls=[ToolCall("get_weather", {"location": "San Francisco"}, "call_0")]
+        reasoning="Need to use function get_weather.",
+        calls=[ToolCall("get_weather", {"location": "San Francisco"}, "call_0")],
     )
     assert harmony.parse("<|start|>assistant" + DOC_EXAMPLE) == turn  # with the header start generated too
 
@@ -196,7 +227,10 @@ def test_harmony_final_answer_and_preamble_are_content_analysis_is_not() -> None
     )
     turn = harmony.parse(preamble)
     assert turn.content == "Checking both cities." and turn.reasoning == "think"
-    assert turn.calls == [ToolCall("weather", {"city": "Zürich"}, "call_0"), ToolCall("weather", {"city": "大阪"}, "call_1")]
+    assert turn.calls == [
+        ToolCall("weather", {"city": "Zürich"}, "call_0"),
+        ToolCall("weather", {"city": "大阪"}, "call_1"),
+    ]
 
 
 def test_harmony_stop_token_dropped_by_the_engine() -> None:
@@ -217,22 +251,34 @@ def test_harmony_malformed_calls_are_errors() -> None:
     turn = harmony.parse(text)
     assert turn.calls == [ToolCall("ok", {"n": 1}, "call_0")]
     assert [e.split(":")[0] for e in turn.errors] == [
-        "invalid tool call #1 to a", "invalid tool call #2 to b", "invalid tool call #3", "invalid tool call #4",
+        "invalid tool call #1 to a",
+        "invalid tool call #2 to b",
+        "invalid tool call #3",
+        "invalid tool call #4",
         "invalid tool call #5 to functions.c",
-    ]  # fmt: skip
-    assert "invalid JSON" in turn.errors[0] and "got an array" in turn.errors[1] and "'python' is not a function" in turn.errors[2]
+    ]
+    assert (
+        "invalid JSON" in turn.errors[0]
+        and "got an array" in turn.errors[1]
+        and "'python' is not a function" in turn.errors[2]
+    )
     assert all("to=functions.NAME" in e for e in turn.errors)  # each shows the model the expected format
 
 
 def test_harmony_ignores_messages_of_other_roles_and_keeps_plain_text() -> None:
-    made_up = "<|start|>functions.f to=assistant<|channel|>commentary<|message|>{\"sunny\": true}<|end|>"
-    text = '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>' + made_up
+    made_up = '<|start|>functions.f to=assistant<|channel|>commentary<|message|>{"sunny": true}<|end|>'
+    text = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>" + made_up
     assert harmony.parse(text) == ParsedTurn(calls=[ToolCall("f", {}, "call_0")])
-    assert harmony.parse("The answer is 4.") == ParsedTurn(content="The answer is 4.")  # a model that ignores the format
+    assert harmony.parse("The answer is 4.") == ParsedTurn(
+        content="The answer is 4."
+    )  # a model that ignores the format
 
 
 def test_harmony_render_responses_follows_the_format() -> None:
-    results = [ToolResult(text='{"sunny": true, "temperature": 20}', name="get_weather", call_id="call_0"), error_result("parse_error", "bad")]
+    results = [
+        ToolResult(text='{"sunny": true, "temperature": 20}', name="get_weather", call_id="call_0"),
+        error_result("parse_error", "bad"),
+    ]
     assert harmony.render_responses(results) == (
         '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{"sunny": true, "temperature": 20}<|end|>'
         "<|start|>functions.unknown to=assistant<|channel|>commentary<|message|>error: bad<|end|>"
@@ -242,17 +288,53 @@ def test_harmony_render_responses_follows_the_format() -> None:
 
 
 def test_harmony_render_turn_matches_the_doc_example() -> None:
-    rendered = harmony.render_turn([ToolCall("get_weather", {"location": "San Francisco"})], reasoning="Need to use function get_weather.")
+    rendered = harmony.render_turn(
+        [ToolCall("get_weather", {"location": "San Francisco"})],
+        reasoning="Need to use function get_weather.",
+    )
     assert rendered == DOC_EXAMPLE.replace('{"location":"San Francisco"}', '{"location": "San Francisco"}')
 
 
 # -- properties ------------------------------------------------------------------------------
 FRAGMENTS = [
-    "<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "f", "arguments": {', '"x": [1, {"y": "z"}]', "}}",
-    '"', "{", "}", "[", "]", ",", ":", "\\", "null", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
-    "<|call|>", "<|return|>", "assistant", "analysis", "final", "commentary", " to=functions.f", " to=python", "json",
-    "functions.", "\n", " ", "é", "😀", "\x00", "\ud800",
-]  # fmt: skip
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "f", "arguments": {',
+    '"x": [1, {"y": "z"}]',
+    "}}",
+    '"',
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\\",
+    "null",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|call|>",
+    "<|return|>",
+    "assistant",
+    "analysis",
+    "final",
+    "commentary",
+    " to=functions.f",
+    " to=python",
+    "json",
+    "functions.",
+    "\n",
+    " ",
+    "é",
+    "😀",
+    "\x00",
+    "\ud800",
+]
 model_output = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=40).map("".join)
 
 
@@ -268,7 +350,11 @@ def test_no_text_makes_a_parser_raise(parser: Any, text: str) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )
@@ -290,7 +376,9 @@ def with_ids(calls: list[ToolCall]) -> list[ToolCall]:
 @given(calls=tool_calls, content=hermes_text, reasoning=st.none() | hermes_text)
 def test_hermes_round_trip(calls: list[ToolCall], content: str, reasoning: str | None) -> None:
     turn = hermes.parse(hermes.render_turn(calls, content=content, reasoning=reasoning))
-    assert turn == ParsedTurn(content=content.strip(), reasoning=(reasoning or "").strip(), calls=with_ids(calls))
+    assert turn == ParsedTurn(
+        content=content.strip(), reasoning=(reasoning or "").strip(), calls=with_ids(calls)
+    )
 
 
 @settings(max_examples=250, deadline=None)
@@ -299,4 +387,6 @@ def test_harmony_round_trip(calls: list[ToolCall], content: str, reasoning: str 
     # A real harmony tokenizer cannot put its control tokens inside a JSON string: neither may we.
     assume(not any(HARMONY_TOKENS.search(json.dumps(c.arguments, ensure_ascii=False)) for c in calls))
     turn = harmony.parse(harmony.render_turn(calls, content=content, reasoning=reasoning))
-    assert turn == ParsedTurn(content=content.strip(), reasoning=(reasoning or "").strip(), calls=with_ids(calls))
+    assert turn == ParsedTurn(
+        content=content.strip(), reasoning=(reasoning or "").strip(), calls=with_ids(calls)
+    )

@@ -38,15 +38,26 @@ def test_replicas_per_node_and_repeated_nodes() -> None:
 
 
 def test_gpus_are_shared_out_on_each_node_engines_first() -> None:
-    config = load_config(ROOT / "configs" / "quickstart.yaml", [
-        "cluster.engines=[0, 0, 1]", "cluster.trainer=[0, 1, 1]", "trainer.world_size=3", "engine.device=cuda",
-        "engine.backend=vllm", "engine.tensor_parallel_size=2",
-    ])  # fmt: skip
+    config = load_config(
+        ROOT / "configs" / "quickstart.yaml",
+        [
+            "cluster.engines=[0, 0, 1]",
+            "cluster.trainer=[0, 1, 1]",
+            "trainer.world_size=3",
+            "engine.device=cuda",
+            "engine.backend=vllm",
+            "engine.tensor_parallel_size=2",
+        ],
+    )
     p = Placement.of(config)
     assert [p.engine_device(config, r) for r in range(3)] == ["cuda:0", "cuda:2", "cuda:0"]
     assert p.trainer_devices(config) == [4, 2, 3]  # node-0: engines hold GPUs 0-3; node-1: 0-1
-    cpu = load_config(ROOT / "configs" / "quickstart.yaml", ["cluster.trainer=[0, 0]", "trainer.world_size=2"])
-    assert Placement.of(cpu).trainer_devices(cpu) == [0, 1] and Placement.of(cpu).engine_device(cpu, 0) == "cpu"
+    cpu = load_config(
+        ROOT / "configs" / "quickstart.yaml", ["cluster.trainer=[0, 0]", "trainer.world_size=2"]
+    )
+    assert (
+        Placement.of(cpu).trainer_devices(cpu) == [0, 1] and Placement.of(cpu).engine_device(cpu, 0) == "cpu"
+    )
 
 
 @pytest.mark.parametrize(
@@ -61,7 +72,9 @@ def test_gpus_are_shared_out_on_each_node_engines_first() -> None:
         (["engine.tensor_parallel_size=2"], "tensor_parallel_size > 1 needs engine.backend vllm or sglang"),
     ],
 )
-def test_placement_mistakes_are_one_line_errors_naming_the_settings(overrides: list[str], message: str) -> None:
+def test_placement_mistakes_are_one_line_errors_naming_the_settings(
+    overrides: list[str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         _placement(*overrides)
 
@@ -80,9 +93,22 @@ def test_engine_settings_map_to_vllm_engine_arguments() -> None:
     from rlasync.config import EngineConfig
     from rlasync.engines.vllm import engine_args
 
-    config = EngineConfig(backend="vllm", model="m", device="cuda:2", max_batch=48, tensor_parallel_size=2, gpu_memory_utilization=0.6,
-                          engine_kwargs={"max_num_batched_tokens": 4096, "enable_prefix_caching": False})  # fmt: skip
+    config = EngineConfig(
+        backend="vllm",
+        model="m",
+        device="cuda:2",
+        max_batch=48,
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.6,
+        engine_kwargs={"max_num_batched_tokens": 4096, "enable_prefix_caching": False},
+    )
     args = engine_args(config)
-    assert (args["tensor_parallel_size"], args["gpu_memory_utilization"], args["max_num_seqs"]) == (2, 0.6, 48)
-    assert args["max_num_batched_tokens"] == 4096 and args["enable_prefix_caching"] is False  # engine_kwargs come last
+    assert (args["tensor_parallel_size"], args["gpu_memory_utilization"], args["max_num_seqs"]) == (
+        2,
+        0.6,
+        48,
+    )
+    assert (
+        args["max_num_batched_tokens"] == 4096 and args["enable_prefix_caching"] is False
+    )  # engine_kwargs come last
     assert args["enable_chunked_prefill"] and not args["enforce_eager"]  # the GPU defaults (CPU differs)

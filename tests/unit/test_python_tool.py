@@ -22,21 +22,37 @@ from pathlib import Path
 
 import pytest
 
-from rlasync.tools import PythonTool, SandboxUnavailable, ToolCall, ToolContext, ToolResult, run_tool_call, sandbox_layers
-from rlasync.tools import builtin
+from rlasync.tools import (
+    PythonTool,
+    SandboxUnavailable,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    builtin,
+    run_tool_call,
+    sandbox_layers,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 FULL = sandbox_layers() == {"namespaces", "cgroup"}
-ISOLATION: builtin.Isolation = "strict" if FULL else "weaker"  # where a layer is missing, the plain tests still run
+ISOLATION: builtin.Isolation = (
+    "strict" if FULL else "weaker"
+)  # where a layer is missing, the plain tests still run
 ROOT = os.geteuid() == 0
-needs_full_sandbox = pytest.mark.skipif(not FULL, reason=f"this machine lacks sandbox layers ({sorted(builtin._machine().missing)})")
-needs_root_sandbox = pytest.mark.skipif(not (FULL and ROOT), reason="needs root with bubblewrap and cgroups (what CI has)")
+needs_full_sandbox = pytest.mark.skipif(
+    not FULL, reason=f"this machine lacks sandbox layers ({sorted(builtin._machine().missing)})"
+)
+needs_root_sandbox = pytest.mark.skipif(
+    not (FULL and ROOT), reason="needs root with bubblewrap and cgroups (what CI has)"
+)
 
 
 async def run(code: str, **settings: object) -> ToolResult:
     tool = PythonTool(**{"isolation": ISOLATION, **settings})  # type: ignore[arg-type]
-    return await run_tool_call({"python": tool}, ToolCall("python", {"code": textwrap.dedent(code)}), ToolContext())
+    return await run_tool_call(
+        {"python": tool}, ToolCall("python", {"code": textwrap.dedent(code)}), ToolContext()
+    )
 
 
 async def wait_until(predicate: object, timeout: float = 10.0) -> bool:
@@ -87,7 +103,9 @@ def open_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def run_in_caller(code: str, settings: dict[str, object], env: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
+async def run_in_caller(
+    code: str, settings: dict[str, object], env: dict[str, str] | None = None
+) -> tuple[int, dict[str, object]]:
     """Run ``code`` with the tool in a separate caller process (``CALLER_PID`` in the code is that
     process's pid): a script that harms its caller harms that process, never pytest.
     Returns the caller's exit status and what it printed (the tool's result, ``caller_alive``)."""
@@ -104,9 +122,14 @@ async def run_in_caller(code: str, settings: dict[str, object], env: dict[str, s
         """
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", caller, json.dumps(settings), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-c",
+        caller,
+        json.dumps(settings),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
     out, _ = await asyncio.wait_for(proc.communicate(textwrap.dedent(code).encode()), 30)
     lines = out.decode().strip().splitlines()
     return proc.returncode or 0, json.loads(lines[-1]) if lines else {}
@@ -125,7 +148,9 @@ async def test_errors_and_exit_codes_are_shown_like_a_terminal() -> None:
     assert (await run("pass")).text == "(no output)"
     assert "SyntaxError" in (await run("def (")).text
     assert "EOFError" in (await run("input()")).text  # stdin is empty, never the parent's
-    assert (await run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")).text == "[killed by signal 9]"
+    assert (
+        await run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    ).text == "[killed by signal 9]"
 
 
 async def test_unicode_round_trips() -> None:
@@ -138,7 +163,9 @@ async def test_wall_time_limit_kills_a_busy_loop_and_keeps_earlier_output() -> N
     elapsed = time.perf_counter() - start
     assert not result.ok and result.error_kind == "timeout"
     assert result.text.startswith("error: timed out after 1s") and "started" in result.text
-    assert 0.9 <= elapsed < 4.0, elapsed  # the limit (uvloop may fire a little early) plus the kill and cleanup, on a loaded machine
+    assert 0.9 <= elapsed < 4.0, (
+        elapsed
+    )  # the limit (uvloop may fire a little early) plus the kill and cleanup, on a loaded machine
 
 
 async def test_memory_limit_fails_an_allocation_cleanly() -> None:
@@ -189,13 +216,17 @@ async def test_each_run_gets_a_fresh_directory_that_is_removed_afterwards() -> N
 async def test_environment_is_minimal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setenv("RLASYNC_SECRET", "do-not-leak")
-    result = await run("import os; print(sorted(k for k in os.environ if 'PROXY' in k.upper() or 'SECRET' in k))")
+    result = await run(
+        "import os; print(sorted(k for k in os.environ if 'PROXY' in k.upper() or 'SECRET' in k))"
+    )
     assert result.text == "[]"
     names = await run("import os; print(sorted(os.environ))")
     assert names.text == str(sorted(builtin._env("/x")))  # exactly what the tool sets, nothing of the node's
 
 
-@pytest.mark.skipif("namespaces" not in sandbox_layers(), reason="no namespaces here: the tool runs without network isolation")
+@pytest.mark.skipif(
+    "namespaces" not in sandbox_layers(), reason="no namespaces here: the tool runs without network isolation"
+)
 async def test_no_network_unless_asked() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -238,7 +269,9 @@ async def test_timeout_kills_children_of_the_script(marker: str) -> None:
 async def test_concurrency_is_bounded_per_tool() -> None:
     tool = PythonTool(max_concurrency=1, isolation=ISOLATION)
     code = "import time; t = time.time(); time.sleep(0.5); print(t)"
-    calls = [run_tool_call({"python": tool}, ToolCall("python", {"code": code}), ToolContext()) for _ in range(2)]
+    calls = [
+        run_tool_call({"python": tool}, ToolCall("python", {"code": code}), ToolContext()) for _ in range(2)
+    ]
     starts = sorted(float(r.text) for r in await asyncio.gather(*calls))
     assert starts[1] - starts[0] >= 0.45  # the second waited for the first's slot
 
@@ -307,7 +340,9 @@ async def test_the_script_can_neither_read_the_project_nor_write_the_node(open_d
                 print("refused:", type(e).__name__)
         """
     result = await run(code)
-    assert result.text.splitlines() == ["refused: FileNotFoundError", "refused: FileNotFoundError"], result.text
+    assert result.text.splitlines() == ["refused: FileNotFoundError", "refused: FileNotFoundError"], (
+        result.text
+    )
     assert "[project]" not in result.text and not target.exists()
 
 
@@ -356,7 +391,9 @@ async def test_memory_is_limited_for_the_whole_process_tree() -> None:
         print("statuses", statuses)
         """
     result = await run(code, memory_mb=1024, wall_time_s=30)
-    statuses = json.loads(next(line for line in result.text.splitlines() if line.startswith("statuses")).split(" ", 1)[1])
+    statuses = json.loads(
+        next(line for line in result.text.splitlines() if line.startswith("statuses")).split(" ", 1)[1]
+    )
     assert statuses.count(0) < 3 and -signal.SIGKILL in statuses, result.text
     assert result.ok and result.text.endswith("[killed: memory limit of 1024 MB for all its processes]")
 
@@ -402,14 +439,20 @@ async def test_a_daemon_ends_with_the_script(marker: str, network: bool) -> None
     # A setsid daemon that keeps the output pipe open: the script exits at once, so must the call
     # (with the node's network too: it used to mean no pid namespace, and a call that timed out).
     result = await run(daemon_script(marker), wall_time_s=20, network=network)
-    assert result.ok and result.error_kind is None and result.text == "main done", result.text  # not a timeout
+    assert result.ok and result.error_kind is None and result.text == "main done", (
+        result.text
+    )  # not a timeout
     assert await wait_until(lambda: not marked(marker), 5), "the daemon outlived the call"
 
 
-async def test_without_any_layer_a_daemon_holding_the_output_cannot_stall_the_call(marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_without_any_layer_a_daemon_holding_the_output_cannot_stall_the_call(
+    marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The fallback with no namespace and no cgroup: nothing kills a setsid daemon, but the call
     # still ends with the script's main process (what is left in the pipe is read with a deadline).
-    monkeypatch.setattr(builtin, "_MACHINE", builtin._Machine(missing={"namespaces": "test", "cgroup": "test"}))
+    monkeypatch.setattr(
+        builtin, "_MACHINE", builtin._Machine(missing={"namespaces": "test", "cgroup": "test"})
+    )
     monkeypatch.setattr(builtin, "_warned_weaker", True)
     result = await run(daemon_script(marker), wall_time_s=20, isolation="weaker")
     assert (result.ok, result.text) == (True, "main done")  # not a timeout
@@ -429,23 +472,41 @@ async def test_the_script_cannot_kill_its_caller_even_with_the_network() -> None
     status, printed = await run_in_caller(code, {"network": True})
     assert status == 0 and printed.get("caller_alive"), (status, printed)
     lines = str(printed["text"]).splitlines()
-    assert len(lines) == 3 and all("refused: ProcessLookupError" in line or "refused: PermissionError" in line for line in lines), lines
+    assert len(lines) == 3 and all(
+        "refused: ProcessLookupError" in line or "refused: PermissionError" in line for line in lines
+    ), lines
 
 
-def test_strict_refuses_a_machine_without_every_layer_and_weaker_warns_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    lacking = dataclasses.replace(builtin._machine(), bwrap=None, setpriv=None, unshare=(), missing={"namespaces": "bubblewrap is not installed: `apt-get install bubblewrap`"})
+def test_strict_refuses_a_machine_without_every_layer_and_weaker_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    lacking = dataclasses.replace(
+        builtin._machine(),
+        bwrap=None,
+        setpriv=None,
+        unshare=(),
+        missing={"namespaces": "bubblewrap is not installed: `apt-get install bubblewrap`"},
+    )
     monkeypatch.setattr(builtin, "_MACHINE", lacking)
     monkeypatch.setattr(builtin, "_warned_weaker", False)
     assert sandbox_layers() == ({"cgroup"} if "cgroup" in lacking.layers else set())
-    with pytest.raises(SandboxUnavailable, match=r"namespaces \(bubblewrap is not installed.*isolation=\"weaker\"") as raised:
+    with pytest.raises(
+        SandboxUnavailable, match=r"namespaces \(bubblewrap is not installed.*isolation=\"weaker\""
+    ) as raised:
         PythonTool()
     assert "namespaces" in raised.value.missing
     with caplog.at_level(logging.WARNING, logger=builtin.__name__):
         tool = PythonTool(isolation="weaker")
         PythonTool(isolation="weaker")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "namespaces" in warnings[0].getMessage() and "isolation=weaker" in warnings[0].getMessage()
-    result = asyncio.run(run_tool_call({"python": tool}, ToolCall("python", {"code": "print(1)"}), ToolContext()))
+    assert (
+        len(warnings) == 1
+        and "namespaces" in warnings[0].getMessage()
+        and "isolation=weaker" in warnings[0].getMessage()
+    )
+    result = asyncio.run(
+        run_tool_call({"python": tool}, ToolCall("python", {"code": "print(1)"}), ToolContext())
+    )
     assert (result.ok, result.text) == (True, "1")
 
 
@@ -453,13 +514,23 @@ def test_a_run_config_opts_in_to_a_weaker_sandbox(monkeypatch: pytest.MonkeyPatc
     from rlasync.config import ConfigError, load_config
     from rlasync.modes.parts import build_run_tools
 
-    lacking = dataclasses.replace(builtin._machine(), bwrap=None, setpriv=None, unshare=(), missing={"namespaces": "bubblewrap is not installed"})
+    lacking = dataclasses.replace(
+        builtin._machine(),
+        bwrap=None,
+        setpriv=None,
+        unshare=(),
+        missing={"namespaces": "bubblewrap is not installed"},
+    )
     monkeypatch.setattr(builtin, "_MACHINE", lacking)
     monkeypatch.setattr(builtin, "_warned_weaker", True)
     strict = load_config(None, ["agent.tools=[python]"])
-    with pytest.raises(ConfigError, match=r"agent.tools: .*namespaces.*`agent.tools: \{python: \{isolation: weaker\}\}`"):
+    with pytest.raises(
+        ConfigError, match=r"agent.tools: .*namespaces.*`agent.tools: \{python: \{isolation: weaker\}\}`"
+    ):
         build_run_tools(strict, [])
-    weaker = load_config(None, ["agent.tools={python: {isolation: weaker, wall_time_s: 5}}"])  # as on the command line
+    weaker = load_config(
+        None, ["agent.tools={python: {isolation: weaker, wall_time_s: 5}}"]
+    )  # as on the command line
     tools = build_run_tools(weaker, [])
     assert isinstance(tools["python"], PythonTool) and tools["python"].wall_time_s == 5
     with pytest.raises(ConfigError, match="agent.tools: .*unexpected keyword argument 'wal_time_s'"):

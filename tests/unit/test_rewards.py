@@ -257,7 +257,9 @@ async def test_async_rewards_are_awaited() -> None:
             await asyncio.sleep(0)
             return 1
 
-    assert await compute_reward("async_judge", answer("x")) == RewardOutput(score=0.75, metrics={"judge_calls": 1.0})
+    assert await compute_reward("async_judge", answer("x")) == RewardOutput(
+        score=0.75, metrics={"judge_calls": 1.0}
+    )
     out = await compute_reward(Judge(), answer("x"))
     assert out == RewardOutput(score=1.0) and type(out.score) is float
 

@@ -10,11 +10,15 @@ import pytest
 from rlasync.modes.queue import SampleQueue, StalenessError
 
 
-async def _run(seed: int, *, batch: int, steps_per_version: int, max_staleness: int, capacity: int | None, steps: int) -> tuple[SampleQueue[int], list[tuple[int, int]]]:
+async def _run(
+    seed: int, *, batch: int, steps_per_version: int, max_staleness: int, capacity: int | None, steps: int
+) -> tuple[SampleQueue[int], list[tuple[int, int]]]:
     """A rollouter admitting as fast as the queue allows, samples finishing after random delays
     (a long tail), and a trainer taking ``steps`` steps; returns (admitted version, trained version) pairs."""
     rng = random.Random(seed)
-    queue: SampleQueue[int] = SampleQueue(batch, steps_per_version=steps_per_version, max_staleness=max_staleness, capacity=capacity)
+    queue: SampleQueue[int] = SampleQueue(
+        batch, steps_per_version=steps_per_version, max_staleness=max_staleness, capacity=capacity
+    )
     trained: list[tuple[int, int]] = []
     running: set[asyncio.Task[None]] = set()
 
@@ -46,9 +50,18 @@ async def _run(seed: int, *, batch: int, steps_per_version: int, max_staleness: 
     "batch, steps_per_version, max_staleness, capacity",
     [(4, 1, 0, None), (4, 1, 1, None), (3, 2, 2, None), (5, 4, 1, 7), (2, 3, 3, 9)],
 )
-async def test_no_sample_is_trained_past_its_bound_and_none_is_dropped(batch: int, steps_per_version: int, max_staleness: int, capacity: int | None) -> None:
+async def test_no_sample_is_trained_past_its_bound_and_none_is_dropped(
+    batch: int, steps_per_version: int, max_staleness: int, capacity: int | None
+) -> None:
     for seed in range(2):
-        queue, trained = await _run(seed, batch=batch, steps_per_version=steps_per_version, max_staleness=max_staleness, capacity=capacity, steps=60)
+        queue, trained = await _run(
+            seed,
+            batch=batch,
+            steps_per_version=steps_per_version,
+            max_staleness=max_staleness,
+            capacity=capacity,
+            steps=60,
+        )
         assert len(trained) == 60 * batch
         staleness = [at - admitted for admitted, at in trained]
         assert min(staleness) >= 0 and max(staleness) <= max_staleness
@@ -99,16 +112,24 @@ async def test_a_restored_queue_keeps_every_ticket_and_its_deadline() -> None:
     await queue.advance()
     await queue.put(tickets[2], "s2")
     state, finished = queue.state()
-    state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=QueueState)  # as a checkpoint stores it
+    state = msgspec.msgpack.decode(
+        msgspec.msgpack.encode(state), type=QueueState
+    )  # as a checkpoint stores it
     restored = make()
     running = restored.restore(state, finished)
-    assert [t.index for t in running] == [3] and (restored.version, restored.ready, restored.running) == (1, 1, 1)
+    assert [t.index for t in running] == [3] and (restored.version, restored.ready, restored.running) == (
+        1,
+        1,
+        1,
+    )
     assert {(t.index, t.version, t.deadline) for t in restored._open.values()} == {(2, 0, 1), (3, 0, 1)}
     for q in (queue, restored):  # both go on alike: the next ticket, then the same batch
         assert (await q.admit()).index == 4
         await q.put(next(t for i, t in q._open.items() if i == 3), "s3")
         assert [t.index for t, _ in await q.take()] == [2, 3]
     with pytest.raises(StalenessError, match="resume with the settings it was saved with"):
-        SampleQueue(1, steps_per_version=1, max_staleness=0).restore(state, finished)  # batch 1, staleness 0: deadlines missed
+        SampleQueue(1, steps_per_version=1, max_staleness=0).restore(
+            state, finished
+        )  # batch 1, staleness 0: deadlines missed
     with pytest.raises(ValueError, match="not the state's"):
         make().restore(state, {})

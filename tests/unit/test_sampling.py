@@ -18,7 +18,10 @@ def test_samples_follow_the_temperature_scaled_distribution() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     n = 40_000
     for temperature in (1.0, 0.5):
-        counts = torch.bincount(_draw(logits, SamplingParams(temperature=temperature), n), minlength=4).double() / n
+        counts = (
+            torch.bincount(_draw(logits, SamplingParams(temperature=temperature), n), minlength=4).double()
+            / n
+        )
         expected = torch.softmax(logits[0].double() / temperature, -1)
         assert torch.allclose(counts, expected, atol=0.01), (temperature, counts, expected)
 
@@ -26,15 +29,22 @@ def test_samples_follow_the_temperature_scaled_distribution() -> None:
 def test_top_k_and_top_p_only_pick_inside_their_set() -> None:
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])  # probabilities 0.64, 0.23, 0.09, 0.03, 0.01
     assert set(_draw(logits, SamplingParams(temperature=1.0, top_k=2), 5000).tolist()) == {0, 1}
-    assert set(_draw(logits, SamplingParams(temperature=1.0, top_p=0.8), 5000).tolist()) == {0, 1}  # 0.64 < 0.8 <= 0.87
+    assert set(_draw(logits, SamplingParams(temperature=1.0, top_p=0.8), 5000).tolist()) == {
+        0,
+        1,
+    }  # 0.64 < 0.8 <= 0.87
     assert set(_draw(logits, SamplingParams(temperature=1.0, top_p=0.5), 5000).tolist()) == {0}
-    counts = torch.bincount(_draw(logits, SamplingParams(temperature=1.0, top_k=2), 20_000), minlength=2).double()
+    counts = torch.bincount(
+        _draw(logits, SamplingParams(temperature=1.0, top_k=2), 20_000), minlength=2
+    ).double()
     assert abs(counts[0] / counts.sum() - 0.64 / 0.87) < 0.02  # renormalised over the kept set
 
 
 def test_greedy_rows_take_the_argmax_with_their_temperature_one_logprob() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0], [4.0, 0.0, 1.0]])
-    tokens, logprobs = sample(logits, [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7)], torch.tensor([0.3, 0.0]))
+    tokens, logprobs = sample(
+        logits, [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7)], torch.tensor([0.3, 0.0])
+    )
     assert tokens[0] == 1 and torch.isclose(logprobs[0], torch.log_softmax(logits[0], -1)[1])
     assert tokens[1] == 0  # u = 0 picks the first token with any weight
     assert torch.isclose(logprobs[1], torch.log_softmax(logits[1] / 0.7, -1)[0])

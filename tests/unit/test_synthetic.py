@@ -69,11 +69,15 @@ def test_answers_are_right() -> None:
 def test_calc_target_renders_a_tool_call_its_response_and_the_answer() -> None:
     tok = build_tokenizer()
     problem = make_problems("calc", 1)[0]
-    text = str(tok.apply_chat_template(problem.messages + problem.target, tools=problem.tools, tokenize=False))  # type: ignore[arg-type]
+    text = str(
+        tok.apply_chat_template(problem.messages + problem.target, tools=problem.tools, tokenize=False)
+    )  # type: ignore[arg-type]
     call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{problem.key}"}}}}</tool_call><|im_end|>'
     assert text.startswith('<|im_start|>system\n<tools>{"name": "calculator"')
     assert f"<|im_start|>user\nWhat is {problem.key}?<|im_end|>\n<|im_start|>assistant\n{call}" in text
-    assert text.endswith(f"<tool_response>{problem.answer}</tool_response><|im_end|>\n<|im_start|>assistant\n{problem.answer}<|im_end|>\n")
+    assert text.endswith(
+        f"<tool_response>{problem.answer}</tool_response><|im_end|>\n<|im_start|>assistant\n{problem.answer}<|im_end|>\n"
+    )
     # The assistant turn parses back to the call, and running it gives the answer.
     parsed = parse_tool_call(call)
     assert parsed == ("calculator", {"expression": problem.key})

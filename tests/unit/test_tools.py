@@ -16,6 +16,7 @@ from rlasync.tools import (
     ToolCall,
     ToolContext,
     ToolError,
+    base,
     build_tools,
     error_result,
     get_tool,
@@ -26,7 +27,6 @@ from rlasync.tools import (
     truncate_text,
     validate_arguments,
 )
-from rlasync.tools import base
 
 
 class Echo(Tool):
@@ -101,12 +101,21 @@ def test_schema_is_the_openai_function_format() -> None:
         "function": {"name": "echo", "description": "Say it back.", "parameters": Echo.parameters},
     }
     assert CalculatorTool().schema() == CALCULATOR  # the calc task's prompts: byte-identical in a template
-    assert [s["function"]["name"] for s in schemas({"echo": Echo(), "calculator": CalculatorTool()})] == ["calculator", "echo"]
+    assert [s["function"]["name"] for s in schemas({"echo": Echo(), "calculator": CalculatorTool()})] == [
+        "calculator",
+        "echo",
+    ]
 
 
 def test_python_schema_names_its_code_argument() -> None:
-    function = PythonTool(isolation="weaker").schema()["function"]  # weaker: also where the sandbox is not whole
-    assert function["name"] == "python" and function["parameters"]["required"] == ["code"] and function["description"]
+    function = PythonTool(isolation="weaker").schema()[
+        "function"
+    ]  # weaker: also where the sandbox is not whole
+    assert (
+        function["name"] == "python"
+        and function["parameters"]["required"] == ["code"]
+        and function["description"]
+    )
 
 
 def test_builtins_are_registered_and_built_by_name_with_options() -> None:
@@ -179,7 +188,9 @@ async def test_unknown_tool_tells_the_model_what_exists(tools: dict[str, Tool]) 
         ("text", "arguments must be a JSON object, got string"),
     ],
 )
-async def test_bad_arguments_are_explained_with_the_usage(tools: dict[str, Tool], arguments: Any, expected: str) -> None:
+async def test_bad_arguments_are_explained_with_the_usage(
+    tools: dict[str, Tool], arguments: Any, expected: str
+) -> None:
     result = await run_tool_call(tools, ToolCall("echo", arguments), ToolContext())
     assert not result.ok and result.error_kind == "bad_arguments"
     assert result.text.startswith("error: ") and expected in result.text
@@ -203,7 +214,9 @@ def test_validate_arguments_accepts_union_types_and_unknown_types() -> None:
         ("number", "exception", "error: bad failed: it returned int, not text"),
     ],
 )
-async def test_a_failing_tool_becomes_an_error_result(tools: dict[str, Tool], do: str, kind: str, text: str) -> None:
+async def test_a_failing_tool_becomes_an_error_result(
+    tools: dict[str, Tool], do: str, kind: str, text: str
+) -> None:
     result = await run_tool_call(tools, ToolCall("bad", {"do": do}, "c1"), ToolContext())
     assert (result.ok, result.error_kind, result.text, result.call_id) == (False, kind, text, "c1")
     assert result.error_message
@@ -214,7 +227,9 @@ async def test_a_hanging_tool_times_out_at_its_deadline(tools: dict[str, Tool]) 
     result = await run_tool_call(tools, ToolCall("bad", {"do": "hang"}), ToolContext())
     assert (result.error_kind, result.text) == ("timeout", "error: bad timed out after 0.2s")
     elapsed = time.perf_counter() - start
-    assert 0.15 <= elapsed < 5, elapsed  # uvloop's clock is cached per loop iteration: it may fire a little early
+    assert 0.15 <= elapsed < 5, (
+        elapsed
+    )  # uvloop's clock is cached per loop iteration: it may fire a little early
     assert tools["bad"].cleaned_up.is_set()  # type: ignore[attr-defined]
 
 
@@ -244,9 +259,13 @@ async def test_malformed_call_objects_never_raise(tools: dict[str, Tool]) -> Non
 
 
 async def test_long_responses_are_capped(tools: dict[str, Tool]) -> None:
-    result = await run_tool_call(tools, ToolCall("bad", {"do": "long"}), ToolContext(), max_response_chars=100, truncate_side="right")
+    result = await run_tool_call(
+        tools, ToolCall("bad", {"do": "long"}), ToolContext(), max_response_chars=100, truncate_side="right"
+    )
     assert result.truncated and len(result.text) == 100 and result.text.endswith("...(truncated)")
-    short = await run_tool_call(tools, ToolCall("echo", {"text": "hi"}), ToolContext(), max_response_chars=100)
+    short = await run_tool_call(
+        tools, ToolCall("echo", {"text": "hi"}), ToolContext(), max_response_chars=100
+    )
     assert not short.truncated and short.text == "hi"
 
 
@@ -269,7 +288,11 @@ def test_truncate_text_keeps_within_the_limit(side: str, limit: int) -> None:
 
 def test_error_result_is_what_loops_show_for_parse_errors() -> None:
     result = error_result("parse_error", "invalid tool call #1: invalid JSON", call_id="call_0")
-    assert (result.text, result.ok, result.error_kind) == ("error: invalid tool call #1: invalid JSON", False, "parse_error")
+    assert (result.text, result.ok, result.error_kind) == (
+        "error: invalid tool call #1: invalid JSON",
+        False,
+        "parse_error",
+    )
 
 
 # -- calculator ------------------------------------------------------------------------------

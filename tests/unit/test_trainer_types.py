@@ -9,9 +9,14 @@ from rlasync.trainer.types import reduce_metrics
 def test_shards_and_metric_reduction() -> None:
     assert shard_rows(7, 2) == [slice(0, 4), slice(4, 7)]
     assert shard_rows(1, 3) == [slice(0, 1), slice(1, 1), slice(1, 1)]
-    parts = [(3.0, {"pg_clipfrac": 0.0, "ratio_min": 0.5, "ratio_max": 1.5}), (1.0, {"pg_clipfrac": 1.0, "ratio_min": 0.9, "ratio_max": 3.0})]
+    parts = [
+        (3.0, {"pg_clipfrac": 0.0, "ratio_min": 0.5, "ratio_max": 1.5}),
+        (1.0, {"pg_clipfrac": 1.0, "ratio_min": 0.9, "ratio_max": 3.0}),
+    ]
     assert reduce_metrics(parts) == {"pg_clipfrac": 0.25, "ratio_min": 0.5, "ratio_max": 3.0}
-    assert reduce_metrics([(0.0, {"ratio_min": 1.0}), (2.0, {"ratio_min": 2.0})]) == {"ratio_min": 2.0}  # empty parts don't vote
+    assert reduce_metrics([(0.0, {"ratio_min": 1.0}), (2.0, {"ratio_min": 2.0})]) == {
+        "ratio_min": 2.0
+    }  # empty parts don't vote
 
 
 def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() -> None:
@@ -34,18 +39,33 @@ def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() ->
         attention[i, prompt_w - prompt_len[i] : prompt_w + resp_len[i]] = 1
         mask[i, : resp_len[i]] = 1
     batch = TrainBatch(
-        prompts=torch.randint(3, 300, (rows, prompt_w), generator=g) * attention[:, :prompt_w], responses=torch.randint(3, 300, (rows, resp_w), generator=g) * mask,
-        response_mask=mask, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
-        logprobs=-torch.rand(rows, resp_w, generator=g) * mask, advantages=torch.randn(rows, generator=g),
-    )  # fmt: skip
+        prompts=torch.randint(3, 300, (rows, prompt_w), generator=g) * attention[:, :prompt_w],
+        responses=torch.randint(3, 300, (rows, resp_w), generator=g) * mask,
+        response_mask=mask,
+        attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        logprobs=-torch.rand(rows, resp_w, generator=g) * mask,
+        advantages=torch.randn(rows, generator=g),
+    )
     plan = micro_plan(batch, 0, 40)
     assert sorted(int(i) for part in plan for i in part) == list(range(rows)) and len(plan) > 1
-    assert max(int(attention[part].sum(-1).max()) * len(part) for part in plan) <= 40 or any(len(part) == 1 for part in plan)
-    trainers = [PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=4))[0], TrainerConfig(lr=1e-2, micro_batch_tokens=tokens)) for tokens in (0, 40)]
+    assert max(int(attention[part].sum(-1).max()) * len(part) for part in plan) <= 40 or any(
+        len(part) == 1 for part in plan
+    )
+    trainers = [
+        PolicyTrainer(
+            build_tiny_lm(TinyLMConfig.preset("nano", seed=4))[0],
+            TrainerConfig(lr=1e-2, micro_batch_tokens=tokens),
+        )
+        for tokens in (0, 40)
+    ]
     whole, dynamic = (t.compute_logprobs(batch) for t in trainers)
     assert torch.allclose(whole * mask, dynamic * mask, atol=1e-5)
     metrics = [t.step(batch) for t in trainers]
-    assert abs(metrics[0]["loss"] - metrics[1]["loss"]) < 1e-5 and abs(metrics[0]["grad_norm"] - metrics[1]["grad_norm"]) < 1e-4
+    assert (
+        abs(metrics[0]["loss"] - metrics[1]["loss"]) < 1e-5
+        and abs(metrics[0]["grad_norm"] - metrics[1]["grad_norm"]) < 1e-4
+    )
     after = [{n: p.detach() for n, p in t.model.named_parameters()} for t in trainers]
     # AdamW's first step is lr * g / (|g| + eps): last-bit gradient differences (another
     # summation order) move weights whose gradient is near zero by a little of lr = 1e-2.

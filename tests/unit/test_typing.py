@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-SNIPPET = '''
+SNIPPET = """
 from typing import AsyncIterator
 import asyncio
 import rlasync
@@ -30,16 +30,26 @@ async def main(cluster: rlasync.LocalCluster) -> None:
         reveal_type(i)
     await counter.add("one")
     wrong: str = await counter.add(1)
-'''
+"""
 
 
 def test_mypy_checks_calls_against_endpoint_signatures(tmp_path: Path) -> None:
     path = tmp_path / "snippet.py"
     path.write_text(textwrap.dedent(SNIPPET))
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent", "--ignore-missing-imports", str(path)],
-        capture_output=True, text=True, timeout=300,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert any(":22:" in e and 'incompatible type "str"' in e for e in errors), out
     assert any(":23:" in e and "Incompatible types in assignment" in e for e in errors), out

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from inspect_engine import InspectableEngine
+from tiny_batch import tiny_batch
 
 from rlasync import LocalCluster, RuntimeConfig
 from rlasync.config import TrainerConfig, WeightsConfig
@@ -22,37 +24,62 @@ from rlasync.models import TinyLMConfig, build_tiny_lm
 from rlasync.trainer import TrainerActor
 from rlasync.weights import ParameterSynchronizer, SyncError
 
-from inspect_engine import InspectableEngine
-from tiny_batch import tiny_batch
-
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 FAST = RuntimeConfig(
-    heartbeat_interval_s=0.2, node_dead_after_s=2.0, call_timeout_s=60, join_timeout_s=60, preload_modules=("rlasync.engines", "inspect_engine")
+    heartbeat_interval_s=0.2,
+    node_dead_after_s=2.0,
+    call_timeout_s=60,
+    join_timeout_s=60,
+    preload_modules=("rlasync.engines", "inspect_engine"),
 )
 
 
 async def _engines(cluster: LocalCluster, model_dir: Path) -> list[Any]:
     config = EngineConfig(model=str(model_dir))
-    return list(await asyncio.gather(*[cluster.spawn(InspectableEngine, config, node=n, name=f"engine-{n}") for n in (1, 2)]))
+    return list(
+        await asyncio.gather(
+            *[cluster.spawn(InspectableEngine, config, node=n, name=f"engine-{n}") for n in (1, 2)]
+        )
+    )
 
 
-@pytest.mark.parametrize("transport, bucket_mb", [("broadcast", 0.01), ("broadcast", 64.0), ("auto", 0.05)], ids=["broadcast-tiny-buckets", "broadcast-one-bucket", "shm"])
-async def test_every_engine_on_every_node_serves_the_trainers_parameters_bit_for_bit(nano_model_dir: Path, transport: str, bucket_mb: float) -> None:
+@pytest.mark.parametrize(
+    "transport, bucket_mb",
+    [("broadcast", 0.01), ("broadcast", 64.0), ("auto", 0.05)],
+    ids=["broadcast-tiny-buckets", "broadcast-one-bucket", "shm"],
+)
+async def test_every_engine_on_every_node_serves_the_trainers_parameters_bit_for_bit(
+    nano_model_dir: Path, transport: str, bucket_mb: float
+) -> None:
     local = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])  # and one in this process
-    async with LocalCluster(nodes=3, config=FAST) as cluster, TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer:
+    async with (
+        LocalCluster(nodes=3, config=FAST) as cluster,
+        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
+    ):
         remote = await _engines(cluster, nano_model_dir)
         await trainer.start(nano_model_dir)
         async with Router(remote, RouterConfig()) as router:
-            sync = ParameterSynchronizer(WeightsConfig(bucket_mb=bucket_mb, transport=transport), trainer, [*remote, local], router=router)  # type: ignore[arg-type]
+            sync = ParameterSynchronizer(
+                WeightsConfig(bucket_mb=bucket_mb, transport=transport),
+                trainer,
+                [*remote, local],
+                router=router,
+            )  # type: ignore[arg-type]
             await sync.start()
             for version in (1, 2):
                 await trainer.step(tiny_batch(version))
                 report = await sync.sync(version)
-                assert report.engines == {"engine-1": version, "engine-2": version, "local-2": version} and not report.removed
+                assert (
+                    report.engines == {"engine-1": version, "engine-2": version, "local-2": version}
+                    and not report.removed
+                )
                 assert set(report.transports.values()) == {"shm" if transport == "auto" else "broadcast"}
             expected = await trainer.weights()
-            for served in [*(await asyncio.gather(*[e.parameters() for e in remote])), dict(local.model.named_parameters())]:
+            for served in [
+                *(await asyncio.gather(*[e.parameters() for e in remote])),
+                dict(local.model.named_parameters()),
+            ]:
                 assert served.keys() == expected.keys()
                 assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
             assert await asyncio.gather(*[e.weight_version() for e in remote]) == [2, 2]
@@ -63,13 +90,20 @@ async def test_every_engine_on_every_node_serves_the_trainers_parameters_bit_for
 
 @pytest.mark.parametrize("policy", ["remove", "stop"])
 @pytest.mark.parametrize("fault", ["killed", "stalled"])
-async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadline(nano_model_dir: Path, fault: str, policy: str) -> None:
+async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadline(
+    nano_model_dir: Path, fault: str, policy: str
+) -> None:
     deadline = 3.0
-    async with LocalCluster(nodes=3, config=FAST) as cluster, TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer:
+    async with (
+        LocalCluster(nodes=3, config=FAST) as cluster,
+        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
+    ):
         remote = await _engines(cluster, nano_model_dir)
         await trainer.start(nano_model_dir)
         async with Router(remote, RouterConfig()) as router:
-            config = WeightsConfig(bucket_mb=0.01, transport="broadcast", timeout_s=deadline, on_engine_failure=policy)  # type: ignore[arg-type]
+            config = WeightsConfig(
+                bucket_mb=0.01, transport="broadcast", timeout_s=deadline, on_engine_failure=policy
+            )  # type: ignore[arg-type]
             sync = ParameterSynchronizer(config, trainer, remote, router=router)
             await sync.start()
             await sync.sync(1)
@@ -105,12 +139,19 @@ async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadl
                 sync.close()
 
 
-async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_version(nano_model_dir: Path) -> None:
-    async with LocalCluster(nodes=3, config=FAST) as cluster, TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer:
+async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_version(
+    nano_model_dir: Path,
+) -> None:
+    async with (
+        LocalCluster(nodes=3, config=FAST) as cluster,
+        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
+    ):
         first, late = await _engines(cluster, nano_model_dir)
         await trainer.start(nano_model_dir)
         async with Router([first], RouterConfig()) as router:
-            sync = ParameterSynchronizer(WeightsConfig(transport="broadcast"), trainer, [first], router=router)
+            sync = ParameterSynchronizer(
+                WeightsConfig(transport="broadcast"), trainer, [first], router=router
+            )
             await sync.start()
             await trainer.step(tiny_batch(1))
             await sync.sync(1)

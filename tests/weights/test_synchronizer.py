@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_batch import tiny_batch
 
 from rlasync.config import TrainerConfig, WeightsConfig
 from rlasync.engines import TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm
 from rlasync.trainer import TrainerActor
 from rlasync.weights import ParameterSynchronizer, SyncError
-from tiny_batch import tiny_batch
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
@@ -23,20 +23,32 @@ def model_dir(nano_model_dir: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "world_size, transport", [(1, "shm"), (1, "broadcast"), (2, "auto")], ids=["shm", "broadcast", "fsdp2-shm-packed"]
-)  # fmt: skip
-async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(model_dir: Path, world_size: int, transport: str) -> None:
+    "world_size, transport",
+    [(1, "shm"), (1, "broadcast"), (2, "auto")],
+    ids=["shm", "broadcast", "fsdp2-shm-packed"],
+)
+async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(
+    model_dir: Path, world_size: int, transport: str
+) -> None:
     engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])  # other weights to start with
-    async with TrainerActor(TrainerConfig(world_size=world_size, strategy="fsdp2" if world_size > 1 else "ddp", lr=1e-2)) as trainer:
+    async with TrainerActor(
+        TrainerConfig(world_size=world_size, strategy="fsdp2" if world_size > 1 else "ddp", lr=1e-2)
+    ) as trainer:
         await trainer.start(model_dir)
-        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.05, alone_mb=0.02, transport=transport), trainer, engine)  # type: ignore[arg-type]
+        sync = ParameterSynchronizer(
+            WeightsConfig(bucket_mb=0.05, alone_mb=0.02, transport=transport), trainer, engine
+        )  # type: ignore[arg-type]
         await sync.start()
         for version in (1, 2):
             await trainer.step(tiny_batch())
             report = await sync.sync(version)
             expected = await trainer.weights()
             served = dict(engine.model.named_parameters())
-            assert engine.weight_version == version and report.attempts == 1 and report.engines == {"local-0": version}
+            assert (
+                engine.weight_version == version
+                and report.attempts == 1
+                and report.engines == {"local-0": version}
+            )
             assert report.transports == {"local-0": "broadcast" if transport == "broadcast" else "shm"}
             assert all(torch.equal(served[name].detach(), tensor) for name, tensor in expected.items())
         sync.close()
@@ -44,11 +56,15 @@ async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(mo
 
 
 @pytest.mark.parametrize("retries", [1, 0])
-async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_last_version(model_dir: Path, retries: int) -> None:
+async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_last_version(
+    model_dir: Path, retries: int
+) -> None:
     engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
     async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
         await trainer.start(model_dir)
-        sync = ParameterSynchronizer(WeightsConfig(timeout_s=3, retries=retries, transport="broadcast"), trainer, engine)
+        sync = ParameterSynchronizer(
+            WeightsConfig(timeout_s=3, retries=retries, transport="broadcast"), trainer, engine
+        )
         await sync.start()
         await sync.sync(1)
         local = sync._sinks[0].local
@@ -56,7 +72,12 @@ async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_l
         local.close_group()  # this side drops out: the trainer's rank 0 waits for it until the deadline
         if retries:
             report = await sync.sync(2)
-            assert report.attempts == 2 and sync.generation == 1 and engine.weight_version == 2 and not report.removed
+            assert (
+                report.attempts == 2
+                and sync.generation == 1
+                and engine.weight_version == 2
+                and not report.removed
+            )
         else:
             with pytest.raises(SyncError, match="no engine is left"):
                 await sync.sync(2)
@@ -65,14 +86,18 @@ async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_l
     await engine.close()
 
 
-async def test_the_trainer_changing_its_parameters_mid_copy_is_an_error_not_a_mixed_version(model_dir: Path) -> None:
+async def test_the_trainer_changing_its_parameters_mid_copy_is_an_error_not_a_mixed_version(
+    model_dir: Path,
+) -> None:
     engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
     async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
         await trainer.start(model_dir)
         sync = ParameterSynchronizer(WeightsConfig(timeout_s=1, retries=0, transport="shm"), trainer, engine)
         await sync.start()
         await sync.sync(1)
-        await trainer.step(tiny_batch())  # marks the shared parameters as changing; nobody publishes version 2
+        await trainer.step(
+            tiny_batch()
+        )  # marks the shared parameters as changing; nobody publishes version 2
         local = sync._sinks[0].local
         assert local is not None
         with pytest.raises(SyncError, match="was not published within weights.timeout_s=1"):
@@ -111,7 +136,9 @@ async def test_a_trainer_rank_lost_mid_sync_stops_the_sync_and_takes_no_engine_o
     engine = TorchEngine(build_tiny_lm(TinyLMConfig.preset("nano", seed=9))[0])
     async with TrainerActor(TrainerConfig(world_size=1)) as trainer:
         await trainer.start(model_dir)
-        sync = ParameterSynchronizer(WeightsConfig(timeout_s=30, retries=3, transport="broadcast"), trainer, engine)
+        sync = ParameterSynchronizer(
+            WeightsConfig(timeout_s=30, retries=3, transport="broadcast"), trainer, engine
+        )
         await sync.start()
         await sync.sync(1)
         os.kill(trainer.info["pids"][0], signal.SIGKILL)

@@ -53,19 +53,40 @@ def _params(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _engines(
-    tmp_path: Path, port: int, plan_bytes: bytes, count: int, syncs: int, stall: float = 0.0, generation: int = 0
+    tmp_path: Path,
+    port: int,
+    plan_bytes: bytes,
+    count: int,
+    syncs: int,
+    stall: float = 0.0,
+    generation: int = 0,
 ) -> list[tuple[subprocess.Popen[str], Path]]:
     (tmp_path / "plan.json").write_bytes(plan_bytes)
     (tmp_path / "receiver.py").write_text(RECEIVER)
     engines = []
     for rank in range(1, count + 1):
         out = tmp_path / f"engine{rank}.safetensors"
-        command = [sys.executable, str(tmp_path / "receiver.py"), str(port), str(rank), str(count + 1), str(tmp_path / "plan.json"), str(out), str(syncs), str(stall), str(generation)]
-        engines.append((subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out))
+        command = [
+            sys.executable,
+            str(tmp_path / "receiver.py"),
+            str(port),
+            str(rank),
+            str(count + 1),
+            str(tmp_path / "plan.json"),
+            str(out),
+            str(syncs),
+            str(stall),
+            str(generation),
+        ]
+        engines.append(
+            (subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out)
+        )
     return engines
 
 
-@pytest.mark.parametrize("bucket_bytes", [1, 4096, 1 << 30], ids=["one-tensor-per-bucket", "4KiB", "one-bucket"])
+@pytest.mark.parametrize(
+    "bucket_bytes", [1, 4096, 1 << 30], ids=["one-tensor-per-bucket", "4KiB", "one-bucket"]
+)
 def test_every_engine_gets_the_trainers_parameters_bit_for_bit(tmp_path: Path, bucket_bytes: int) -> None:
     import msgspec
 
@@ -94,7 +115,7 @@ def test_a_killed_engine_is_an_error_within_the_deadline_and_a_new_generation_wo
     params = _params()
     plan = plan_for(params, 64 << 10)
     port = _free_port()
-    (proc, _), = _engines(tmp_path, port, msgspec.json.encode(plan), count=1, syncs=1)
+    ((proc, _),) = _engines(tmp_path, port, msgspec.json.encode(plan), count=1, syncs=1)
     group = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=30)
     proc.kill()
     proc.wait()
@@ -104,7 +125,9 @@ def test_a_killed_engine_is_an_error_within_the_deadline_and_a_new_generation_wo
     assert time.monotonic() - started < 30
     # The store outlives the group: a new generation, with a fresh engine, syncs.
     (tmp_path / "gen1").mkdir()
-    (fresh, out), = _engines(tmp_path / "gen1", port, msgspec.json.encode(plan), count=1, syncs=1, generation=1)
+    ((fresh, out),) = _engines(
+        tmp_path / "gen1", port, msgspec.json.encode(plan), count=1, syncs=1, generation=1
+    )
     again = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=30, generation=1, store=group.store)
     WeightSender(again, plan).send(params, version=2)
     assert fresh.wait(timeout=60) == 0
@@ -118,7 +141,7 @@ def test_a_stalled_engine_is_an_error_after_the_deadline_not_a_hang(tmp_path: Pa
     params = _params()
     plan = plan_for(params, 64 << 10)
     port = _free_port()
-    (proc, _), = _engines(tmp_path, port, msgspec.json.encode(plan), count=1, syncs=2, stall=30)
+    ((proc, _),) = _engines(tmp_path, port, msgspec.json.encode(plan), count=1, syncs=2, stall=30)
     group = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=3)
     sender = WeightSender(group, plan)
     sender.send(params, version=1)

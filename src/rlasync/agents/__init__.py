@@ -15,7 +15,25 @@ from .trajectory import Trajectory, TrajectoryMetrics
 from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, NoWorkerError
 
 __all__ = [
-    "AgentLoop", "AgentLoopManager", "AgentLoopWorker", "AgentWorkerSpec", "ChatTurns", "Interaction", "LoopReuseError", "LoopState", "NoWorkerError",
-    "ResumableLoop", "RewardFn", "RolloutBatch", "SingleTurnAgentLoop", "TemplateError", "ToolAgentLoop", "Trajectory",
-    "TrajectoryMetrics", "collate", "get_loop", "register", "registered_reward",
-]  # fmt: skip
+    "AgentLoop",
+    "AgentLoopManager",
+    "AgentLoopWorker",
+    "AgentWorkerSpec",
+    "ChatTurns",
+    "Interaction",
+    "LoopReuseError",
+    "LoopState",
+    "NoWorkerError",
+    "ResumableLoop",
+    "RewardFn",
+    "RolloutBatch",
+    "SingleTurnAgentLoop",
+    "TemplateError",
+    "ToolAgentLoop",
+    "Trajectory",
+    "TrajectoryMetrics",
+    "collate",
+    "get_loop",
+    "register",
+    "registered_reward",
+]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 from ..config.agent import AgentConfig
 from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
@@ -93,7 +94,10 @@ class AgentLoop(abc.ABC):
             if inspect.isawaitable(value):
                 value = await value
             return float(value)
-        except (Exception, SystemExit) as exc:  # a reward bug (sys.exit too) is a recorded zero, not a lost trajectory, said once
+        except (
+            Exception,
+            SystemExit,
+        ) as exc:  # a reward bug (sys.exit too) is a recorded zero, not a lost trajectory, said once
             from ..rewards.registry import warn_once
 
             trajectory.metrics.reward_error = f"{type(exc).__name__}: {exc}"
@@ -155,8 +159,13 @@ def register(name: str) -> Callable[[type[AgentLoop]], type[AgentLoop]]:
     def add(cls: type[AgentLoop]) -> type[AgentLoop]:
         existing = _LOOPS.get(name)
         # The same class defined again (a module re-imported) replaces itself; another class may not.
-        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"an agent loop named {name!r} is already registered ({existing.__module__}.{existing.__qualname__})")
+        if existing is not None and (existing.__module__, existing.__qualname__) != (
+            cls.__module__,
+            cls.__qualname__,
+        ):
+            raise ValueError(
+                f"an agent loop named {name!r} is already registered ({existing.__module__}.{existing.__qualname__})"
+            )
         _LOOPS[name] = cls
         return cls
 
@@ -166,7 +175,9 @@ def register(name: str) -> Callable[[type[AgentLoop]], type[AgentLoop]]:
 def get_loop(name: str) -> type[AgentLoop]:
     cls = _LOOPS.get(name)
     if cls is None:
-        raise KeyError(f"no agent loop named {name!r} (registered: {', '.join(sorted(_LOOPS))}); register yours with @rlasync.agents.register")
+        raise KeyError(
+            f"no agent loop named {name!r} (registered: {', '.join(sorted(_LOOPS))}); register yours with @rlasync.agents.register"
+        )
     return cls
 
 

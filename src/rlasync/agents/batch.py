@@ -8,7 +8,8 @@ same column. ``position_ids`` count real tokens only, as the engines' did when s
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import torch
@@ -44,20 +45,33 @@ def collate(trajectories: Sequence[Trajectory], pad_token_id: int) -> RolloutBat
         rows = [getattr(t, field) for t in trajectories]
         return torch.tensor([row + [fill] * (response_len - len(row)) for row in rows], dtype=dtype)
 
-    prompts = torch.tensor([[pad_token_id] * (prompt_len - len(t.prompt_ids)) + t.prompt_ids for t in trajectories], dtype=torch.long)
+    prompts = torch.tensor(
+        [[pad_token_id] * (prompt_len - len(t.prompt_ids)) + t.prompt_ids for t in trajectories],
+        dtype=torch.long,
+    )
     responses = right("response_ids", pad_token_id, torch.long)
     response_mask = right("response_mask", 0, torch.long)
     logprobs = right("logprobs", 0.0, torch.float32)
     versions = right("versions", -1, torch.long)
     attention = torch.tensor(
-        [[0] * (prompt_len - len(t.prompt_ids)) + [1] * (len(t.prompt_ids) + len(t.response_ids)) + [0] * (response_len - len(t.response_ids)) for t in trajectories],
+        [
+            [0] * (prompt_len - len(t.prompt_ids))
+            + [1] * (len(t.prompt_ids) + len(t.response_ids))
+            + [0] * (response_len - len(t.response_ids))
+            for t in trajectories
+        ],
         dtype=torch.long,
-    )  # fmt: skip
+    )
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return RolloutBatch(
-        prompts=prompts, responses=responses, response_mask=response_mask, attention_mask=attention,
-        position_ids=position_ids, logprobs=logprobs, versions=versions,
+        prompts=prompts,
+        responses=responses,
+        response_mask=response_mask,
+        attention_mask=attention,
+        position_ids=position_ids,
+        logprobs=logprobs,
+        versions=versions,
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         num_turns=torch.tensor([t.num_turns for t in trajectories], dtype=torch.long),
         trajectories=list(trajectories),
-    )  # fmt: skip
+    )

@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 
@@ -91,7 +92,9 @@ class ResumableLoop(AgentLoop):
         returning the first trajectory as if it were the second's."""
         name = f"{type(self).__name__} {self.trajectory_id!r}"
         if self._running:
-            raise LoopReuseError(f"{name} is already running a trajectory: one loop object rolls out one trajectory; make a loop per trajectory")
+            raise LoopReuseError(
+                f"{name} is already running a trajectory: one loop object rolls out one trajectory; make a loop per trajectory"
+            )
         if not hasattr(self, "state") or self.state.state == "PENDING":
             self._start(row)
         elif list(row.get("messages") or []) != self._prompt:
@@ -113,7 +116,9 @@ class ResumableLoop(AgentLoop):
         mid-generation continues from its tokens; a state saved during tool calls runs them
         again; a finished one is scored again."""
         if self._running:
-            raise LoopReuseError(f"{type(self).__name__} {self.trajectory_id!r} is running: resume a trajectory in a fresh loop")
+            raise LoopReuseError(
+                f"{type(self).__name__} {self.trajectory_id!r} is running: resume a trajectory in a fresh loop"
+            )
         self._prompt = [dict(m) for m in row.get("messages") or []]
         self.state = state
 
@@ -123,7 +128,9 @@ class ResumableLoop(AgentLoop):
             raise ValueError("a dataset row for an agent loop needs `messages` (the prompt as chat messages)")
         schemas = [tool.schema() for tool in self.tools.values()] or row.get("tools")
         self._prompt = [dict(m) for m in messages]
-        self.state = LoopState(state="GENERATING", prompt_ids=self.turns.prompt_ids(messages, schemas), messages=messages)
+        self.state = LoopState(
+            state="GENERATING", prompt_ids=self.turns.prompt_ids(messages, schemas), messages=messages
+        )
 
     def _budget(self) -> int:
         s = self.state
@@ -157,7 +164,10 @@ class ResumableLoop(AgentLoop):
                     finish = chunk.finish_reason
             except EngineLostError:  # its engine died mid-turn: go on from the partial turn elsewhere
                 finish = "abort"
-            except (EngineError, ActorError) as exc:  # this request failed: the trajectory ends, the batch goes on
+            except (
+                EngineError,
+                ActorError,
+            ) as exc:  # this request failed: the trajectory ends, the batch goes on
                 s.metrics.error = f"{type(exc).__name__}: {exc}"
                 return "error"
             finally:
@@ -203,11 +213,18 @@ class ResumableLoop(AgentLoop):
         generated), its termination so far, reward 0."""
         s = self.state
         return Trajectory(
-            prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids), response_mask=list(s.response_mask),
-            logprobs=list(s.logprobs), versions=list(s.versions), reward=0.0,
-            num_turns=s.assistant_turns + s.user_turns + 1, termination=s.termination, metrics=s.metrics,
-            messages=list(s.messages), extra={"turn_scores": list(s.turn_scores)},
-        )  # fmt: skip
+            prompt_ids=list(s.prompt_ids),
+            response_ids=list(s.response_ids),
+            response_mask=list(s.response_mask),
+            logprobs=list(s.logprobs),
+            versions=list(s.versions),
+            reward=0.0,
+            num_turns=s.assistant_turns + s.user_turns + 1,
+            termination=s.termination,
+            metrics=s.metrics,
+            messages=list(s.messages),
+            extra={"turn_scores": list(s.turn_scores)},
+        )
 
     async def _finish(self, row: dict[str, Any]) -> Trajectory:
         self.state.state = "TERMINATED"
@@ -248,7 +265,9 @@ class ToolAgentLoop(ResumableLoop):
         with self._trajectory(row) as s:
             return await self._run(s, parser, params, row)
 
-    async def _run(self, s: LoopState, parser: Any, params: SamplingParams, row: dict[str, Any]) -> Trajectory:
+    async def _run(
+        self, s: LoopState, parser: Any, params: SamplingParams, row: dict[str, Any]
+    ) -> Trajectory:
         cfg = self.config
         while s.state != "TERMINATED":
             if s.state == "GENERATING":
@@ -264,9 +283,17 @@ class ToolAgentLoop(ResumableLoop):
                     s.termination = "max_assistant_turns"
                 else:
                     # Parsing is linear, but a long turn is parsed off the event loop's thread.
-                    parsed = await asyncio.to_thread(parser.parse, text) if len(text) > PARSE_INLINE_CHARS else parser.parse(text)
+                    parsed = (
+                        await asyncio.to_thread(parser.parse, text)
+                        if len(text) > PARSE_INLINE_CHARS
+                        else parser.parse(text)
+                    )
                     if parsed.calls or parsed.errors or parsed.dropped:
-                        s.pending_calls, s.pending_errors, s.pending_dropped = list(parsed.calls), list(parsed.errors), parsed.dropped
+                        s.pending_calls, s.pending_errors, s.pending_dropped = (
+                            list(parsed.calls),
+                            list(parsed.errors),
+                            parsed.dropped,
+                        )
                         s.state = "PROCESSING_TOOLS"
                         continue
                     if self.interaction is not None:
@@ -318,7 +345,13 @@ class ToolAgentLoop(ResumableLoop):
             results = list(
                 await asyncio.gather(
                     *[
-                        run_tool_call(self.tools, call, context, max_response_chars=cfg.max_tool_response_length, truncate_side=cfg.tool_response_truncate_side)
+                        run_tool_call(
+                            self.tools,
+                            call,
+                            context,
+                            max_response_chars=cfg.max_tool_response_length,
+                            truncate_side=cfg.tool_response_truncate_side,
+                        )
                         for call in calls
                     ]
                 )
@@ -333,7 +366,9 @@ class ToolAgentLoop(ResumableLoop):
         if skipped or unanswered:
             results.append(error_result("parse_error", _not_run(cfg.max_parallel_calls, skipped, unanswered)))
         for r in results:  # environment text: valid, bounded, and named within bounds
-            r.text = truncate_text(clean_text(r.text), cfg.max_tool_response_length, cfg.tool_response_truncate_side)[0]
+            r.text = truncate_text(
+                clean_text(r.text), cfg.max_tool_response_length, cfg.tool_response_truncate_side
+            )[0]
             r.name = clean_text(r.name[:MAX_NAME_CHARS])
         s.metrics.tool_calls += len(calls)
         s.metrics.tool_errors += failed + len(s.pending_errors) + s.pending_dropped + skipped

@@ -20,7 +20,9 @@ PROMPT_CACHE_SIZE = 4096
 # Rendered prompts per tokenizer: every trajectory of a GRPO group starts from the same prompt,
 # and rendering the chat template is the costliest step of starting one (measured: 65 ms of
 # the controller's 175 ms per quickstart step before this cache).
-_prompt_cache: weakref.WeakKeyDictionary[Any, collections.OrderedDict[bytes, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_prompt_cache: weakref.WeakKeyDictionary[Any, collections.OrderedDict[bytes, tuple[int, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class TemplateError(ValueError):
@@ -34,23 +36,39 @@ class ChatTurns:
         if not end:
             raise TemplateError("the tokenizer has no eos token: cannot tell where a model turn ends")
         self.turn_end = str(end)
-        self._base: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        self._base: list[dict[str, Any]] = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+        ]
         self._before = ""  # the base conversation rendered, computed on first use
 
-    def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None, generation_prompt: bool) -> str:
-        text: str = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        generation_prompt: bool,
+    ) -> str:
+        text: str = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
         return text
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """The prompt: the conversation so far and the assistant header the model continues
         (remembered per tokenizer for the last ``PROMPT_CACHE_SIZE`` prompts)."""
         try:
             key = msgspec.json.encode([messages, tools])
             cache = _prompt_cache.setdefault(self.tokenizer, collections.OrderedDict())
-        except (TypeError, msgspec.EncodeError):  # contents that are not plain data, or a tokenizer without weak references
+        except (
+            TypeError,
+            msgspec.EncodeError,
+        ):  # contents that are not plain data, or a tokenizer without weak references
             return self.encode(self.render(messages, tools=tools, generation_prompt=True))
         ids = cache.get(key)
         if ids is None:
@@ -77,7 +95,9 @@ class ChatTurns:
     def special_ids(self) -> set[int]:
         """Ids of the tokenizer's special tokens (control tokens: turn ends, headers, tool tags)."""
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
-        return set(self.tokenizer.all_special_ids) | {i for i, token in added.items() if getattr(token, "special", False)}
+        return set(self.tokenizer.all_special_ids) | {
+            i for i, token in added.items() if getattr(token, "special", False)
+        }
 
     def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """What the template puts after a model turn that ended with its end token, then
@@ -95,7 +115,9 @@ class ChatTurns:
         before = self._before
         end = before.rfind(self.turn_end)
         if end < 0:
-            raise TemplateError(f"the chat template does not end an assistant turn with the eos token {self.turn_end!r}")
+            raise TemplateError(
+                f"the chat template does not end an assistant turn with the eos token {self.turn_end!r}"
+            )
         values: dict[str, str] = {}
         marked = []
         for i, message in enumerate(messages):
@@ -109,11 +131,17 @@ class ChatTurns:
         text = before[end + len(self.turn_end) :] + after[len(before) :]
         pieces = text.split("\x00")
         if len(pieces) % 2 == 1 and all(key in values for key in pieces[1::2]):
-            return self.encode_pieces((values[piece] if k % 2 else piece, bool(k % 2)) for k, piece in enumerate(pieces))
+            return self.encode_pieces(
+                (values[piece] if k % 2 else piece, bool(k % 2)) for k, piece in enumerate(pieces)
+            )
         # The template changed the placeholders: render plainly, if no control token comes of it.
         ids = self.encode(before[end + len(self.turn_end) :] + self._after(before, messages)[len(before) :])
-        neutral = [dict(m, **{f: "" for f in _ENVIRONMENT_FIELDS if isinstance(m.get(f), str)}) for m in messages]
-        expected = self.encode(before[end + len(self.turn_end) :] + self._after(before, neutral)[len(before) :])
+        neutral = [
+            dict(m, **{f: "" for f in _ENVIRONMENT_FIELDS if isinstance(m.get(f), str)}) for m in messages
+        ]
+        expected = self.encode(
+            before[end + len(self.turn_end) :] + self._after(before, neutral)[len(before) :]
+        )
         specials = self.special_ids()
         if [i for i in ids if i in specials] != [i for i in expected if i in specials]:
             raise TemplateError(
@@ -125,7 +153,9 @@ class ChatTurns:
     def _after(self, before: str, messages: list[dict[str, Any]]) -> str:
         after = self.render(self._base + messages, generation_prompt=True)
         if not after.startswith(before):
-            raise TemplateError("the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends")
+            raise TemplateError(
+                "the chat template re-renders earlier turns when a turn is added; token-exact turns need a template that only appends"
+            )
         return after
 
 

@@ -15,7 +15,9 @@ class TrajectoryMetrics(msgspec.Struct, kw_only=True):
     aborts: int = 0  # model turns the engine aborted (pause, weight update) and the loop resumed
     interrupts: int = 0  # times the loop itself was interrupted and resumed
     reward_error: str = ""  # the reward function's exception, if it raised (the reward is then 0)
-    error: str = ""  # the engine's error, or the loop's exception, that ended the trajectory (termination "error")
+    error: str = (
+        ""  # the engine's error, or the loop's exception, that ended the trajectory (termination "error")
+    )
 
 
 class Trajectory(msgspec.Struct, kw_only=True):

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -27,8 +28,7 @@ from ..config.agent import AgentConfig
 from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
-from ..runtime import ActorError, ActorNotFound, ActorRef, NodeLostError, endpoint
-from ..runtime import Actor
+from ..runtime import Actor, ActorError, ActorNotFound, ActorRef, NodeLostError, endpoint
 from .base import AgentLoop, RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
 from .loops import LoopState, ResumableLoop
@@ -61,7 +61,14 @@ class AgentLoopWorker(Actor):
     """Runs agent loops on its node. In this process it also takes a ready ``engine`` (an engine
     or a router), ``tokenizer`` and ``reward_fn`` instead of building them from the spec."""
 
-    def __init__(self, spec: AgentWorkerSpec | dict[str, Any], *, engine: Any = None, tokenizer: Any = None, reward_fn: RewardFn | None = None) -> None:
+    def __init__(
+        self,
+        spec: AgentWorkerSpec | dict[str, Any],
+        *,
+        engine: Any = None,
+        tokenizer: Any = None,
+        reward_fn: RewardFn | None = None,
+    ) -> None:
         self.spec = msgspec.convert(spec, AgentWorkerSpec) if isinstance(spec, dict) else spec
         self._engine = engine
         self.tokenizer = tokenizer
@@ -92,7 +99,9 @@ class AgentLoopWorker(Actor):
             await self._engine.close()
 
     @endpoint
-    async def generate(self, rows: list[dict[str, Any]], params: SamplingParams, states: dict[str, LoopState] | None = None) -> list[Trajectory]:
+    async def generate(
+        self, rows: list[dict[str, Any]], params: SamplingParams, states: dict[str, LoopState] | None = None
+    ) -> list[Trajectory]:
         """One trajectory per row, in order; rows pick their loop with ``agent_name``, and their
         ``uid`` is the trajectory's id. ``states``: trajectories to go on with (uid -> the
         ``LoopState`` a checkpoint saved, see ``loop_states``); the other rows start afresh."""
@@ -100,7 +109,9 @@ class AgentLoopWorker(Actor):
         for loop in loops:
             self._loops[loop.trajectory_id] = loop
         try:
-            return list(await asyncio.gather(*[self._run(loop, row, params) for loop, row in zip(loops, rows)]))
+            return list(
+                await asyncio.gather(*[self._run(loop, row, params) for loop, row in zip(loops, rows)])
+            )
         finally:
             for loop in loops:
                 self._loops.pop(loop.trajectory_id, None)
@@ -111,13 +122,24 @@ class AgentLoopWorker(Actor):
         encoded at once: one instant's. A trajectory not running here (not started yet, or its
         call already answered) or whose loop keeps no ``LoopState`` is left out; resumed, it
         starts again."""
-        running = {uid: loop.state for uid in uids if isinstance(loop := self._loops.get(uid), ResumableLoop) and hasattr(loop, "state")}
+        running = {
+            uid: loop.state
+            for uid in uids
+            if isinstance(loop := self._loops.get(uid), ResumableLoop) and hasattr(loop, "state")
+        }
         return msgspec.msgpack.encode(running)
 
     def _loop(self, row: dict[str, Any], state: LoopState | None) -> AgentLoop:
         cls = get_loop(str(row.get("agent_name") or self.spec.agent.default_loop))
         trajectory_id = str(row.get("uid") or uuid.uuid4().hex)
-        loop = cls(self._engine, self.tokenizer, self.spec.agent, tools=self.tools, reward_fn=self._reward_fn, trajectory_id=trajectory_id)
+        loop = cls(
+            self._engine,
+            self.tokenizer,
+            self.spec.agent,
+            tools=self.tools,
+            reward_fn=self._reward_fn,
+            trajectory_id=trajectory_id,
+        )
         if state is not None and isinstance(loop, ResumableLoop):
             loop.resume_from(state, row)
         return loop
@@ -152,9 +174,18 @@ def failed_trajectory(loop: AgentLoop, row: dict[str, Any], exc: BaseException) 
     key = (type(loop), type(exc))
     if key not in _reported:
         _reported.add(key)
-        log.warning("agent loop %s raised on trajectory %s (it ends with termination 'error'; further %s of this loop are not logged)",
-                    type(loop).__name__, loop.trajectory_id, type(exc).__name__, exc_info=exc)  # fmt: skip
-    if isinstance(loop, ResumableLoop) and isinstance(getattr(loop, "state", None), LoopState) and loop.state.prompt_ids:
+        log.warning(
+            "agent loop %s raised on trajectory %s (it ends with termination 'error'; further %s of this loop are not logged)",
+            type(loop).__name__,
+            loop.trajectory_id,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+    if (
+        isinstance(loop, ResumableLoop)
+        and isinstance(getattr(loop, "state", None), LoopState)
+        and loop.state.prompt_ids
+    ):
         loop.state.termination, loop.state.metrics.error = "error", error
         return loop.trajectory()
     try:  # it failed before it had a state: the prompt alone
@@ -162,9 +193,17 @@ def failed_trajectory(loop: AgentLoop, row: dict[str, Any], exc: BaseException) 
     except Exception:  # noqa: BLE001  (the row itself may be what failed)
         prompt_ids = []
     return Trajectory(
-        prompt_ids=prompt_ids, response_ids=[], response_mask=[], logprobs=[], versions=[], reward=0.0, num_turns=1,
-        termination="error", metrics=TrajectoryMetrics(error=error), messages=list(row.get("messages") or []),
-    )  # fmt: skip
+        prompt_ids=prompt_ids,
+        response_ids=[],
+        response_mask=[],
+        logprobs=[],
+        versions=[],
+        reward=0.0,
+        num_turns=1,
+        termination="error",
+        metrics=TrajectoryMetrics(error=error),
+        messages=list(row.get("messages") or []),
+    )
 
 
 _reported: set[tuple[type, type]] = set()  # (loop class, exception type) already logged
@@ -177,7 +216,14 @@ class AgentLoopManager:
     rotation any more (``engine_removed``) gets new rows only when no other worker is left.
     ``timeout_s``: the deadline of one worker call (``agent.rollout_timeout_s``)."""
 
-    def __init__(self, workers: Sequence[ActorRef], *, local: dict[str, list[str]] | None = None, pad_token_id: int = 0, timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        workers: Sequence[ActorRef],
+        *,
+        local: dict[str, list[str]] | None = None,
+        pad_token_id: int = 0,
+        timeout_s: float = 3600.0,
+    ) -> None:
         if not workers:
             raise ValueError("AgentLoopManager needs at least one AgentLoopWorker")
         self.workers = list(workers)
@@ -189,20 +235,34 @@ class AgentLoopManager:
         self.retried = 0  # rows run again after their worker was lost
         self._tells: set[asyncio.Task[Any]] = set()
 
-    async def generate(self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1) -> RolloutBatch:
+    async def generate(
+        self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1
+    ) -> RolloutBatch:
         return collate(await self.trajectories(rows, params, group=group), self.pad_token_id)
 
     async def trajectories(
-        self, rows: Sequence[dict[str, Any]], params: SamplingParams, *, group: int = 1, states: dict[str, LoopState] | None = None
+        self,
+        rows: Sequence[dict[str, Any]],
+        params: SamplingParams,
+        *,
+        group: int = 1,
+        states: dict[str, LoopState] | None = None,
     ) -> list[Trajectory]:
         """One trajectory per row, in order. Every ``group`` consecutive rows go to one worker.
         ``states``: trajectories to go on with, by row ``uid`` (from ``loop_states``)."""
-        rows = [row if row.get("uid") else dict(row, uid=uuid.uuid4().hex) for row in rows]  # stable ids across retries
+        rows = [
+            row if row.get("uid") else dict(row, uid=uuid.uuid4().hex) for row in rows
+        ]  # stable ids across retries
         units = [list(range(i, min(i + group, len(rows)))) for i in range(0, len(rows), group)]
         results: list[Trajectory | None] = [None] * len(rows)
         while units:
             plan = self._assign(units)
-            calls = [asyncio.ensure_future(self._call(worker, [rows[i] for unit in assigned for i in unit], params, states)) for worker, assigned in plan]
+            calls = [
+                asyncio.ensure_future(
+                    self._call(worker, [rows[i] for unit in assigned for i in unit], params, states)
+                )
+                for worker, assigned in plan
+            ]
             try:
                 replies = await asyncio.gather(*calls, return_exceptions=True)
             except BaseException:
@@ -214,8 +274,14 @@ class AgentLoopManager:
                 if isinstance(reply, (NodeLostError, ActorNotFound)):
                     lost = sum(len(unit) for unit in assigned)
                     graceful = getattr(reply, "graceful", False)  # its node shut down cleanly: nobody to warn
-                    log.log(logging.INFO if graceful else logging.WARNING, "agent-loop worker %s %s (%s); its %d rows run again on another",
-                            worker.name, "left" if graceful else "was lost", reply, lost)  # fmt: skip
+                    log.log(
+                        logging.INFO if graceful else logging.WARNING,
+                        "agent-loop worker %s %s (%s); its %d rows run again on another",
+                        worker.name,
+                        "left" if graceful else "was lost",
+                        reply,
+                        lost,
+                    )
                     self.retried += lost
                     if worker in self.workers:
                         self.workers.remove(worker)
@@ -226,16 +292,22 @@ class AgentLoopManager:
                     for i, trajectory in zip((i for unit in assigned for i in unit), reply):
                         results[i] = trajectory
             if units and not self.workers:
-                raise NoWorkerError(f"every agent-loop worker was lost (their nodes died, engines with them); {sum(map(len, units))} rows were not rolled out")
+                raise NoWorkerError(
+                    f"every agent-loop worker was lost (their nodes died, engines with them); {sum(map(len, units))} rows were not rolled out"
+                )
             units.sort()
         return [t for t in results if t is not None]
 
     def _assign(self, units: list[list[int]]) -> list[tuple[ActorRef, list[list[int]]]]:
         """Each unit to the worker with the fewest rows outstanding (counting this call's), among
         those that still have an engine of their own in rotation."""
-        serving = [w for w in self.workers if not self.local.get(w.name) or self.local[w.name] - self.removed] or self.workers
+        serving = [
+            w for w in self.workers if not self.local.get(w.name) or self.local[w.name] - self.removed
+        ] or self.workers
         if not serving:
-            raise NoWorkerError("every agent-loop worker was lost (their nodes died, engines with them); nothing is left to roll out with")
+            raise NoWorkerError(
+                "every agent-loop worker was lost (their nodes died, engines with them); nothing is left to roll out with"
+            )
         load = {w.name: self.outstanding.get(w.name, 0) for w in serving}
         plan: dict[str, list[list[int]]] = {}
         for unit in units:
@@ -250,18 +322,30 @@ class AgentLoopManager:
         trajectories). One that no worker holds (not started, just finished, or on a worker that
         does not answer within ``timeout_s``) is left out: resumed, it starts again."""
         wanted = list(uids)
-        replies = await asyncio.gather(*[w.loop_states.options(timeout=timeout_s)(wanted) for w in self.workers], return_exceptions=True)  # type: ignore[attr-defined]
+        replies = await asyncio.gather(
+            *[w.loop_states.options(timeout=timeout_s)(wanted) for w in self.workers], return_exceptions=True
+        )  # type: ignore[attr-defined]
         states: dict[str, LoopState] = {}
         for worker, reply in zip(self.workers, replies):
             if isinstance(reply, BaseException):
                 if not isinstance(reply, (ActorError, NodeLostError, ActorNotFound, TimeoutError)):
                     raise reply
-                log.warning("agent-loop worker %s did not give its trajectories' states (%s): they start again on resume", worker.name, reply)
+                log.warning(
+                    "agent-loop worker %s did not give its trajectories' states (%s): they start again on resume",
+                    worker.name,
+                    reply,
+                )
                 continue
             states.update(msgspec.msgpack.decode(reply, type=dict[str, LoopState]))
         return states
 
-    async def _call(self, worker: ActorRef, rows: list[dict[str, Any]], params: SamplingParams, states: dict[str, LoopState] | None = None) -> list[Trajectory]:
+    async def _call(
+        self,
+        worker: ActorRef,
+        rows: list[dict[str, Any]],
+        params: SamplingParams,
+        states: dict[str, LoopState] | None = None,
+    ) -> list[Trajectory]:
         self.outstanding[worker.name] = self.outstanding.get(worker.name, 0) + len(rows)
         mine = {uid: states[uid] for row in rows if states and (uid := str(row["uid"])) in states} or None
         try:

@@ -15,6 +15,15 @@ from .correction import offpolicy_metrics, rejection_mask, tis_weights
 from .losses import aggregate, entropy_from_logits, kl_penalty, policy_loss
 
 __all__ = [
-    "aggregate", "broadcast_to_tokens", "entropy_from_logits", "grpo_advantages", "kl_penalty", "offpolicy_metrics",
-    "policy_loss", "reinforce_pp_baseline_advantages", "rejection_mask", "rloo_advantages", "tis_weights",
-]  # fmt: skip
+    "aggregate",
+    "broadcast_to_tokens",
+    "entropy_from_logits",
+    "grpo_advantages",
+    "kl_penalty",
+    "offpolicy_metrics",
+    "policy_loss",
+    "reinforce_pp_baseline_advantages",
+    "rejection_mask",
+    "rloo_advantages",
+    "tis_weights",
+]

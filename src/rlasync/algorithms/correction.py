@@ -99,7 +99,10 @@ def rejection_mask(
         raise ValueError(f"need 0 < low <= high, got low={low}, high={high}")
     maskf = mask.to(train_logprobs.dtype)
     log_ratio = _log_ratio(train_logprobs, rollout_logprobs)
-    lo, hi = torch.log(torch.tensor(low, dtype=log_ratio.dtype)), torch.log(torch.tensor(high, dtype=log_ratio.dtype))
+    lo, hi = (
+        torch.log(torch.tensor(low, dtype=log_ratio.dtype)),
+        torch.log(torch.tensor(high, dtype=log_ratio.dtype)),
+    )
     if level == "token":
         keep = (log_ratio >= lo) & (log_ratio <= hi)
     else:
@@ -112,7 +115,9 @@ def rejection_mask(
     has_tokens = valid.any(dim=-1)
     metrics = {
         "rejected_token_frac": (dropped.sum() / valid.sum().clamp(min=1)).item(),
-        "rejected_seq_frac": ((dropped.any(dim=-1) & has_tokens).sum() / has_tokens.sum().clamp(min=1)).item(),
+        "rejected_seq_frac": (
+            (dropped.any(dim=-1) & has_tokens).sum() / has_tokens.sum().clamp(min=1)
+        ).item(),
     }
     return kept.to(mask.dtype), metrics
 

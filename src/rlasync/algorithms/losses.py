@@ -106,11 +106,15 @@ def policy_loss(
     if dual_clip_c is not None:
         bound = -advantages * dual_clip_c
         negative = advantages < 0
-        metrics["pg_clipfrac_lower"] = _masked_mean((negative & (loss_mat > bound)).to(maskf.dtype), maskf).item()
+        metrics["pg_clipfrac_lower"] = _masked_mean(
+            (negative & (loss_mat > bound)).to(maskf.dtype), maskf
+        ).item()
         loss_mat = torch.where(negative, torch.minimum(loss_mat, bound), loss_mat)
 
     if proximal_logprobs is not None:
-        behav = torch.exp(torch.clamp(proximal_logprobs - old_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)).detach()
+        behav = torch.exp(
+            torch.clamp(proximal_logprobs - old_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        ).detach()
         loss_mat = loss_mat * behav
         metrics["behav_weight_mean"] = _masked_mean(behav, maskf).item()
     if is_weights is not None:

@@ -11,4 +11,20 @@ from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
 
-__all__ = ["AgentConfig", "AsyncTrainingConfig", "ClusterConfig", "Config", "DataConfig", "ConfigError", "EngineConfig", "LaunchConfig", "RouterConfig", "RuntimeConfig", "TrainConfig", "TrainerConfig", "WeightsConfig", "convert", "load_config"]
+__all__ = [
+    "AgentConfig",
+    "AsyncTrainingConfig",
+    "ClusterConfig",
+    "Config",
+    "DataConfig",
+    "ConfigError",
+    "EngineConfig",
+    "LaunchConfig",
+    "RouterConfig",
+    "RuntimeConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "WeightsConfig",
+    "convert",
+    "load_config",
+]

@@ -84,7 +84,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if not isinstance(tree, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
+            raise ConfigError(
+                f"config file {path} must hold a mapping of sections, got {type(tree).__name__}"
+            )
     for override in overrides:
         _set_dotted(tree, override)
     return convert(tree, Config)

@@ -17,6 +17,20 @@ from .synthetic import (
 )
 
 __all__ = [
-    "TASKS", "DatasetError", "Problem", "Row", "RowSampler", "Task", "calculator", "get_task", "iter_problems",
-    "load_rows", "loop_reward", "make_problems", "parse_tool_call", "run_tool", "split_of", "synthetic_rows",
-]  # fmt: skip
+    "TASKS",
+    "DatasetError",
+    "Problem",
+    "Row",
+    "RowSampler",
+    "Task",
+    "calculator",
+    "get_task",
+    "iter_problems",
+    "load_rows",
+    "loop_reward",
+    "make_problems",
+    "parse_tool_call",
+    "run_tool",
+    "split_of",
+    "synthetic_rows",
+]

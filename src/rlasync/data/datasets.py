@@ -50,7 +50,9 @@ _OPTIONAL_NON_NULL = ("agent_name", "tools", "uid")
 class DatasetError(ValueError):
     """A dataset that cannot be read, or a malformed row: names the source, row and field."""
 
-    def __init__(self, source: str, problem: str, *, where: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self, source: str, problem: str, *, where: str | None = None, field: str | None = None
+    ) -> None:
         self.source, self.problem, self.where, self.field = source, problem, where, field
         parts = [source] + ([where] if where else []) + ([f"field {field!r}"] if field else [])
         super().__init__(f"{': '.join(parts)}: {problem}")
@@ -77,41 +79,66 @@ def load_rows(
     source = str(path_or_name)
     records: Iterable[tuple[int, Any]]
     if not path.exists():
-        raise DatasetError(source, "no such file or directory (rlasync reads local data only; save a Hub "
-                           "dataset with datasets.load_dataset(name).save_to_disk(dir) first)")  # fmt: skip
+        raise DatasetError(
+            source,
+            "no such file or directory (rlasync reads local data only; save a Hub "
+            "dataset with datasets.load_dataset(name).save_to_disk(dir) first)",
+        )
     if path.is_dir():
         if _is_hf_saved(path):
             records, columnar, unit = _read_hf(path, split, source), True, "row"
             split = None
         elif split is None:
-            raise DatasetError(source, "a directory that `datasets` did not save: give a file, or split= to "
-                               "read {split}.jsonl or {split}.parquet in it")  # fmt: skip
+            raise DatasetError(
+                source,
+                "a directory that `datasets` did not save: give a file, or split= to "
+                "read {split}.jsonl or {split}.parquet in it",
+            )
         else:
-            found = [path / f"{split}{ext}" for ext in (".jsonl", ".parquet") if (path / f"{split}{ext}").is_file()]
+            found = [
+                path / f"{split}{ext}" for ext in (".jsonl", ".parquet") if (path / f"{split}{ext}").is_file()
+            ]
             if not found:
-                raise DatasetError(source, f"split {split!r}: neither {split}.jsonl nor {split}.parquet is in it")
+                raise DatasetError(
+                    source, f"split {split!r}: neither {split}.jsonl nor {split}.parquet is in it"
+                )
             path, source, split = found[0], str(found[0]), None
     elif not path.is_file():
         raise DatasetError(source, "neither a file nor a directory")
     if path.is_file():
         if split is not None:
-            raise DatasetError(source, f"split={split!r} given for a single file (splits are files in a directory, "
-                               "or splits of a saved DatasetDict)")  # fmt: skip
+            raise DatasetError(
+                source,
+                f"split={split!r} given for a single file (splits are files in a directory, "
+                "or splits of a saved DatasetDict)",
+            )
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
             records, columnar, unit = _read_jsonl(path, source), False, "line"
         elif suffix == ".parquet":
             records, columnar, unit = _read_parquet(path, source), True, "row"
         else:
-            raise DatasetError(source, f"unknown format {suffix or '(no suffix)'!r}: expected .jsonl, .parquet, "
-                               "or a directory saved by datasets' save_to_disk")  # fmt: skip
+            raise DatasetError(
+                source,
+                f"unknown format {suffix or '(no suffix)'!r}: expected .jsonl, .parquet, "
+                "or a directory saved by datasets' save_to_disk",
+            )
     rows = []
     for index, record in records:
         where = f"{unit} {index}"
         if not isinstance(record, dict):
             raise DatasetError(source, f"expected a JSON object, got {type(record).__name__}", where=where)
-        rows.append(_normalise(record, source=source, where=where, prompt_key=prompt_key, answer_key=answer_key,
-                               system_prompt=system_prompt, columnar=columnar))  # fmt: skip
+        rows.append(
+            _normalise(
+                record,
+                source=source,
+                where=where,
+                prompt_key=prompt_key,
+                answer_key=answer_key,
+                system_prompt=system_prompt,
+                columnar=columnar,
+            )
+        )
     return rows
 
 
@@ -123,14 +150,18 @@ def _read_jsonl(path: Path, source: str) -> Iterator[tuple[int, Any]]:
             try:
                 yield number, json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(source, f"invalid JSON ({e.msg}, column {e.colno})", where=f"line {number}") from None
+                raise DatasetError(
+                    source, f"invalid JSON ({e.msg}, column {e.colno})", where=f"line {number}"
+                ) from None
 
 
 def _read_parquet(path: Path, source: str) -> Iterator[tuple[int, Any]]:
     try:
         import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError as e:
-        raise ImportError(f"{source}: reading Parquet needs pyarrow, which is not installed: pip install pyarrow") from e
+        raise ImportError(
+            f"{source}: reading Parquet needs pyarrow, which is not installed: pip install pyarrow"
+        ) from e
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises its own ArrowInvalid, OSError, …
@@ -151,8 +182,10 @@ def _read_hf(path: Path, split: str | None, source: str) -> Iterator[tuple[int, 
     try:
         import datasets  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError as e:
-        raise ImportError(f"{source}: reading a saved Hugging Face dataset needs `datasets`, which is not "
-                          "installed: pip install datasets") from e  # fmt: skip
+        raise ImportError(
+            f"{source}: reading a saved Hugging Face dataset needs `datasets`, which is not "
+            "installed: pip install datasets"
+        ) from e
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         names = sorted(loaded)
@@ -169,9 +202,15 @@ def _read_hf(path: Path, split: str | None, source: str) -> Iterator[tuple[int, 
 
 
 def _normalise(
-    record: dict[str, Any], *, source: str, where: str, prompt_key: str, answer_key: str | None,
-    system_prompt: str | None, columnar: bool,
-) -> Row:  # fmt: skip
+    record: dict[str, Any],
+    *,
+    source: str,
+    where: str,
+    prompt_key: str,
+    answer_key: str | None,
+    system_prompt: str | None,
+    columnar: bool,
+) -> Row:
     def fail(field: str, problem: str) -> DatasetError:
         return DatasetError(source, problem, where=where, field=field)
 
@@ -229,7 +268,9 @@ def _messages(value: Any, field: str, fail: Any, columnar: bool) -> list[dict[st
         if "content" not in message and not message.get("tool_calls"):
             raise fail(f"{field}[{i}].content", "missing (only a message with tool_calls may omit it)")
         if content is not None and not isinstance(content, str | list):
-            raise fail(f"{field}[{i}].content", f"expected a string or a list of parts, got {type(content).__name__}")
+            raise fail(
+                f"{field}[{i}].content", f"expected a string or a list of parts, got {type(content).__name__}"
+            )
         messages.append(dict(message))
     return messages
 
@@ -263,9 +304,13 @@ def synthetic_rows(task: str, n: int, *, seed: int, split: Split) -> list[Row]:
     rows = []
     for p in make_problems(task, n, seed=seed, split=split):
         row: Row = {
-            "messages": [dict(m) for m in p.messages], "ground_truth": p.answer,
-            "agent_name": "tool" if p.tools else "single_turn", "uid": f"{task}:{p.key}", "task": task, "problem": p,
-        }  # fmt: skip
+            "messages": [dict(m) for m in p.messages],
+            "ground_truth": p.answer,
+            "agent_name": "tool" if p.tools else "single_turn",
+            "uid": f"{task}:{p.key}",
+            "task": task,
+            "problem": p,
+        }
         if p.tools:
             row["tools"] = list(p.tools)
         rows.append(row)
@@ -283,7 +328,9 @@ class RowSampler:
     ``shuffle=False`` keeps the rows' order (validation). Batches hold shallow copies of the rows.
     """
 
-    def __init__(self, rows: Iterable[Row], *, seed: int, shuffle: bool = True, drop_last: bool = False) -> None:
+    def __init__(
+        self, rows: Iterable[Row], *, seed: int, shuffle: bool = True, drop_last: bool = False
+    ) -> None:
         self.rows = list(rows)
         if not self.rows:
             raise ValueError("RowSampler needs at least one row")
@@ -301,7 +348,9 @@ class RowSampler:
         """The row indices of one epoch, in the order they are handed out."""
         order = list(range(len(self.rows)))
         if self.shuffle:
-            random.Random(f"rlasync.RowSampler/{self.seed}/{epoch}").shuffle(order)  # str seed: stable everywhere
+            random.Random(f"rlasync.RowSampler/{self.seed}/{epoch}").shuffle(
+                order
+            )  # str seed: stable everywhere
         return order
 
     def next_batch(self, n: int) -> list[Row]:
@@ -338,6 +387,8 @@ class RowSampler:
             raise ValueError(f"sampler state is for {num_rows} rows, this dataset has {len(self.rows)}")
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self.rows):
-            raise ValueError(f"sampler state out of range: epoch {epoch}, position {position} of {len(self.rows)}")
+            raise ValueError(
+                f"sampler state out of range: epoch {epoch}, position {position} of {len(self.rows)}"
+            )
         self.seed, self.epoch, self.position = int(state["seed"]), epoch, position
         self._order_epoch = -1

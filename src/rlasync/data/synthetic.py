@@ -88,9 +88,12 @@ def _reverse(rng: random.Random) -> Problem:
     word = "".join(rng.choice(REVERSE_ALPHABET) for _ in range(rng.randint(3, 6)))
     answer = word[::-1]
     return Problem(
-        task="reverse", key=word, messages=[{"role": "user", "content": f"Reverse {word}"}],
-        answer=answer, target=[{"role": "assistant", "content": answer}],
-    )  # fmt: skip
+        task="reverse",
+        key=word,
+        messages=[{"role": "user", "content": f"Reverse {word}"}],
+        answer=answer,
+        target=[{"role": "assistant", "content": answer}],
+    )
 
 
 # -- arith ------------------------------------------------------------------------------------
@@ -98,9 +101,12 @@ def _arith(rng: random.Random) -> Problem:
     a, b = rng.randint(10, 99), rng.randint(0, 9)
     answer = str(a + b)
     return Problem(
-        task="arith", key=f"{a}+{b}", messages=[{"role": "user", "content": f"What is {a}+{b}?"}],
-        answer=answer, target=[{"role": "assistant", "content": answer}],
-    )  # fmt: skip
+        task="arith",
+        key=f"{a}+{b}",
+        messages=[{"role": "user", "content": f"What is {a}+{b}?"}],
+        answer=answer,
+        target=[{"role": "assistant", "content": answer}],
+    )
 
 
 # -- calc: the same question shape, but a product the model cannot compute: it calls a tool --
@@ -108,13 +114,21 @@ CALCULATOR: Message = {
     "type": "function",
     "function": {
         "name": "calculator",  # no description: every prompt token costs a tiny model's step time
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
     },
 }
 
 _OPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 
 
 def calculator(expression: str) -> str:
@@ -149,7 +163,11 @@ def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
         call = json.loads(match.group(1))
     except json.JSONDecodeError:
         return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(call.get("arguments"), dict):
+    if (
+        not isinstance(call, dict)
+        or not isinstance(call.get("name"), str)
+        or not isinstance(call.get("arguments"), dict)
+    ):
         return None
     return call["name"], call["arguments"]
 
@@ -167,14 +185,17 @@ def _calc(rng: random.Random) -> Problem:
     expression, answer = f"{a}*{b}", str(a * b)
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
     return Problem(
-        task="calc", key=expression, messages=[{"role": "user", "content": f"What is {expression}?"}],
-        answer=answer, tools=[CALCULATOR],
+        task="calc",
+        key=expression,
+        messages=[{"role": "user", "content": f"What is {expression}?"}],
+        answer=answer,
+        tools=[CALCULATOR],
         target=[
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "content": answer},
             {"role": "assistant", "content": answer},
         ],
-    )  # fmt: skip
+    )
 
 
 TASKS: dict[str, Task] = {
@@ -227,7 +248,9 @@ def synthetic_capacity(task: str, split: Split) -> int:
 def make_problems(task: str, n: int, *, seed: int = 0, split: Split = "val") -> list[Problem]:
     """``n`` distinct problems of one split, the same for the same arguments."""
     if n > synthetic_capacity(task, split):
-        raise ValueError(f"{task}: asked for {n} distinct {split} problems, at most {synthetic_capacity(task, split)} can be drawn")
+        raise ValueError(
+            f"{task}: asked for {n} distinct {split} problems, at most {synthetic_capacity(task, split)} can be drawn"
+        )
     seen: dict[str, Problem] = {}
     for problem in iter_problems(task, seed=seed, split=split):
         seen.setdefault(problem.key, problem)

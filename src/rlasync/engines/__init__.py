@@ -3,16 +3,43 @@
 ``EngineActor`` hosts any engine on a node; ``Router`` spreads requests over all of them.
 """
 
+from ..config.engine import EngineConfig, RouterConfig
 from .actor import EngineActor, build_engine, register_backend
 from .group import EngineGroup
-from ..config.engine import EngineConfig, RouterConfig
 from .protocol import Engine, EngineError
 from .router import EngineLoad, EngineLostError, NoEngineError, Router, RouterBusyError, RouterStats
 from .torch_engine import TorchEngine
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, SamplingParams, TokenChunk
+from .types import (
+    EngineStats,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    PauseMode,
+    SamplingParams,
+    TokenChunk,
+)
 
 __all__ = [
-    "Engine", "EngineActor", "EngineConfig", "EngineGroup", "EngineError", "EngineLoad", "EngineLostError", "EngineStats",
-    "FinishReason", "GenerateOutput", "GenerateRequest", "NoEngineError", "PauseMode", "Router", "RouterBusyError",
-    "RouterConfig", "RouterStats", "SamplingParams", "TokenChunk", "TorchEngine", "build_engine", "register_backend",
-]  # fmt: skip
+    "Engine",
+    "EngineActor",
+    "EngineConfig",
+    "EngineGroup",
+    "EngineError",
+    "EngineLoad",
+    "EngineLostError",
+    "EngineStats",
+    "FinishReason",
+    "GenerateOutput",
+    "GenerateRequest",
+    "NoEngineError",
+    "PauseMode",
+    "Router",
+    "RouterBusyError",
+    "RouterConfig",
+    "RouterStats",
+    "SamplingParams",
+    "TokenChunk",
+    "TorchEngine",
+    "build_engine",
+    "register_backend",
+]

@@ -12,12 +12,13 @@ keeps decoding for nobody.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import msgspec
 
-from ..runtime import Actor, endpoint
 from ..config.engine import EngineConfig
+from ..runtime import Actor, endpoint
 from .protocol import Engine, EngineError
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
@@ -36,7 +37,9 @@ async def build_engine(config: EngineConfig) -> Engine:
     factory = _BACKENDS.get(config.backend)
     if factory is None:
         known = ", ".join(sorted(_BACKENDS))
-        raise EngineError(f"engine.backend={config.backend!r} is not a registered engine backend (known: {known})")
+        raise EngineError(
+            f"engine.backend={config.backend!r} is not a registered engine backend (known: {known})"
+        )
     return await factory(config)
 
 
@@ -48,9 +51,14 @@ async def _build_torch(config: EngineConfig) -> Engine:
 
         dtype = None if config.dtype == "auto" else getattr(torch, config.dtype)
         return TorchEngine.from_pretrained(
-            config.model, device=config.device, dtype=dtype, max_batch=config.max_batch,
-            max_seq_len=config.max_seq_len or None, seed=config.seed, cpu_threads=config.cpu_threads,
-        )  # fmt: skip
+            config.model,
+            device=config.device,
+            dtype=dtype,
+            max_batch=config.max_batch,
+            max_seq_len=config.max_seq_len or None,
+            seed=config.seed,
+            cpu_threads=config.cpu_threads,
+        )
 
     # Loading weights blocks for seconds: off the event loop, so the node keeps answering.
     return await asyncio.to_thread(load)
@@ -83,13 +91,17 @@ async def _build_sim(config: EngineConfig) -> Engine:
 
     try:
         clock = SimClock(scale=msgspec.convert(options.pop("scale", 1.0), float, strict=False))
-        latency = msgspec.convert({**take("base_s", "per_seq_s"), "max_batch": config.max_batch}, LatencyModel, strict=False)
+        latency = msgspec.convert(
+            {**take("base_s", "per_seq_s"), "max_batch": config.max_batch}, LatencyModel, strict=False
+        )
         lengths = msgspec.convert(take("median", "sigma", "cap"), LogNormalLengths, strict=False)
         token_block = msgspec.convert(options.pop("token_block", 1), int, strict=False)
     except (msgspec.ValidationError, ValueError) as exc:
         raise EngineError(f"engine.engine_kwargs of the sim backend: {exc}") from None
     if options:
-        raise EngineError(f"engine.engine_kwargs: the sim backend takes base_s, per_seq_s, median, sigma, cap, token_block, scale; not {sorted(options)}")
+        raise EngineError(
+            f"engine.engine_kwargs: the sim backend takes base_s, per_seq_s, median, sigma, cap, token_block, scale; not {sorted(options)}"
+        )
     return SimEngine(clock, latency, lengths, token_block=token_block)
 
 
@@ -103,7 +115,9 @@ class EngineActor(Actor):
     """Hosts one engine. Spawn it with an ``EngineConfig`` (built on the node), or, in this
     process, hand it a ready engine: ``node.spawn(EngineActor, engine=my_engine)``."""
 
-    def __init__(self, config: EngineConfig | dict[str, Any] | None = None, *, engine: Engine | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig | dict[str, Any] | None = None, *, engine: Engine | None = None
+    ) -> None:
         if (config is None) == (engine is None):
             raise ValueError("EngineActor needs exactly one of `config` (an EngineConfig) or `engine`")
         # Arguments of a remote spawn arrive as plain data: rebuild the Struct (and check it).
@@ -169,12 +183,30 @@ class EngineActor(Actor):
         return str(await self._weights.attach(plan, offer, double_buffer=double_buffer))
 
     @endpoint
-    async def weight_join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo") -> None:
+    async def weight_join(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        backend: str = "gloo",
+    ) -> None:
         from ..runtime.address import host_of
 
         # Gloo listens at this node's address on the route to the group's store (trainer rank 0):
         # of the store's family, so an IPv6 node and IPv4 ones still form one group.
-        await self._weights_side().join(host, port, rank, size, timeout_s, generation, backend, local_host=_towards(host) or host_of(self.node.address))
+        await self._weights_side().join(
+            host,
+            port,
+            rank,
+            size,
+            timeout_s,
+            generation,
+            backend,
+            local_host=_towards(host) or host_of(self.node.address),
+        )
 
     @endpoint
     async def weight_stage(self, version: int, timeout_s: float) -> float:
@@ -188,7 +220,9 @@ class EngineActor(Actor):
         if self._weights is None:
             from ..weights.group import SyncError
 
-            raise SyncError(f"engine {self.name}: weight_attach first (the synchroniser sends the plan before anything else)")
+            raise SyncError(
+                f"engine {self.name}: weight_attach first (the synchroniser sends the plan before anything else)"
+            )
         return self._weights
 
     @endpoint

@@ -35,7 +35,9 @@ class KVBatch:
     def nbytes(self) -> int:
         if self.cache is None:
             return 0
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers if layer.is_initialized)
+        return sum(
+            layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers if layer.is_initialized
+        )
 
     # -- model steps ------------------------------------------------------------------------
     @torch.no_grad()
@@ -53,9 +55,13 @@ class KVBatch:
 
         cache = DynamicCache(config=self.config)
         out = model(
-            input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=position.to(device),
-            use_cache=True, logits_to_keep=1, **_cache_kwarg(model, cache),
-        )  # fmt: skip
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=position.to(device),
+            use_cache=True,
+            logits_to_keep=1,
+            **_cache_kwarg(model, cache),
+        )
         self._join(cache, mask, torch.tensor([len(p) for p in prompts]))
         return out.logits[:, -1, :]
 
@@ -66,9 +72,12 @@ class KVBatch:
         device = model.device
         mask = torch.cat([self.mask, torch.ones(self.rows, 1, dtype=torch.long)], dim=1)
         out = model(
-            input_ids=self.last[:, None].to(device), attention_mask=mask.to(device),
-            position_ids=self.pos[:, None].to(device), use_cache=True, **_cache_kwarg(model, self.cache),
-        )  # fmt: skip
+            input_ids=self.last[:, None].to(device),
+            attention_mask=mask.to(device),
+            position_ids=self.pos[:, None].to(device),
+            use_cache=True,
+            **_cache_kwarg(model, self.cache),
+        )
         self.mask = mask
         self.pos = self.pos + 1
         return out.logits[:, -1, :]
@@ -83,8 +92,12 @@ class KVBatch:
         old, new = self.mask.shape[1], mask.shape[1]
         width = max(old, new)
         for mine, theirs in zip(self.cache.layers, cache.layers):
-            mine.keys = torch.cat([_left_pad(mine.keys, width - old), _left_pad(theirs.keys, width - new)], dim=0)
-            mine.values = torch.cat([_left_pad(mine.values, width - old), _left_pad(theirs.values, width - new)], dim=0)
+            mine.keys = torch.cat(
+                [_left_pad(mine.keys, width - old), _left_pad(theirs.keys, width - new)], dim=0
+            )
+            mine.values = torch.cat(
+                [_left_pad(mine.values, width - old), _left_pad(theirs.values, width - new)], dim=0
+            )
         self.mask = torch.cat([F.pad(self.mask, (width - old, 0)), F.pad(mask, (width - new, 0))], dim=0)
         self.last = torch.cat([self.last, torch.zeros(mask.shape[0], dtype=torch.long)])
         self.pos = torch.cat([self.pos, lengths])

@@ -14,7 +14,8 @@ rotation (its requests move, as the router moves them) and the others go on; wit
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from .router import NoEngineError, Router
 from .types import GenerateOutput, GenerateRequest, PauseMode, TokenChunk
@@ -30,7 +31,9 @@ class EngineGroup:
     async def generate(self, request: GenerateRequest, *, session_id: str | None = None) -> GenerateOutput:
         return await self.router.generate(request, session_id=session_id)
 
-    def generate_stream(self, request: GenerateRequest, *, session_id: str | None = None) -> AsyncIterator[TokenChunk]:
+    def generate_stream(
+        self, request: GenerateRequest, *, session_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
         return self.router.generate_stream(request, session_id=session_id)
 
     async def abort(self, request_id: str) -> bool:
@@ -59,7 +62,9 @@ class EngineGroup:
             elif not self.router.engine_lost(ref.name, result):
                 raise result
         if not self.router.engines:
-            raise NoEngineError("every engine of the group was lost (their nodes died or they were removed); nothing is left to generate with")
+            raise NoEngineError(
+                "every engine of the group was lost (their nodes died or they were removed); nothing is left to generate with"
+            )
         return answered
 
     @property

@@ -7,7 +7,8 @@ weight version and tags each generated token with the version that produced it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Container, Mapping, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Container, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
@@ -34,10 +35,14 @@ async def wait_until_idle(idle: asyncio.Event, timeout: float | None) -> None:
         async with asyncio.timeout(timeout):
             await idle.wait()
     except TimeoutError:
-        raise TimeoutError(f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once") from None
+        raise TimeoutError(
+            f"in-flight requests did not finish within pause(timeout={timeout}); pause('abort') ends them at once"
+        ) from None
 
 
-def check_request(request: GenerateRequest, *, vocab_size: int, max_seq_len: int, running: Container[str]) -> None:
+def check_request(
+    request: GenerateRequest, *, vocab_size: int, max_seq_len: int, running: Container[str]
+) -> None:
     """Refuse a request every engine would refuse, with the same message whichever engine it is."""
     rid = request.request_id
     if not request.prompt_ids:
@@ -49,7 +54,9 @@ def check_request(request: GenerateRequest, *, vocab_size: int, max_seq_len: int
     if request.params.max_new_tokens < 1:
         raise EngineError(f"request {rid!r}: max_new_tokens must be at least 1")
     if len(request.prompt_ids) >= max_seq_len:
-        raise EngineError(f"request {rid!r}: prompt of {len(request.prompt_ids)} tokens does not fit max_seq_len={max_seq_len}")
+        raise EngineError(
+            f"request {rid!r}: prompt of {len(request.prompt_ids)} tokens does not fit max_seq_len={max_seq_len}"
+        )
 
 
 @runtime_checkable

@@ -27,19 +27,19 @@ import asyncio
 import collections
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Iterable, TypeVar
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, TypeVar
 
 import msgspec
 
-from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
-
-# An engine is gone when its node is lost or its actor no longer exists there.
-_GONE = (NodeLostError, ActorNotFound)
 from ..config.engine import RouterConfig
+from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
 from .protocol import EngineError
 from .types import EngineStats, GenerateOutput, GenerateRequest, TokenChunk
 
 log = logging.getLogger(__name__)
+# An engine is gone when its node is lost or its actor no longer exists there.
+_GONE = (NodeLostError, ActorNotFound)
 T = TypeVar("T")
 
 
@@ -89,7 +89,9 @@ class Router:
     """``prefer``: names of engines to use while any of them is in rotation (an agent-loop
     worker's own node's engines); the others take over only when none of these is left."""
 
-    def __init__(self, engines: Iterable[ActorRef], config: RouterConfig | None = None, *, prefer: Iterable[str] = ()) -> None:
+    def __init__(
+        self, engines: Iterable[ActorRef], config: RouterConfig | None = None, *, prefer: Iterable[str] = ()
+    ) -> None:
         self.config = config or RouterConfig()
         self.prefer = frozenset(prefer)
         self._slots: dict[str, _Slot] = {}
@@ -136,12 +138,20 @@ class Router:
     def stats(self) -> RouterStats:
         return RouterStats(
             engines=[
-                EngineLoad(name=name, node=s.ref.node_id, outstanding=s.outstanding, others=s.others, assigned=s.assigned)
+                EngineLoad(
+                    name=name,
+                    node=s.ref.node_id,
+                    outstanding=s.outstanding,
+                    others=s.others,
+                    assigned=s.assigned,
+                )
                 for name, s in self._slots.items()
             ],
             queued=sum(1 for fut, _ in self._queue if not fut.done()),
-            sessions=len(self._sessions), retries=self._retries, engines_lost=self._lost,
-        )  # fmt: skip
+            sessions=len(self._sessions),
+            retries=self._retries,
+            engines_lost=self._lost,
+        )
 
     # -- requests -------------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest, *, session_id: str | None = None) -> GenerateOutput:
@@ -159,7 +169,9 @@ class Router:
             finally:
                 self._release(slot, request.request_id)
 
-    async def generate_stream(self, request: GenerateRequest, *, session_id: str | None = None) -> AsyncIterator[TokenChunk]:
+    async def generate_stream(
+        self, request: GenerateRequest, *, session_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
         """Stream ``request``'s tokens. A loss before the first chunk moves the request like
         ``generate``; a loss after it raises ``EngineLostError`` (its tokens were seen)."""
         moves = 0
@@ -237,7 +249,10 @@ class Router:
         for slot in candidates:
             if cap is not None and slot.outstanding >= cap:
                 continue
-            if best is None or (slot.outstanding + slot.others, slot.assigned) < (best.outstanding + best.others, best.assigned):
+            if best is None or (slot.outstanding + slot.others, slot.assigned) < (
+                best.outstanding + best.others,
+                best.assigned,
+            ):
                 best = slot
         return best
 
@@ -258,7 +273,9 @@ class Router:
         if self._closed:
             raise NoEngineError("the router was closed")
         if self._refresher is None:
-            self._refresher = asyncio.get_running_loop().create_task(self._refresh(), name="rlasync-router-refresh")
+            self._refresher = asyncio.get_running_loop().create_task(
+                self._refresh(), name="rlasync-router-refresh"
+            )
         if not self._queue:  # nobody waits ahead of us: take a slot now if there is one
             slot = self._pick(session_id)
             if slot is not None:
@@ -324,18 +341,29 @@ class Router:
         for session_id in [s for s, where in self._sessions.items() if where is slot]:
             del self._sessions[session_id]
         if getattr(exc, "graceful", False):  # its node shut down cleanly (the cluster is closing)
-            log.info("engine %s on %s left (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc)
+            log.info(
+                "engine %s on %s left (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc
+            )
         else:
-            log.warning("engine %s on %s was lost (%s); it gets no more requests", slot.ref.name, slot.ref.node_id, exc)
+            log.warning(
+                "engine %s on %s was lost (%s); it gets no more requests",
+                slot.ref.name,
+                slot.ref.node_id,
+                exc,
+            )
         self._dispatch()
 
     def _check_move(self, slot: _Slot, request: GenerateRequest, moves: int, exc: BaseException) -> None:
         """Raise unless the request lost with ``slot`` may be retried elsewhere."""
         where = f"engine {slot.ref.name!r} on {slot.ref.node_id} was lost while serving request {request.request_id!r}"
         if self.config.on_engine_lost == "fail":
-            raise EngineLostError(f"{where} (router.on_engine_lost='fail'; 'retry' would move it to another engine)") from exc
+            raise EngineLostError(
+                f"{where} (router.on_engine_lost='fail'; 'retry' would move it to another engine)"
+            ) from exc
         if moves >= self.config.max_retries:
-            raise EngineLostError(f"{where}, after {moves} moves already (router.max_retries={self.config.max_retries})") from exc
+            raise EngineLostError(
+                f"{where}, after {moves} moves already (router.max_retries={self.config.max_retries})"
+            ) from exc
         self._retries += 1
         log.info("%s; retrying it on another engine", where)
 
@@ -353,7 +381,9 @@ class Router:
                 if isinstance(reply, _GONE):
                     self._engine_lost(slot, reply)
                 elif isinstance(reply, CallTimeout):
-                    log.warning("engine %s did not report its load in time; keeping its last figure", slot.ref.name)
+                    log.warning(
+                        "engine %s did not report its load in time; keeping its last figure", slot.ref.name
+                    )
                 elif isinstance(reply, BaseException):
                     log.warning("engine %s: load report failed: %r", slot.ref.name, reply)
                 else:

@@ -10,7 +10,7 @@ one ``multinomial`` each) measured a fifth of a tiny model's decode step.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -31,11 +31,17 @@ def seeded_uniform(seed: int, position: int) -> float:
 def uniforms(seeds: Sequence[tuple[int, int] | None], generator: torch.Generator) -> torch.Tensor:
     """One uniform per row: ``seeded_uniform(seed, position)`` for rows given as (seed,
     position), the next numbers of ``generator`` for the rows given as None."""
-    drawn = iter(torch.rand(sum(pair is None for pair in seeds), generator=generator, dtype=torch.float64).tolist())
-    return torch.tensor([next(drawn) if pair is None else seeded_uniform(*pair) for pair in seeds], dtype=torch.float64)
+    drawn = iter(
+        torch.rand(sum(pair is None for pair in seeds), generator=generator, dtype=torch.float64).tolist()
+    )
+    return torch.tensor(
+        [next(drawn) if pair is None else seeded_uniform(*pair) for pair in seeds], dtype=torch.float64
+    )
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token of every row (``logits``: [rows, vocab]; ``u``: a uniform per row, see
     ``uniforms``) and its logprob under the temperature-scaled distribution.
 
@@ -67,6 +73,8 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tens
             order, weights = None, sub.exp()
         cdf = weights.double().cumsum(-1)
         target = (u.to(cdf.device)[sampled] * cdf[:, -1])[:, None]
-        picks = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).flatten()  # a zero weight is never picked
+        picks = (
+            torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).flatten()
+        )  # a zero weight is never picked
         tokens[sampled] = picks if order is None else order.gather(-1, picks[:, None]).flatten()
     return tokens, logprobs.gather(-1, tokens[:, None]).flatten()

@@ -73,14 +73,23 @@ import itertools
 import json
 import logging
 import struct
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 from ..config.engine import EngineConfig
 from .meter import TokenRate
 from .protocol import EngineError, until_finished
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
+from .types import (
+    EngineStats,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    PauseMode,
+    RequestProgress,
+    TokenChunk,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +116,11 @@ class SGLangAPI:
                 "engine.backend=sglang needs SGLang on the engine's node (pip install 'rlasync[sglang]'; CUDA only): "
                 f"{exc}"
             ) from exc
-        return cls(sglang.Engine, io_struct.UpdateWeightsFromTensorReqInput, utils.MultiprocessingSerializer.serialize)
+        return cls(
+            sglang.Engine,
+            io_struct.UpdateWeightsFromTensorReqInput,
+            utils.MultiprocessingSerializer.serialize,
+        )
 
 
 class _Request(RequestProgress):
@@ -203,12 +216,16 @@ class SGLangEngine:
         if request.params.max_new_tokens < 1:
             raise EngineError(f"request {rid!r}: max_new_tokens must be at least 1")
         if self.max_seq_len and len(ids) >= self.max_seq_len:
-            raise EngineError(f"request {rid!r}: prompt of {len(ids)} tokens does not fit max_seq_len={self.max_seq_len}")
+            raise EngineError(
+                f"request {rid!r}: prompt of {len(ids)} tokens does not fit max_seq_len={self.max_seq_len}"
+            )
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         elif loop is not self._loop:
-            raise EngineError("an SGLangEngine serves the event loop it was first used on; build one engine per loop")
+            raise EngineError(
+                "an SGLangEngine serves the event loop it was first used on; build one engine per loop"
+            )
         req = _Request(request, stream, next(self._order))
         self._by_id[rid] = req
         self._waiting.append(req)
@@ -268,7 +285,12 @@ class SGLangEngine:
     # -- the SGLang side --------------------------------------------------------------------
     def _admit(self) -> None:
         """Hand waiting requests to SGLang while there is room and no pause."""
-        while self._waiting and not self._paused and not self._closed and (self.max_batch is None or len(self._live) < self.max_batch):
+        while (
+            self._waiting
+            and not self._paused
+            and not self._closed
+            and (self.max_batch is None or len(self._live) < self.max_batch)
+        ):
             req = self._waiting.popleft()
             req.attempt += 1
             self._live[req.rid] = req
@@ -277,11 +299,18 @@ class SGLangEngine:
 
     def _sampling_params(self, req: _Request) -> dict[str, Any]:
         p, prompt = req.request.params, req.request.prompt_ids
-        max_new = p.max_new_tokens if not self.max_seq_len else min(p.max_new_tokens, self.max_seq_len - len(prompt))
+        max_new = (
+            p.max_new_tokens
+            if not self.max_seq_len
+            else min(p.max_new_tokens, self.max_seq_len - len(prompt))
+        )
         params: dict[str, Any] = {
-            "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k if p.top_k > 0 else -1,
-            "max_new_tokens": max_new, "ignore_eos": p.ignore_eos,
-        }  # fmt: skip
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k if p.top_k > 0 else -1,
+            "max_new_tokens": max_new,
+            "ignore_eos": p.ignore_eos,
+        }
         if p.stop_token_ids:
             params["stop_token_ids"] = list(p.stop_token_ids)
         if p.seed is not None:
@@ -291,7 +320,9 @@ class SGLangEngine:
                 self._seed_warned = True
                 log.warning(
                     "SGLang ignores per-request seeds %s; seeded requests sample from the engine's generator",
-                    "unless the engine runs with enable_deterministic_inference=True" if self._seeded is False else "in this version",
+                    "unless the engine runs with enable_deterministic_inference=True"
+                    if self._seeded is False
+                    else "in this version",
                 )
         return params
 
@@ -302,15 +333,20 @@ class SGLangEngine:
         last = _NO_TOKENS
         try:
             stream = await self.engine.async_generate(
-                input_ids=list(req.request.prompt_ids), sampling_params=self._sampling_params(req),
-                return_logprob=True, stream=True, rid=req.rid,
-            )  # fmt: skip
+                input_ids=list(req.request.prompt_ids),
+                sampling_params=self._sampling_params(req),
+                return_logprob=True,
+                stream=True,
+                rid=req.rid,
+            )
             async for out in stream:
                 new = self._record(req, out)
                 kind, message = _finish_kind((out.get("meta_info") or {}).get("finish_reason"))
                 if kind is None:
                     if req.stream and new[0]:
-                        req.queue.put_nowait(TokenChunk(request_id=req.rid, token_ids=new[0], logprobs=new[1], versions=new[2]))
+                        req.queue.put_nowait(
+                            TokenChunk(request_id=req.rid, token_ids=new[0], logprobs=new[1], versions=new[2])
+                        )
                 else:
                     last = new
         except asyncio.CancelledError:  # close() gave up waiting for SGLang
@@ -329,10 +365,17 @@ class SGLangEngine:
             # Aborted by a pause before its first token: back to the queue, its caller never knows.
             reason = None if req.abort == "pause" and not req.tokens else "abort"
         elif kind == "abort":
-            self._settle(req, None, last, EngineError(f"SGLang aborted request {req.rid!r}: {message or 'no reason given'}"))
+            self._settle(
+                req,
+                None,
+                last,
+                EngineError(f"SGLang aborted request {req.rid!r}: {message or 'no reason given'}"),
+            )
             return
         else:
-            self._settle(req, None, last, EngineError(f"SGLang ended request {req.rid!r} with finish reason {kind!r}"))
+            self._settle(
+                req, None, last, EngineError(f"SGLang ended request {req.rid!r} with finish reason {kind!r}")
+            )
             return
         self._settle(req, reason, last)
 
@@ -361,7 +404,13 @@ class SGLangEngine:
             self._rate.add(n)
         return new_ids, new_logprobs, versions
 
-    def _settle(self, req: _Request, reason: FinishReason | None, last: tuple[list[int], list[float], list[int]], error: EngineError | None = None) -> None:
+    def _settle(
+        self,
+        req: _Request,
+        reason: FinishReason | None,
+        last: tuple[list[int], list[float], list[int]],
+        error: EngineError | None = None,
+    ) -> None:
         """An attempt's stream is over: end the request, fail it, or queue it again."""
         if self._live.get(req.rid) is req:
             del self._live[req.rid]
@@ -375,12 +424,18 @@ class SGLangEngine:
             self._end(req, reason, last)
         self._admit()
 
-    def _end(self, req: _Request, reason: FinishReason, last: tuple[list[int], list[float], list[int]]) -> None:
+    def _end(
+        self, req: _Request, reason: FinishReason, last: tuple[list[int], list[float], list[int]]
+    ) -> None:
         req.finish = reason
         self._finished += 1
         self._by_id.pop(req.rid, None)
         ids, logprobs, versions = last if req.stream else _NO_TOKENS
-        req.queue.put_nowait(TokenChunk(request_id=req.rid, token_ids=ids, logprobs=logprobs, versions=versions, finish_reason=reason))
+        req.queue.put_nowait(
+            TokenChunk(
+                request_id=req.rid, token_ids=ids, logprobs=logprobs, versions=versions, finish_reason=reason
+            )
+        )
 
     def _fail(self, req: _Request, error: EngineError) -> None:
         req.finish = "abort"
@@ -393,7 +448,9 @@ class SGLangEngine:
         if mode == "keep":
             # SGLang's own in-place pause (tokenizer_manager.pause_generation(mode="in_place"))
             # is not on the Engine API of every 0.5 release; not wired up yet.
-            raise EngineError("the SGLang engine does not support pause('keep') yet; use 'abort' (and resume the partials) or 'wait'")
+            raise EngineError(
+                "the SGLang engine does not support pause('keep') yet; use 'abort' (and resume the partials) or 'wait'"
+            )
         if mode not in ("abort", "wait"):
             raise ValueError(f"pause mode must be 'abort', 'wait' or 'keep', got {mode!r}")
         self._paused = True  # nothing more is handed to SGLang
@@ -426,14 +483,17 @@ class SGLangEngine:
                 raise EngineError(f"update_weights: the model has no parameters named {unknown[:5]}")
             for name, tensor in named_tensors.items():
                 if tuple(tensor.shape) != tuple(self.param_shapes[name]):
-                    raise EngineError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(self.param_shapes[name])}")
+                    raise EngineError(
+                        f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(self.param_shapes[name])}"
+                    )
         if self._api is None:
             self._api = SGLangAPI.load()
         named = [(name, t.detach() if hasattr(t, "detach") else t) for name, t in named_tensors.items()]
         fields: dict[str, Any] = {
             "serialized_named_tensors": [self._api.serialize(named) for _ in range(self._tp_size)],
-            "load_format": None, "flush_cache": True,
-        }  # fmt: skip
+            "load_format": None,
+            "flush_cache": True,
+        }
         try:
             update = self._api.UpdateWeightsFromTensorReqInput(**fields, weight_version=str(version))
         except TypeError:  # an SGLang from before weight versions (mid 2025)
@@ -452,10 +512,14 @@ class SGLangEngine:
         rate = self._rate.per_second()
         running = sum(1 for req in self._live.values() if req.tokens)
         return EngineStats(
-            running=running, waiting=len(self._waiting) + len(self._live) - running, tokens_per_s=rate,
-            kv_cache_bytes=self.kv_cache_bytes, weight_version=self._version, paused=self._paused,
+            running=running,
+            waiting=len(self._waiting) + len(self._live) - running,
+            tokens_per_s=rate,
+            kv_cache_bytes=self.kv_cache_bytes,
+            weight_version=self._version,
+            paused=self._paused,
             finished=self._finished,
-        )  # fmt: skip
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -492,7 +556,9 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]] | Non
         with open(path, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(size))
-        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
+        shapes.update(
+            {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+        )
     return shapes
 
 
@@ -506,7 +572,14 @@ def kv_pool_bytes(engine: Any) -> int:
         tokens = int(info["max_total_num_tokens"])
         config = engine.tokenizer_manager.model_config
         tp = int(getattr(engine.server_args, "tp_size", 1) or 1)
-        per_token = 2 * config.num_hidden_layers * config.get_num_kv_heads(tp) * tp * config.head_dim * config.dtype.itemsize
+        per_token = (
+            2
+            * config.num_hidden_layers
+            * config.get_num_kv_heads(tp)
+            * tp
+            * config.head_dim
+            * config.dtype.itemsize
+        )
         return tokens * int(per_token)
     except Exception:
         return 0
@@ -518,9 +591,14 @@ def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
     ``cuda:N`` is ``base_gpu_id``; ``engine_kwargs`` (any other ``ServerArgs`` field) last."""
     device, _, index = config.device.partition(":")
     kwargs: dict[str, Any] = {
-        "model_path": config.model, "dtype": config.dtype, "device": device, "skip_tokenizer_init": True,
-        "random_seed": config.seed, "max_running_requests": config.max_batch, "tp_size": config.tensor_parallel_size,
-    }  # fmt: skip
+        "model_path": config.model,
+        "dtype": config.dtype,
+        "device": device,
+        "skip_tokenizer_init": True,
+        "random_seed": config.seed,
+        "max_running_requests": config.max_batch,
+        "tp_size": config.tensor_parallel_size,
+    }
     if index:
         kwargs["base_gpu_id"] = int(index)
     if config.max_seq_len:
@@ -542,6 +620,10 @@ async def build_sglang(config: EngineConfig, *, api: SGLangAPI | None = None, **
     # Loading the model blocks for a long while: off the event loop, so the node keeps answering.
     engine = await asyncio.to_thread(lambda: api.Engine(**kwargs))
     return SGLangEngine(
-        engine, api=api, max_batch=config.max_batch, max_seq_len=config.max_seq_len or None,
-        param_shapes=checkpoint_shapes(config.model), kv_cache_bytes=kv_pool_bytes(engine),
-    )  # fmt: skip
+        engine,
+        api=api,
+        max_batch=config.max_batch,
+        max_seq_len=config.max_seq_len or None,
+        param_shapes=checkpoint_shapes(config.model),
+        kv_cache_bytes=kv_pool_bytes(engine),
+    )

@@ -24,7 +24,8 @@ import asyncio
 import collections
 import math
 import random
-from typing import Any, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import msgspec
 
@@ -75,7 +76,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__()
         self._now = 0.0
-        selector = getattr(self, "_selector")  # the selector the base loop polls with the time to its next timer
+        selector = self._selector  # the selector the base loop polls with the time to its next timer
         real_select = selector.select
 
         def select(timeout: float | None = None) -> Any:
@@ -132,14 +133,26 @@ class SimEngine:
     """A simulated GPU behind the ``Engine`` protocol (see the module docstring)."""
 
     def __init__(
-        self, clock: SimClock, latency: LatencyModel | None = None, lengths: LogNormalLengths | None = None, *,
-        token_block: int = 16, token_id: int = 5, name: str = "",
-    ) -> None:  # fmt: skip
-        self.clock, self.latency, self.lengths = clock, latency or LatencyModel(), lengths or LogNormalLengths()
+        self,
+        clock: SimClock,
+        latency: LatencyModel | None = None,
+        lengths: LogNormalLengths | None = None,
+        *,
+        token_block: int = 16,
+        token_id: int = 5,
+        name: str = "",
+    ) -> None:
+        self.clock, self.latency, self.lengths = (
+            clock,
+            latency or LatencyModel(),
+            lengths or LogNormalLengths(),
+        )
         self.token_block, self.token_id, self.name = token_block, token_id, name
         self._running: dict[str, _Seq] = {}
         self._waiting: collections.deque[_Seq] = collections.deque()
-        self._progress: dict[int, int] = {}  # turn seed -> simulated tokens already made for it (cut turns resume)
+        self._progress: dict[
+            int, int
+        ] = {}  # turn seed -> simulated tokens already made for it (cut turns resume)
         self._version = 0
         self._paused = self._frozen = self._closed = False
         self._wake = asyncio.Event()
@@ -157,7 +170,9 @@ class SimEngine:
     # -- the GPU ----------------------------------------------------------------------------------
     def _ensure_running(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._decode_forever(), name=f"sim-gpu-{self.name}")
+            self._task = asyncio.get_running_loop().create_task(
+                self._decode_forever(), name=f"sim-gpu-{self.name}"
+            )
             self._task.add_done_callback(self._fail_all)
 
     def _fail_all(self, task: asyncio.Task[None]) -> None:
@@ -192,7 +207,10 @@ class SimEngine:
             steps = min(seq.remaining for seq in self._running.values())
             self._wake.clear()
             try:  # sleep straight to the next completion, unless an arrival, abort or pause comes first
-                await asyncio.wait_for(self._wake.wait(), timeout=self.clock.wall(max(0.0, self._began + steps * self._step - now)))
+                await asyncio.wait_for(
+                    self._wake.wait(),
+                    timeout=self.clock.wall(max(0.0, self._began + steps * self._step - now)),
+                )
                 self._account()
             except TimeoutError:
                 self._account(steps)
@@ -231,18 +249,30 @@ class SimEngine:
         if seq is None:
             return
         if finish == "abort" and seq.request.params.seed is not None:
-            self._progress[seq.request.params.seed] = self._progress.get(seq.request.params.seed, 0) + len(seq.made)
+            self._progress[seq.request.params.seed] = self._progress.get(seq.request.params.seed, 0) + len(
+                seq.made
+            )
         elif seq.request.params.seed is not None:
             self._progress.pop(seq.request.params.seed, None)
         n = len(seq.made)
-        seq.queue.put_nowait(TokenChunk(request_id=rid, token_ids=[self.token_id] * n, logprobs=[-1.0] * n, versions=seq.made, finish_reason=finish))  # type: ignore[arg-type]
+        seq.queue.put_nowait(
+            TokenChunk(
+                request_id=rid,
+                token_ids=[self.token_id] * n,
+                logprobs=[-1.0] * n,
+                versions=seq.made,
+                finish_reason=finish,
+            )
+        )  # type: ignore[arg-type]
         self.finished += 1
 
     # -- the Engine protocol ------------------------------------------------------------------------
     def _submit(self, request: GenerateRequest) -> _Seq:
         if self._closed:
             raise EngineError("the engine is closed")
-        if request.request_id in self._running or any(s.request.request_id == request.request_id for s in self._waiting):
+        if request.request_id in self._running or any(
+            s.request.request_id == request.request_id for s in self._waiting
+        ):
             raise EngineError(f"request id {request.request_id!r} is already running; ids must be unique")
         seed = request.params.seed if request.params.seed is not None else hash(request.request_id)
         total = -(-self.lengths.draw(seed) // self.token_block)
@@ -273,8 +303,14 @@ class SimEngine:
             tokens += chunk.token_ids
             versions += chunk.versions
             finish = chunk.finish_reason or finish
-        return GenerateOutput(request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens,
-                              logprobs=[-1.0] * len(tokens), versions=versions, finish_reason=finish)  # type: ignore[arg-type]  # fmt: skip
+        return GenerateOutput(
+            request_id=request.request_id,
+            prompt_ids=list(request.prompt_ids),
+            token_ids=tokens,
+            logprobs=[-1.0] * len(tokens),
+            versions=versions,
+            finish_reason=finish,
+        )  # type: ignore[arg-type]
 
     async def abort(self, request_id: str) -> bool:
         if request_id in self._running:
@@ -295,8 +331,16 @@ class SimEngine:
             self._wake.set()
             outs = []
             for rid, seq in list(self._running.items()):
-                outs.append(GenerateOutput(request_id=rid, prompt_ids=list(seq.request.prompt_ids), token_ids=[self.token_id] * len(seq.made),
-                                           logprobs=[-1.0] * len(seq.made), versions=list(seq.made), finish_reason="abort"))  # fmt: skip
+                outs.append(
+                    GenerateOutput(
+                        request_id=rid,
+                        prompt_ids=list(seq.request.prompt_ids),
+                        token_ids=[self.token_id] * len(seq.made),
+                        logprobs=[-1.0] * len(seq.made),
+                        versions=list(seq.made),
+                        finish_reason="abort",
+                    )
+                )
                 self._end(rid, "abort")
             return outs
         await wait_until_idle(self._idle, timeout)
@@ -314,8 +358,15 @@ class SimEngine:
         return self._version
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self._running), waiting=len(self._waiting), tokens_per_s=0.0, kv_cache_bytes=0,
-                           weight_version=self._version, paused=self._paused, finished=self.finished)  # fmt: skip
+        return EngineStats(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            tokens_per_s=0.0,
+            kv_cache_bytes=0,
+            weight_version=self._version,
+            paused=self._paused,
+            finished=self.finished,
+        )
 
     async def close(self) -> None:
         self._closed = True

@@ -21,7 +21,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -29,7 +30,15 @@ from .batch import KVBatch
 from .meter import TokenRate
 from .protocol import EngineError, check_request, until_finished, wait_until_idle
 from .sampling import sample, uniforms
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
+from .types import (
+    EngineStats,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    PauseMode,
+    RequestProgress,
+    TokenChunk,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +66,21 @@ class _Sequence(RequestProgress):
     def end(self, reason: FinishReason, version: int) -> _Event:
         """(worker) The last chunk: the final token for a stream, and the finish reason."""
         if self.stream and reason != "abort":
-            last = TokenChunk(request_id=self.request.request_id, token_ids=self.tokens[-1:], logprobs=self.logprobs[-1:], versions=[version], finish_reason=reason)
+            last = TokenChunk(
+                request_id=self.request.request_id,
+                token_ids=self.tokens[-1:],
+                logprobs=self.logprobs[-1:],
+                versions=[version],
+                finish_reason=reason,
+            )
             return self, last
-        return self, TokenChunk(request_id=self.request.request_id, token_ids=_NO_TOKEN, logprobs=_NO_TOKEN, versions=_NO_TOKEN, finish_reason=reason)
+        return self, TokenChunk(
+            request_id=self.request.request_id,
+            token_ids=_NO_TOKEN,
+            logprobs=_NO_TOKEN,
+            versions=_NO_TOKEN,
+            finish_reason=reason,
+        )
 
 
 class TorchEngine:
@@ -68,7 +89,15 @@ class TorchEngine:
     last_swap_s = 0.0
     """How long the last ``swap_weights`` held decoding."""
 
-    def __init__(self, model: Any, *, max_batch: int = 64, max_seq_len: int | None = None, seed: int = 0, cpu_threads: int = 1) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_batch: int = 64,
+        max_seq_len: int | None = None,
+        seed: int = 0,
+        cpu_threads: int = 1,
+    ) -> None:
         self.model = model.eval()
         self.cpu_threads = cpu_threads
         self.max_batch = max_batch
@@ -103,7 +132,9 @@ class TorchEngine:
         self._closed = False
 
     @classmethod
-    def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: Any = None, **kwargs: Any) -> TorchEngine:
+    def from_pretrained(
+        cls, path: str, *, device: str = "cpu", dtype: Any = None, **kwargs: Any
+    ) -> TorchEngine:
         from ..models import load_pretrained_dir
 
         model, _ = load_pretrained_dir(path, dtype=dtype, device=device)
@@ -113,7 +144,12 @@ class TorchEngine:
     def _submit(self, request: GenerateRequest, stream: bool = False) -> _Sequence:
         if self._closed:
             raise EngineError("the engine is closed")
-        check_request(request, vocab_size=int(self.model.config.vocab_size), max_seq_len=self.max_seq_len, running=self._by_id)
+        check_request(
+            request,
+            vocab_size=int(self.model.config.vocab_size),
+            max_seq_len=self.max_seq_len,
+            running=self._by_id,
+        )
         self._start()
         seq = _Sequence(request, self.eos, stream)
         self._by_id[request.request_id] = seq
@@ -182,7 +218,9 @@ class TorchEngine:
             raise EngineError(f"update_weights: the model has no parameters named {unknown[:5]}")
         for name, tensor in named_tensors.items():
             if tuple(tensor.shape) != tuple(params[name].shape):
-                raise EngineError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(params[name].shape)}")
+                raise EngineError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(params[name].shape)}"
+                )
 
         def load() -> None:  # on the worker, between two steps
             with torch.no_grad():
@@ -200,8 +238,15 @@ class TorchEngine:
         params = dict(self.model.named_parameters())
         for name, tensor in named_tensors.items():
             target = params.get(name)
-            if target is None or tuple(tensor.shape) != tuple(target.shape) or tensor.dtype != target.dtype or tensor.device != target.device:
-                raise EngineError(f"swap_weights: {name} does not fit the model's parameter (name, shape, dtype and device must match)")
+            if (
+                target is None
+                or tuple(tensor.shape) != tuple(target.shape)
+                or tensor.dtype != target.dtype
+                or tensor.device != target.device
+            ):
+                raise EngineError(
+                    f"swap_weights: {name} does not fit the model's parameter (name, shape, dtype and device must match)"
+                )
 
         def swap() -> None:  # on the worker, between two steps
             started = time.perf_counter()
@@ -220,10 +265,14 @@ class TorchEngine:
     def stats(self) -> EngineStats:
         rate = self._rate.per_second()
         return EngineStats(
-            running=self._running, waiting=len(self._waiting), tokens_per_s=rate,
-            kv_cache_bytes=self._batch.nbytes(), weight_version=self._version, paused=self._paused,
+            running=self._running,
+            waiting=len(self._waiting),
+            tokens_per_s=rate,
+            kv_cache_bytes=self._batch.nbytes(),
+            weight_version=self._version,
+            paused=self._paused,
             finished=self._finished,
-        )  # fmt: skip
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -241,7 +290,9 @@ class TorchEngine:
             self._thread = threading.Thread(target=self._serve, name="rlasync-torch-engine", daemon=True)
             self._thread.start()
         elif loop is not self._loop:
-            raise EngineError("a TorchEngine serves the event loop it was first used on; build one engine per loop")
+            raise EngineError(
+                "a TorchEngine serves the event loop it was first used on; build one engine per loop"
+            )
 
     def _command(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """Run ``fn`` on the worker between two steps; its result arrives after that step's tokens."""
@@ -257,7 +308,12 @@ class TorchEngine:
             self._work.notify()
         return future
 
-    def _deliver(self, events: list[_Event], running: int, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    def _deliver(
+        self,
+        events: list[_Event],
+        running: int,
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+    ) -> None:
         """Hand chunks to their callers and command results to theirs (event loop)."""
         for seq, chunk in events:
             if seq.finish is not None:
@@ -299,7 +355,12 @@ class TorchEngine:
         while True:
             results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
             with self._lock:
-                while not (self._commands or self._aborts or (self._rows and not self._frozen) or (self._waiting and not self._paused)):
+                while not (
+                    self._commands
+                    or self._aborts
+                    or (self._rows and not self._frozen)
+                    or (self._waiting and not self._paused)
+                ):
                     self._work.wait(timeout=1.0)
                 commands, self._commands = self._commands, []
             for fn, future in commands:
@@ -322,13 +383,20 @@ class TorchEngine:
                 # batch's KV cache, so waiting for a quarter of the rows to free up (unless
                 # the batch is nearly idle) measured faster than refilling row by row.
                 free = self.max_batch - len(self._rows)
-                if not stop and not self._paused and self._waiting and (free >= self.admit_min or len(self._rows) < self.admit_min):
+                if (
+                    not stop
+                    and not self._paused
+                    and self._waiting
+                    and (free >= self.admit_min or len(self._rows) < self.admit_min)
+                ):
                     while self._waiting and len(admit) < free:
                         admit.append(self._waiting.popleft())
             if aborts:
                 keep = [i for i, s in enumerate(self._rows) if s.request.request_id not in aborts]
                 if len(keep) < len(self._rows):
-                    events += [s.end("abort", self._version) for s in self._rows if s.request.request_id in aborts]
+                    events += [
+                        s.end("abort", self._version) for s in self._rows if s.request.request_id in aborts
+                    ]
                     self._batch.keep(keep)
                     self._rows = [self._rows[i] for i in keep]
             failed: list[_Sequence] = []
@@ -337,7 +405,9 @@ class TorchEngine:
                 try:
                     events += self._step(admit)
                 except Exception as exc:  # a bug or an out-of-memory: fail this batch, keep serving
-                    log.exception("torch engine step failed; failing its %d requests", len(self._rows) + len(admit))
+                    log.exception(
+                        "torch engine step failed; failing its %d requests", len(self._rows) + len(admit)
+                    )
                     failed = self._rows + [s for s in admit if s not in self._rows]
                     error = EngineError(f"the engine step failed: {exc!r}")
                     self._rows = []
@@ -374,7 +444,12 @@ class TorchEngine:
     def _uniforms(self, seqs: list[_Sequence]) -> torch.Tensor:
         """(worker) The number each row samples its next token from: a seeded request's is
         fixed by its seed and the position of that token (``sampling.seeded_uniform``)."""
-        seeds = [None if (seed := s.request.params.seed) is None else (seed, len(s.request.prompt_ids) + len(s.tokens)) for s in seqs]
+        seeds = [
+            None
+            if (seed := s.request.params.seed) is None
+            else (seed, len(s.request.prompt_ids) + len(s.tokens))
+            for s in seqs
+        ]
         return uniforms(seeds, self._generator)
 
     def _step(self, admit: list[_Sequence]) -> list[_Event]:
@@ -408,7 +483,17 @@ class TorchEngine:
             else:
                 keep.append(i)
                 if seq.stream:
-                    events.append((seq, TokenChunk(request_id=seq.request.request_id, token_ids=[token], logprobs=[logprob], versions=[version])))
+                    events.append(
+                        (
+                            seq,
+                            TokenChunk(
+                                request_id=seq.request.request_id,
+                                token_ids=[token],
+                                logprobs=[logprob],
+                                versions=[version],
+                            ),
+                        )
+                    )
         self._rate.add(len(picked))
         self._rows = rows
         if len(keep) < len(rows):

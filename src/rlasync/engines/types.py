@@ -74,9 +74,13 @@ class RequestProgress:
         assert self.finish is not None
         r = self.request
         return GenerateOutput(
-            request_id=r.request_id, prompt_ids=list(r.prompt_ids), token_ids=list(self.tokens),
-            logprobs=list(self.logprobs), versions=list(self.versions), finish_reason=self.finish,
-        )  # fmt: skip
+            request_id=r.request_id,
+            prompt_ids=list(r.prompt_ids),
+            token_ids=list(self.tokens),
+            logprobs=list(self.logprobs),
+            versions=list(self.versions),
+            finish_reason=self.finish,
+        )
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,13 +37,22 @@ import json
 import logging
 import os
 import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any
 
 from ..config.engine import EngineConfig
 from .meter import TokenRate
 from .protocol import EngineError, check_request
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, RequestProgress, TokenChunk
+from .types import (
+    EngineStats,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    PauseMode,
+    RequestProgress,
+    TokenChunk,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +85,22 @@ def engine_args(config: EngineConfig) -> dict[str, Any]:
     GPU settings pass through, and ``engine_kwargs`` (any other ``AsyncEngineArgs`` field) last."""
     cpu = config.device == "cpu"
     args: dict[str, Any] = {
-        "model": config.model, "dtype": _dtype(config), "max_model_len": config.max_seq_len or None, "max_num_seqs": config.max_batch,
-        "seed": config.seed, "tensor_parallel_size": config.tensor_parallel_size, "gpu_memory_utilization": config.gpu_memory_utilization,
-        "enforce_eager": cpu, "enable_prefix_caching": True,
+        "model": config.model,
+        "dtype": _dtype(config),
+        "max_model_len": config.max_seq_len or None,
+        "max_num_seqs": config.max_batch,
+        "seed": config.seed,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "enforce_eager": cpu,
+        "enable_prefix_caching": True,
         # vLLM's CPU worker cannot rewind a seeded request's generator when it discards the
         # sample of a partly prefilled prompt ("CPU Generator does not use offset"), and we
         # always seed: on CPU, prompts are prefilled whole, never in chunks.
         "enable_chunked_prefill": not cpu,
-        "logprobs_mode": "processed_logprobs", "worker_extension_cls": "rlasync.engines.vllm_worker.WeightLoader",
-    }  # fmt: skip
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": "rlasync.engines.vllm_worker.WeightLoader",
+    }
     return {**args, **config.engine_kwargs}
 
 
@@ -101,11 +117,15 @@ def _visible_gpus(config: EngineConfig) -> Iterator[None]:
         return
     with _GPU_ENV:
         before = os.environ.get("CUDA_VISIBLE_DEVICES")
-        visible = before.split(",") if before else [str(i) for i in range(int(index) + config.tensor_parallel_size)]
+        visible = (
+            before.split(",") if before else [str(i) for i in range(int(index) + config.tensor_parallel_size)]
+        )
         first = int(index)
         mine = visible[first : first + config.tensor_parallel_size]
         if len(mine) < config.tensor_parallel_size:
-            raise EngineError(f"engine.device={config.device} with tensor_parallel_size={config.tensor_parallel_size} needs GPUs this node does not have (it sees {visible})")
+            raise EngineError(
+                f"engine.device={config.device} with tensor_parallel_size={config.tensor_parallel_size} needs GPUs this node does not have (it sees {visible})"
+            )
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
         try:
             yield
@@ -154,7 +174,9 @@ class VLLMEngine:
         # Starting the engine core takes tens of seconds: off the event loop.
         llm = await asyncio.to_thread(start)
         model_config = llm.model_config
-        return cls(llm, vocab_size=int(model_config.get_vocab_size()), max_seq_len=int(model_config.max_model_len))
+        return cls(
+            llm, vocab_size=int(model_config.get_vocab_size()), max_seq_len=int(model_config.max_model_len)
+        )
 
     # -- requests ---------------------------------------------------------------------------
     def _params(self, request: GenerateRequest) -> Any:
@@ -163,26 +185,40 @@ class VLLMEngine:
 
         p = request.params
         return SamplingParams(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_new_tokens,
-            stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, seed=p.seed, logprobs=0,
-            detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
-        )  # fmt: skip
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            max_tokens=p.max_new_tokens,
+            stop_token_ids=list(p.stop_token_ids),
+            ignore_eos=p.ignore_eos,
+            seed=p.seed,
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     async def _run(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         if self._closed:
             raise EngineError("the engine is closed")
-        check_request(request, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len, running=self._requests)
+        check_request(
+            request, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len, running=self._requests
+        )
         tracked = _Tracked(request)
         rid = request.request_id
         self._requests[rid] = tracked
         try:
-            stream = self.llm.generate({"prompt_token_ids": list(request.prompt_ids)}, self._params(request), rid)
+            stream = self.llm.generate(
+                {"prompt_token_ids": list(request.prompt_ids)}, self._params(request), rid
+            )
             async for out in stream:
                 completion = out.outputs[0]
                 tokens = list(completion.token_ids)
                 logprobs = [entry[token].logprob for token, entry in zip(tokens, completion.logprobs or [])]
                 if len(logprobs) != len(tokens):
-                    raise EngineError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens of {rid!r}")
+                    raise EngineError(
+                        f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens of {rid!r}"
+                    )
                 versions = [self._version] * len(tokens)
                 tracked.tokens += tokens
                 tracked.logprobs += logprobs
@@ -194,12 +230,20 @@ class VLLMEngine:
                     self._rate.add(len(tokens))
                 if finish is not None:
                     tracked.finish = finish
-                yield TokenChunk(request_id=rid, token_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=finish)
+                yield TokenChunk(
+                    request_id=rid,
+                    token_ids=tokens,
+                    logprobs=logprobs,
+                    versions=versions,
+                    finish_reason=finish,
+                )
                 if finish is not None:
                     return
             if tracked.finish is None:  # the stream ended without saying why: vLLM aborted it
                 tracked.finish = "abort"
-                yield TokenChunk(request_id=rid, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+                yield TokenChunk(
+                    request_id=rid, token_ids=[], logprobs=[], versions=[], finish_reason="abort"
+                )
         finally:
             if tracked.finish is None:  # the caller went away: stop the request in vLLM
                 tracked.finish = "abort"
@@ -219,9 +263,13 @@ class VLLMEngine:
             versions += chunk.versions
             finish = chunk.finish_reason or finish
         return GenerateOutput(
-            request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens,
-            logprobs=logprobs, versions=versions, finish_reason=finish,
-        )  # fmt: skip
+            request_id=request.request_id,
+            prompt_ids=list(request.prompt_ids),
+            token_ids=tokens,
+            logprobs=logprobs,
+            versions=versions,
+            finish_reason=finish,
+        )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         async for chunk in self._run(request):
@@ -275,9 +323,14 @@ class VLLMEngine:
         rate = self._rate.per_second()
         running = sum(1 for t in self._requests.values() if t.finish is None)
         return EngineStats(
-            running=running, waiting=0, tokens_per_s=rate, kv_cache_bytes=0, weight_version=self._version,
-            paused=self._paused, finished=self._finished,
-        )  # fmt: skip
+            running=running,
+            waiting=0,
+            tokens_per_s=rate,
+            kv_cache_bytes=0,
+            weight_version=self._version,
+            paused=self._paused,
+            finished=self._finished,
+        )
 
     async def close(self) -> None:
         if self._closed:

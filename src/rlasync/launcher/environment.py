@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import msgspec
 
@@ -84,12 +85,22 @@ def _torchrun(env: Mapping[str, str]) -> Launched:
     local_world = _int(env, "LOCAL_WORLD_SIZE", hint) if "LOCAL_WORLD_SIZE" in env else 1
     local_rank = _int(env, "LOCAL_RANK", hint) if "LOCAL_RANK" in env else 0
     if local_world < 1 or world < 1 or world % local_world or rank >= world or local_rank >= local_world:
-        raise LaunchEnvError(f"RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world} do not fit together")
+        raise LaunchEnvError(
+            f"RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world} do not fit together"
+        )
     node = _int(env, "GROUP_RANK", hint) if "GROUP_RANK" in env else rank // local_world
     nodes = _int(env, "GROUP_WORLD_SIZE", hint) if "GROUP_WORLD_SIZE" in env else world // local_world
     addr, port = _master(env)
-    return Launched(source="torchrun", rank=node, nodes=nodes, local_rank=local_rank, local_world_size=local_world,
-                    master_addr=addr, master_port=port, agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")  # fmt: skip
+    return Launched(
+        source="torchrun",
+        rank=node,
+        nodes=nodes,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        master_addr=addr,
+        master_port=port,
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    )
 
 
 def _slurm(env: Mapping[str, str]) -> Launched:
@@ -103,13 +114,23 @@ def _slurm(env: Mapping[str, str]) -> Launched:
     if "MASTER_ADDR" not in env:
         env = {**env, "MASTER_ADDR": _first_slurm_host(env)}
     addr, port = _master({"MASTER_PORT": "29500", **env})
-    return Launched(source="slurm", rank=node, nodes=nodes, local_rank=local_rank, local_world_size=max(tasks // nodes, 1), master_addr=addr, master_port=port)
+    return Launched(
+        source="slurm",
+        rank=node,
+        nodes=nodes,
+        local_rank=local_rank,
+        local_world_size=max(tasks // nodes, 1),
+        master_addr=addr,
+        master_port=port,
+    )
 
 
 def _master(env: Mapping[str, str]) -> tuple[str, int]:
     addr = env.get("MASTER_ADDR", "").strip("[]")
     if not addr:
-        raise LaunchEnvError("MASTER_ADDR is empty: it must name the head's machine (node 0), as other machines reach it")
+        raise LaunchEnvError(
+            "MASTER_ADDR is empty: it must name the head's machine (node 0), as other machines reach it"
+        )
     port = _int(env, "MASTER_PORT", "the port of the rendezvous store on MASTER_ADDR")
     if not 0 < port < 65536:
         raise LaunchEnvError(f"MASTER_PORT={port} is not a TCP port")
@@ -126,10 +147,16 @@ def _first_slurm_host(env: Mapping[str, str]) -> str:
             'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) (launch/slurm.sbatch does)'
         )
     try:
-        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            [scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise LaunchEnvError(f"`scontrol show hostnames {nodelist}` failed ({exc}); export MASTER_ADDR yourself") from None
+        raise LaunchEnvError(
+            f"`scontrol show hostnames {nodelist}` failed ({exc}); export MASTER_ADDR yourself"
+        ) from None
     hosts = out.split()
     if not hosts:
-        raise LaunchEnvError(f"`scontrol show hostnames {nodelist}` named no host; export MASTER_ADDR yourself")
+        raise LaunchEnvError(
+            f"`scontrol show hostnames {nodelist}` named no host; export MASTER_ADDR yourself"
+        )
     return hosts[0]

@@ -78,13 +78,17 @@ def parse_hosts(text: str, source: str = "hosts file") -> list[Host]:
         where = f"{source}:{number}"
         hosts.append(_parse_line(words, where, number))
     if not hosts:
-        raise HostsFileError(f"{source}: no hosts; write one machine per line, the head first (e.g. `10.0.0.1 roles=trainer`)")
+        raise HostsFileError(
+            f"{source}: no hosts; write one machine per line, the head first (e.g. `10.0.0.1 roles=trainer`)"
+        )
     seen: dict[tuple[str, int], int] = {}
     for host in hosts:
         if host.port:
             other = seen.setdefault((host.addr, host.port), host.line)
             if other != host.line:
-                raise HostsFileError(f"{source}:{host.line}: {host.addr} port {host.port} is also on line {other}; give each node on one machine its own port=")
+                raise HostsFileError(
+                    f"{source}:{host.line}: {host.addr} port {host.port} is also on line {other}; give each node on one machine its own port="
+                )
     return hosts
 
 
@@ -99,7 +103,9 @@ def read_hosts(path: str | Path) -> list[Host]:
 def _parse_line(words: list[str], where: str, number: int) -> Host:
     name, *pairs = words
     if "=" in name:
-        raise HostsFileError(f"{where}: a line starts with the host, then key=value pairs; got {name!r} first")
+        raise HostsFileError(
+            f"{where}: a line starts with the host, then key=value pairs; got {name!r} first"
+        )
     host = _address(name.strip("[]"), where, "host")
     fields: dict[str, object] = {"host": host, "addr": host, "line": number}
     for pair in pairs:
@@ -112,13 +118,18 @@ def _parse_line(words: list[str], where: str, number: int) -> Host:
             raise HostsFileError(f"{where}: {key} is given twice")
         if key in _COUNTS:
             if not value.isdigit() or (key == "port" and not 0 < int(value) < 65536):
-                raise HostsFileError(f"{where}: {key}={value!r} must be a whole number" + (" from 1 to 65535" if key == "port" else ""))
+                raise HostsFileError(
+                    f"{where}: {key}={value!r} must be a whole number"
+                    + (" from 1 to 65535" if key == "port" else "")
+                )
             fields[key] = int(value)
         elif key == "roles":
             roles = tuple(r for r in value.split(",") if r)
             wrong = [r for r in roles if r not in ROLES]
             if wrong:
-                raise HostsFileError(f"{where}: unknown role {wrong[0]!r}; roles are {', '.join(ROLES)} (comma-separated)")
+                raise HostsFileError(
+                    f"{where}: unknown role {wrong[0]!r}; roles are {', '.join(ROLES)} (comma-separated)"
+                )
             fields[key] = tuple(dict.fromkeys(roles))
         elif key == "addr":
             fields[key] = _address(value.strip("[]"), where, "addr")
@@ -146,8 +157,15 @@ def placement_overrides(hosts: list[Host]) -> list[str]:
     trainer = [rank for rank, h in enumerate(hosts) for _ in range(h.trainer_count)]
     if not engines or not trainer:
         missing = "engine" if not engines else "trainer"
-        raise HostsFileError(f"no host has the {missing} role: add roles={missing} to a line (a run needs both roles somewhere)")
-    return [f"cluster.engines={engines}", "cluster.engines_per_node=0", f"cluster.trainer={trainer}", f"trainer.world_size={len(trainer)}"]
+        raise HostsFileError(
+            f"no host has the {missing} role: add roles={missing} to a line (a run needs both roles somewhere)"
+        )
+    return [
+        f"cluster.engines={engines}",
+        "cluster.engines_per_node=0",
+        f"cluster.trainer={trainer}",
+        f"trainer.world_size={len(trainer)}",
+    ]
 
 
 def listen_addresses(hosts: list[Host], base_port: int) -> list[str]:

@@ -12,7 +12,7 @@ import socket
 
 from ..runtime.address import tcp_address
 from ..runtime.rendezvous import master_store
-from .environment import LaunchEnvError, Launched
+from .environment import Launched, LaunchEnvError
 
 
 def _key() -> str:
@@ -37,13 +37,17 @@ def publish_head(me: Launched, timeout_s: float) -> str:
             probe.bind((addr, 0))
             port = probe.getsockname()[1]
     except OSError as exc:
-        raise LaunchEnvError(f"node 0 cannot listen on MASTER_ADDR={me.master_addr} ({addr}): {exc.strerror}; "
-                             "MASTER_ADDR must be an address of node 0's machine (torchrun: --local-addr)") from None  # fmt: skip
+        raise LaunchEnvError(
+            f"node 0 cannot listen on MASTER_ADDR={me.master_addr} ({addr}): {exc.strerror}; "
+            "MASTER_ADDR must be an address of node 0's machine (torchrun: --local-addr)"
+        ) from None
     address = tcp_address(addr, port)
     try:
         master_store(timeout_s).set(_key(), address)
     except RuntimeError as exc:
-        raise LaunchEnvError(f"node 0 cannot reach the rendezvous store at {me.master_addr}:{me.master_port}: {exc}") from None
+        raise LaunchEnvError(
+            f"node 0 cannot reach the rendezvous store at {me.master_addr}:{me.master_port}: {exc}"
+        ) from None
     return address
 
 

@@ -64,9 +64,14 @@ async def cluster_status(head: str, secret: str | None, *, timeout: float = 5.0)
         try:
             members: list[MemberStatus] = await client._membership.status.options(timeout=timeout)()
         except RuntimeErrorBase as exc:
-            raise StatusError(f"the head at {head} did not answer within {timeout:g}s ({exc}): is the run up, and is RLASYNC_CLUSTER_SECRET its secret?") from None
+            raise StatusError(
+                f"the head at {head} did not answer within {timeout:g}s ({exc}): is the run up, and is RLASYNC_CLUSTER_SECRET its secret?"
+            ) from None
         engines = [a for m in members for a in m.actors if a.cls.endswith(":EngineActor")]
-        answers = await asyncio.gather(*[ActorRef(client, a).weight_version.options(timeout=timeout)() for a in engines], return_exceptions=True)
+        answers = await asyncio.gather(
+            *[ActorRef(client, a).weight_version.options(timeout=timeout)() for a in engines],
+            return_exceptions=True,
+        )
         versions = {a.name: int(v) if isinstance(v, int) else -1 for a, v in zip(engines, answers)}
     finally:
         await client.stop()
@@ -74,9 +79,13 @@ async def cluster_status(head: str, secret: str | None, *, timeout: float = 5.0)
             shutil.rmtree(folder, ignore_errors=True)
     rows = []
     for m in members:
-        roles = (["head"] if m.info.node_id == "node-0" else []) + [_role(a, versions) for a in m.actors if not a.name.startswith("_")]
+        roles = (["head"] if m.info.node_id == "node-0" else []) + [
+            _role(a, versions) for a in m.actors if not a.name.startswith("_")
+        ]
         mine = {a.name: versions[a.name] for a in m.actors if a.name in versions}
-        rows.append(NodeRow(m.info.node_id, m.info.host, m.info.address, m.info.pid, m.heartbeat_age_s, roles, mine))
+        rows.append(
+            NodeRow(m.info.node_id, m.info.host, m.info.address, m.info.pid, m.heartbeat_age_s, roles, mine)
+        )
     return rows
 
 
@@ -91,5 +100,10 @@ def render(rows: list[NodeRow]) -> None:
         table.add_column(column)
     for row in rows:
         beat = "-" if row.node == "node-0" else f"{row.heartbeat_age_s:.1f} s"
-        table.add_row(*[escape(cell) for cell in (row.node, row.host, row.address, str(row.pid), beat, ", ".join(row.roles) or "-")])
+        table.add_row(
+            *[
+                escape(cell)
+                for cell in (row.node, row.host, row.address, str(row.pid), beat, ", ".join(row.roles) or "-")
+            ]
+        )
     Console(width=200).print(table)

@@ -27,7 +27,8 @@ import shlex
 import signal
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -88,7 +89,9 @@ class HostProcess:
 class Launch:
     """The nodes of one run on ``hosts`` (the head first), started, relayed and stopped together."""
 
-    def __init__(self, hosts: list[Host], config: Config, *, secret: str, write: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, hosts: list[Host], config: Config, *, secret: str, write: Callable[[str], None] | None = None
+    ) -> None:
         if not hosts:
             raise LaunchError("no hosts to launch on")
         self.hosts, self.config, self.secret = hosts, config, secret
@@ -109,14 +112,28 @@ class Launch:
             labels = [f"{h.host}/{a.rsplit(':', 1)[1]}" for h, a in zip(self.hosts, addresses)]
         config = msgspec.structs.replace(
             self.config,
-            cluster=msgspec.structs.replace(self.config.cluster, start="external", listen=head, nodes=len(self.hosts)),
+            cluster=msgspec.structs.replace(
+                self.config.cluster, start="external", listen=head, nodes=len(self.hosts)
+            ),
             # a node waits for the head as long as the launch waits for it (a head warm-starting)
-            runtime=msgspec.structs.replace(self.config.runtime, join_timeout_s=max(self.config.runtime.join_timeout_s, self.launch.start_timeout_s)),
-        )  # fmt: skip
+            runtime=msgspec.structs.replace(
+                self.config.runtime,
+                join_timeout_s=max(self.config.runtime.join_timeout_s, self.launch.start_timeout_s),
+            ),
+        )
         tree = msgspec.to_builtins(config)
         planned = []
         for rank, (host, listen, label) in enumerate(zip(self.hosts, addresses, labels)):
-            ticket = Ticket(host=label, rank=rank, nodes=len(self.hosts), head=head, listen=listen, secret=self.secret, version=VERSION, config=tree)
+            ticket = Ticket(
+                host=label,
+                rank=rank,
+                nodes=len(self.hosts),
+                head=head,
+                listen=listen,
+                secret=self.secret,
+                version=VERSION,
+                config=tree,
+            )
             python = host.python or self.launch.python or sys.executable
             argv = [python, "-m", "rlasync", "launch", "--from-stdin"]
             planned.append(HostProcess(host, label, ticket, remote_command(self.launch.via, host.host, argv)))
@@ -125,11 +142,16 @@ class Launch:
     async def _spawn(self, hp: HostProcess) -> None:
         try:
             hp.proc = await asyncio.create_subprocess_exec(
-                *hp.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                *hp.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches the launcher, which stops every host in order
-            )  # fmt: skip
+            )
         except OSError as exc:
-            raise LaunchError(f"{hp.label}: cannot run {shlex.join(hp.command[:3])}…: {exc.strerror} (check launch.via)") from None
+            raise LaunchError(
+                f"{hp.label}: cannot run {shlex.join(hp.command[:3])}…: {exc.strerror} (check launch.via)"
+            ) from None
         assert hp.proc.stdin is not None
         hp.proc.stdin.write(msgspec.json.encode(hp.ticket) + b"\n")
         hp.relay = asyncio.ensure_future(self._relay(hp))
@@ -140,7 +162,10 @@ class Launch:
         while True:
             try:
                 raw = await hp.proc.stdout.readline()
-            except (ValueError, asyncio.LimitOverrunError):  # a line past the stream's limit: read it in parts
+            except (
+                ValueError,
+                asyncio.LimitOverrunError,
+            ):  # a line past the stream's limit: read it in parts
                 raw = await hp.proc.stdout.read(65536)
             if not raw:
                 break
@@ -151,7 +176,9 @@ class Launch:
                 if event["event"] not in self.ready_s:
                     self.ready_s[event["event"]] = took = time.perf_counter() - self.started_at
                     if event["event"] == "trainer":
-                        self.write(f"launch: the trainer's {event.get('ranks')} rank(s) did their first collective {took:.1f} s after the launch began")
+                        self.write(
+                            f"launch: the trainer's {event.get('ranks')} rank(s) did their first collective {took:.1f} s after the launch began"
+                        )
                 hp.changed.set()
                 continue
             hp.last.append(line)
@@ -176,7 +203,9 @@ class Launch:
             left = deadline - time.perf_counter()
             if left <= 0 or self._stopping.is_set():
                 break
-            waits = [asyncio.ensure_future(hp.changed.wait()) for hp in self.processes] + [asyncio.ensure_future(self._stopping.wait())]
+            waits = [asyncio.ensure_future(hp.changed.wait()) for hp in self.processes] + [
+                asyncio.ensure_future(self._stopping.wait())
+            ]
             await asyncio.wait(waits, timeout=min(left, 1.0), return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
@@ -184,7 +213,9 @@ class Launch:
             raise KeyboardInterrupt
         late = [hp for hp in self.processes if not hp.started]
         named = "\n".join(f"  {hp.label} ({hp.node_id}); its last lines:\n{hp.tail()}" for hp in late)
-        raise LaunchError(f"not started within launch.start_timeout_s={self.launch.start_timeout_s:g}s:\n{named}")
+        raise LaunchError(
+            f"not started within launch.start_timeout_s={self.launch.start_timeout_s:g}s:\n{named}"
+        )
 
     # -- run ----------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -199,7 +230,9 @@ class Launch:
             for hp in self.processes:
                 await self._spawn(hp)
             await self._wait_started()
-            self.write(f"launch: {len(self.processes)} nodes started in {time.perf_counter() - self.started_at:.1f} s")
+            self.write(
+                f"launch: {len(self.processes)} nodes started in {time.perf_counter() - self.started_at:.1f} s"
+            )
             return await self._supervise()
         except KeyboardInterrupt:
             return 130
@@ -217,7 +250,9 @@ class Launch:
 
     async def _supervise(self) -> int:
         head = self.processes[0]
-        exits: dict[asyncio.Future[Any], HostProcess] = {hp.relay: hp for hp in self.processes}  # a relay ends when its process did and its output is read
+        exits: dict[asyncio.Future[Any], HostProcess] = {
+            hp.relay: hp for hp in self.processes
+        }  # a relay ends when its process did and its output is read
         stop: asyncio.Future[Any] = asyncio.ensure_future(self._stopping.wait())
         try:
             while True:
@@ -230,7 +265,9 @@ class Launch:
                     if hp is head:
                         return hp.proc.returncode or 0
                     if hp.proc.returncode:
-                        self.write(f"launch: {hp.label} ({hp.node_id}) failed with exit code {hp.proc.returncode}; stopping every host. Its last lines:\n{hp.tail()}")
+                        self.write(
+                            f"launch: {hp.label} ({hp.node_id}) failed with exit code {hp.proc.returncode}; stopping every host. Its last lines:\n{hp.tail()}"
+                        )
                         return 1
         finally:
             stop.cancel()

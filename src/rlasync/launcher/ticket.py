@@ -45,7 +45,9 @@ def read_ticket(stream: BinaryIO | None = None, *, version: str) -> Ticket:
     stream = stream or sys.stdin.buffer
     line = stream.readline()
     if not line.strip():
-        raise TicketError("--from-stdin: stdin closed before the launcher's ticket came (run this through `rlasync launch --nodes`)")
+        raise TicketError(
+            "--from-stdin: stdin closed before the launcher's ticket came (run this through `rlasync launch --nodes`)"
+        )
     try:
         ticket = msgspec.json.decode(line, type=Ticket)
     except msgspec.DecodeError as exc:

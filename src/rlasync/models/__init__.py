@@ -21,6 +21,13 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyLMConfig", "build_tiny_lm", "build_tokenizer",
-    "load_pretrained_dir", "save_pretrained_dir", "smollm2_dir", "warm_start",
-]  # fmt: skip
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "TinyLMConfig",
+    "build_tiny_lm",
+    "build_tokenizer",
+    "load_pretrained_dir",
+    "save_pretrained_dir",
+    "smollm2_dir",
+    "warm_start",
+]

@@ -22,8 +22,8 @@ import json
 import os
 import shutil
 import tempfile
-from importlib import metadata
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +66,25 @@ def smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     convert, and the first rename wins. A folder made from another package version or file
     is rebuilt.
     """
-    target = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root() / "models" / "smollm2-135m-instruct"
+    target = (
+        Path(cache_dir).expanduser()
+        if cache_dir is not None
+        else default_cache_root() / "models" / "smollm2-135m-instruct"
+    )
     gguf_path = smollm2_gguf_path()
-    source = {"package": SMOLLM2_PACKAGE, "version": metadata.version(SMOLLM2_PACKAGE), "file": SMOLLM2_GGUF, "bytes": gguf_path.stat().st_size}
+    source = {
+        "package": SMOLLM2_PACKAGE,
+        "version": metadata.version(SMOLLM2_PACKAGE),
+        "file": SMOLLM2_GGUF,
+        "bytes": gguf_path.stat().st_size,
+    }
     if _read_marker(target) == source:
         return target
     for module in ("gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"converting SmolLM2-135M-Instruct from GGUF needs the {module!r} package. Install: {_INSTALL_HINT}")
+            raise ModuleNotFoundError(
+                f"converting SmolLM2-135M-Instruct from GGUF needs the {module!r} package. Install: {_INSTALL_HINT}"
+            )
 
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(target)
@@ -123,7 +134,9 @@ def _convert(gguf_path: Path, out: Path) -> None:
 
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, local_files_only=True, dtype=torch.float32
+    )
     # The weights are plain fp32 tensors now; without this, save_pretrained would refuse (or
     # record a GGUF quantization config that the saved folder does not match).
     model.hf_quantizer = None

@@ -42,9 +42,27 @@ class TinyLMConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     """Seed of the random initial weights."""
 
     PRESETS: ClassVar[dict[str, dict[str, int]]] = {
-        "nano": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 512},
-        "micro": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1024},
-        "mini": {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1536},
+        "nano": {
+            "hidden_size": 128,
+            "num_layers": 2,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "intermediate_size": 512,
+        },
+        "micro": {
+            "hidden_size": 256,
+            "num_layers": 4,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "intermediate_size": 1024,
+        },
+        "mini": {
+            "hidden_size": 512,
+            "num_layers": 6,
+            "num_heads": 8,
+            "num_kv_heads": 4,
+            "intermediate_size": 1536,
+        },
     }
 
     @classmethod
@@ -127,19 +145,25 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
 
 
-def load_pretrained_dir(path: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
+def load_pretrained_dir(
+    path: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu"
+) -> tuple[Any, Any]:
     """Load any Hugging Face causal-LM folder from disk only (never the hub)."""
     import torch
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); build one with rlasync.models.build_tiny_lm")
+        raise FileNotFoundError(
+            f"{folder} is not a model folder (no config.json); build one with rlasync.models.build_tiny_lm"
+        )
     with _LOAD_LOCK:  # two engines on one node loading at once corrupted each other
         keep_temporary_folder_clean()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype or torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, local_files_only=True, dtype=dtype or torch.float32
+        )
     model.to(device)
     model.eval()
     return model, tokenizer

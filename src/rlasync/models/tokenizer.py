@@ -10,7 +10,8 @@ glue letters together (``abcd`` → ``a|bc|d``), which measurably capped reversa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -28,12 +29,46 @@ SPECIAL_TOKENS = (PAD, IM_START, IM_END, *TOOL_TOKENS)
 
 # What the merges are learned from: the words of the template and of tool-call JSON.
 TEMPLATE_WORDS = (
-    "system", "user", "assistant", "tool", "tools", "<tools>", "</tools>",
-    '{"name": "', '", "arguments": ', '{"expression": "', '"}', "}", '{"type": "function", "function": ',
-    '"description": "', '"parameters": ', '"properties": ', '"required": [', '"type": "object"', '"type": "string"',
-    "name", "arguments", "expression", "description", "parameters", "properties", "required", "type", "object",
-    "string", "function", "calc", "calculator", "python", "Reverse", "What is", "Answer", "Compute", "the", "is",
-)  # fmt: skip
+    "system",
+    "user",
+    "assistant",
+    "tool",
+    "tools",
+    "<tools>",
+    "</tools>",
+    '{"name": "',
+    '", "arguments": ',
+    '{"expression": "',
+    '"}',
+    "}",
+    '{"type": "function", "function": ',
+    '"description": "',
+    '"parameters": ',
+    '"properties": ',
+    '"required": [',
+    '"type": "object"',
+    '"type": "string"',
+    "name",
+    "arguments",
+    "expression",
+    "description",
+    "parameters",
+    "properties",
+    "required",
+    "type",
+    "object",
+    "string",
+    "function",
+    "calc",
+    "calculator",
+    "python",
+    "Reverse",
+    "What is",
+    "Answer",
+    "Compute",
+    "the",
+    "is",
+)
 
 
 def _corpus(extra_words: Iterable[str]) -> list[str]:

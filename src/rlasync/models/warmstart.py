@@ -87,8 +87,14 @@ class WarmStartSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
         for name in ("batch_size", "check_every", "max_steps", "eval_problems"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmstart.{name}: expected a positive integer, got {getattr(self, name)}")
-        if not (0.0 <= self.threshold <= 1.0 and 0.0 <= self.greedy_threshold <= 1.0) or self.lr <= 0 or min(self.group_size, self.refine_every) < 0:
-            raise ValueError("warmstart: expected thresholds in [0, 1], lr > 0, group_size >= 0 and refine_every >= 0")
+        if (
+            not (0.0 <= self.threshold <= 1.0 and 0.0 <= self.greedy_threshold <= 1.0)
+            or self.lr <= 0
+            or min(self.group_size, self.refine_every) < 0
+        ):
+            raise ValueError(
+                "warmstart: expected thresholds in [0, 1], lr > 0, group_size >= 0 and refine_every >= 0"
+            )
 
 
 DEFAULT_SETTINGS: dict[str, WarmStartSettings] = {
@@ -138,7 +144,9 @@ class WarmStartSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 # -- tokens ---------------------------------------------------------------------------------
 def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -167,7 +175,9 @@ def encode_sft(tokenizer: Any, problem: Problem) -> tuple[list[int], list[int]]:
         next_is_assistant = i + 1 < len(problem.target) and problem.target[i + 1]["role"] == "assistant"
         full = _encode(tokenizer, _render(tokenizer, conversation, problem.tools, next_is_assistant))
         if full[: len(ids)] != ids:
-            raise ValueError(f"{problem.task} {problem.key!r}: the chat template's rendering of turn {i} is not an extension of the previous turns")
+            raise ValueError(
+                f"{problem.task} {problem.key!r}: the chat template's rendering of turn {i} is not an extension of the previous turns"
+            )
         new = full[len(ids) :]
         owned = new.index(im_end) + 1 if message["role"] == "assistant" else 0
         mask += [1] * owned + [0] * (len(new) - owned)
@@ -199,7 +209,14 @@ class Episode(msgspec.Struct, kw_only=True):
 
 
 async def run_episode(
-    engine: Any, tokenizer: Any, problem: Problem, *, temperature: float, seed: int, request_id: str, max_turns: int = 3
+    engine: Any,
+    tokenizer: Any,
+    problem: Problem,
+    *,
+    temperature: float,
+    seed: int,
+    request_id: str,
+    max_turns: int = 3,
 ) -> Episode:
     """Sample assistant turns; while a turn calls a tool (and turns remain), run it and go on."""
     from ..engines import GenerateRequest, SamplingParams
@@ -212,8 +229,12 @@ async def run_episode(
     calls = 0
     final = ""
     for turn in range(max_turns):
-        params = SamplingParams(temperature=temperature, max_new_tokens=task.max_new_tokens, seed=_mix(seed, turn))
-        out = await engine.generate(GenerateRequest(request_id=f"{request_id}.{turn}", prompt_ids=prompt + ids, params=params))
+        params = SamplingParams(
+            temperature=temperature, max_new_tokens=task.max_new_tokens, seed=_mix(seed, turn)
+        )
+        out = await engine.generate(
+            GenerateRequest(request_id=f"{request_id}.{turn}", prompt_ids=prompt + ids, params=params)
+        )
         ids += out.token_ids
         mask += [1] * len(out.token_ids)
         logprobs += out.logprobs
@@ -228,9 +249,14 @@ async def run_episode(
         logprobs += [0.0] * len(env)
     reward = 0.0 if parse_tool_call(final) is not None else task.reward(problem, final)
     return Episode(
-        prompt_ids=prompt, completion_ids=ids, completion_mask=mask, logprobs=logprobs, final=final,
-        tool_calls=calls, reward=reward,
-    )  # fmt: skip
+        prompt_ids=prompt,
+        completion_ids=ids,
+        completion_mask=mask,
+        logprobs=logprobs,
+        final=final,
+        tool_calls=calls,
+        reward=reward,
+    )
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -243,14 +269,23 @@ def _mix(*values: int) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-async def _rollouts(model: Any, tokenizer: Any, problems: list[Problem], *, temperature: float, seed: int, samples: int) -> list[list[Episode]]:
+async def _rollouts(
+    model: Any, tokenizer: Any, problems: list[Problem], *, temperature: float, seed: int, samples: int
+) -> list[list[Episode]]:
     from ..engines import TorchEngine
 
     engine = TorchEngine(model, max_batch=128, seed=seed)
     try:
         flat = await asyncio.gather(
             *[
-                run_episode(engine, tokenizer, p, temperature=temperature, seed=_mix(seed, i, j), request_id=f"{i}.{j}")
+                run_episode(
+                    engine,
+                    tokenizer,
+                    p,
+                    temperature=temperature,
+                    seed=_mix(seed, i, j),
+                    request_id=f"{i}.{j}",
+                )
                 for i, p in enumerate(problems)
                 for j in range(samples)
             ]
@@ -260,11 +295,15 @@ async def _rollouts(model: Any, tokenizer: Any, problems: list[Problem], *, temp
     return [flat[i * samples : (i + 1) * samples] for i in range(len(problems))]
 
 
-def evaluate(model: Any, tokenizer: Any, problems: list[Problem], *, temperature: float, seed: int, samples: int = 1) -> list[list[Episode]]:
+def evaluate(
+    model: Any, tokenizer: Any, problems: list[Problem], *, temperature: float, seed: int, samples: int = 1
+) -> list[list[Episode]]:
     """``samples`` episodes per problem with a fresh torch engine (runs its own event loop)."""
     was_training = model.training
     try:
-        return asyncio.run(_rollouts(model, tokenizer, problems, temperature=temperature, seed=seed, samples=samples))
+        return asyncio.run(
+            _rollouts(model, tokenizer, problems, temperature=temperature, seed=seed, samples=samples)
+        )
     finally:
         model.train(was_training)
 
@@ -293,7 +332,9 @@ def _batches(tokenizer: Any, task: str, seed: int, batch_size: int) -> Iterator[
         yield ids, labels
 
 
-def _train(task: str, model: Any, tokenizer: Any, preset: str, seed: int, settings: WarmStartSettings) -> WarmStartSummary:
+def _train(
+    task: str, model: Any, tokenizer: Any, preset: str, seed: int, settings: WarmStartSettings
+) -> WarmStartSummary:
     """SFT until a check meets a threshold. When one does, go back to the previous check's
     state and replay the same batches checking every ``refine_every`` steps, to stop near the
     first step that meets it: the accuracy can jump from 0 to 0.6 between two checks."""
@@ -319,7 +360,9 @@ def _train(task: str, model: Any, tokenizer: Any, preset: str, seed: int, settin
         # Right padding: real tokens never attend to the padding after them, so no attention
         # mask is needed, and positions count from 0 exactly as when the engine generates.
         logits = model(input_ids=ids).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        loss = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -329,18 +372,35 @@ def _train(task: str, model: Any, tokenizer: Any, preset: str, seed: int, settin
             continue
         sampled = [e[0] for e in evaluate(model, tokenizer, problems, temperature=1.0, seed=_mix(seed, 1))]
         greedy = [e[0] for e in evaluate(model, tokenizer, problems, temperature=0.0, seed=0)]
-        check = Check(step=step, loss=_mean(losses), sampled_accuracy=_mean(e.reward for e in sampled), greedy_accuracy=_mean(e.reward for e in greedy))
+        check = Check(
+            step=step,
+            loss=_mean(losses),
+            sampled_accuracy=_mean(e.reward for e in sampled),
+            greedy_accuracy=_mean(e.reward for e in greedy),
+        )
         history.append(check)
         losses.clear()
         log.info(
             "warm-start %s seed %d: step %d loss %.4f accuracy sampled %.3f greedy %.3f (%.0f s)",
-            task, seed, step, check.loss, check.sampled_accuracy, check.greedy_accuracy, time.monotonic() - start,
-        )  # fmt: skip
+            task,
+            seed,
+            step,
+            check.loss,
+            check.sampled_accuracy,
+            check.greedy_accuracy,
+            time.monotonic() - start,
+        )
         if check.sampled_accuracy < settings.threshold and check.greedy_accuracy < settings.greedy_threshold:
             saved = (step, copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
             since_saved = []
         elif every > settings.refine_every > 0 and len(since_saved) > settings.refine_every:
-            log.info("warm-start %s seed %d: back to step %d, checking every %d steps", task, seed, saved[0], settings.refine_every)
+            log.info(
+                "warm-start %s seed %d: back to step %d, checking every %d steps",
+                task,
+                seed,
+                saved[0],
+                settings.refine_every,
+            )
             step, model_state, optimizer_state = saved
             model.load_state_dict(model_state)
             optimizer.load_state_dict(optimizer_state)
@@ -351,16 +411,27 @@ def _train(task: str, model: Any, tokenizer: Any, preset: str, seed: int, settin
     model.eval()
     group_accuracy = mixed = None
     if settings.group_size:
-        groups = evaluate(model, tokenizer, problems, temperature=1.0, seed=_mix(seed, 2), samples=settings.group_size)
+        groups = evaluate(
+            model, tokenizer, problems, temperature=1.0, seed=_mix(seed, 2), samples=settings.group_size
+        )
         rewards = [[e.reward for e in g] for g in groups]
         group_accuracy = sum(map(sum, rewards)) / (len(rewards) * settings.group_size)
         mixed = sum(0 < sum(r) < len(r) for r in rewards) / len(rewards)
     return WarmStartSummary(
-        task=task, preset=preset, seed=seed, settings=settings, steps=step, seconds=round(time.monotonic() - start, 2),
-        stopped=stopped, sampled_accuracy=history[-1].sampled_accuracy, greedy_accuracy=history[-1].greedy_accuracy,
-        group_accuracy=group_accuracy, mixed_groups=mixed, tool_use=_mean(e.tool_calls > 0 for e in greedy),
+        task=task,
+        preset=preset,
+        seed=seed,
+        settings=settings,
+        steps=step,
+        seconds=round(time.monotonic() - start, 2),
+        stopped=stopped,
+        sampled_accuracy=history[-1].sampled_accuracy,
+        greedy_accuracy=history[-1].greedy_accuracy,
+        group_accuracy=group_accuracy,
+        mixed_groups=mixed,
+        tool_use=_mean(e.tool_calls > 0 for e in greedy),
         history=history,
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager
@@ -382,7 +453,9 @@ def _deterministic(seed: int, threads: int | None) -> Iterator[None]:
 
 
 def cache_name(task: str, preset: str, seed: int, settings: WarmStartSettings) -> str:
-    key = msgspec.json.encode({"version": VERSION, "task": task, "preset": preset, "seed": seed, "settings": settings})
+    key = msgspec.json.encode(
+        {"version": VERSION, "task": task, "preset": preset, "seed": seed, "settings": settings}
+    )
     return f"{task}-{preset}-seed{seed}-{hashlib.sha256(key).hexdigest()[:8]}"
 
 
@@ -412,15 +485,24 @@ def warm_start(
         log.info("warm-start %s seed %d: cached at %s", task, seed, final)
         return final
     if _loop_running():
-        raise RuntimeError("warm_start blocks for minutes and runs its own event loop: call it in a thread, `await asyncio.to_thread(warm_start, ...)`")
+        raise RuntimeError(
+            "warm_start blocks for minutes and runs its own event loop: call it in a thread, `await asyncio.to_thread(warm_start, ...)`"
+        )
     parent.mkdir(parents=True, exist_ok=True)
     with _deterministic(seed, threads):
         model, tokenizer = build_tiny_lm(TinyLMConfig.preset(preset, seed=seed))
         summary = _train(task, model, tokenizer, preset, seed, settings)
     log.info(
         "warm-start %s seed %d: %s after %d steps, %.1f s; sampled %.3f greedy %.3f mixed groups %s",
-        task, seed, summary.stopped, summary.steps, summary.seconds, summary.sampled_accuracy, summary.greedy_accuracy, summary.mixed_groups,
-    )  # fmt: skip
+        task,
+        seed,
+        summary.stopped,
+        summary.steps,
+        summary.seconds,
+        summary.sampled_accuracy,
+        summary.greedy_accuracy,
+        summary.mixed_groups,
+    )
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=parent))
     try:
         save_pretrained_dir(model, tokenizer, tmp)

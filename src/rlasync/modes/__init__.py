@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 
@@ -21,8 +22,15 @@ if TYPE_CHECKING:
 
 # Loaded when first named (PEP 562): ``rlasync.modes.placement`` checks a config without the
 # schedules' torch and engines (``rlasync launch`` places a run before starting anything).
-_LAZY = {"train_fully_async": ".fully_async", "train_one_step_off": ".one_step_off", "TrainResult": ".parts", "RunInterrupted": ".parts", "SampleQueue": ".queue",
-         "StalenessError": ".queue", "train_sync": ".sync"}  # fmt: skip
+_LAZY = {
+    "train_fully_async": ".fully_async",
+    "train_one_step_off": ".one_step_off",
+    "TrainResult": ".parts",
+    "RunInterrupted": ".parts",
+    "SampleQueue": ".queue",
+    "StalenessError": ".queue",
+    "train_sync": ".sync",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,7 +40,11 @@ def __getattr__(name: str) -> Any:
 
 
 async def train(
-    config: Config, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None, stop: asyncio.Event | None = None
+    config: Config,
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``); ``resume`` continues from the newest checkpoint
     in ``train.run_dir`` (every mode; the asynchronous ones with their samples in flight). ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
@@ -54,4 +66,13 @@ async def train(
     return await train_fully_async(config, resume=resume, on_step=on_step, stop=stop)
 
 
-__all__ = ["RunInterrupted", "SampleQueue", "StalenessError", "TrainResult", "train", "train_fully_async", "train_one_step_off", "train_sync"]
+__all__ = [
+    "RunInterrupted",
+    "SampleQueue",
+    "StalenessError",
+    "TrainResult",
+    "train",
+    "train_fully_async",
+    "train_one_step_off",
+    "train_sync",
+]

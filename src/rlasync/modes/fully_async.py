@@ -39,7 +39,8 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -117,7 +118,9 @@ class Rollouter:
 
     async def _sample(self, ticket: Ticket, sample: Admitted) -> None:
         params = msgspec.structs.replace(self.run.params, seed=sample.seed)
-        trajectories = await self.run.rollout([sample.row], name=_name(ticket.index), params=params, states=sample.loops or None)
+        trajectories = await self.run.rollout(
+            [sample.row], name=_name(ticket.index), params=params, states=sample.loops or None
+        )
         sample.loops = {}
         await self.queue.put(ticket, trajectories)
 
@@ -131,7 +134,10 @@ class Rollouter:
         never lost). Partial samples' loops come later (``fill_loops``)."""
         queue, finished = self.queue.state()
         position = {"sampler": self.run.sampler.state_dict(), "rng": self.run.rng.getstate()}
-        samples = [msgspec.structs.replace(self.admitted[index], trajectories=finished.get(index)) for index, *_ in queue.open]
+        samples = [
+            msgspec.structs.replace(self.admitted[index], trajectories=finished.get(index))
+            for index, *_ in queue.open
+        ]
         return InFlight(queue=queue, samples=samples), position
 
     async def fill_loops(self, in_flight: InFlight) -> bytes:
@@ -141,11 +147,23 @@ class Rollouter:
         holds by then (finished meanwhile, or a resumed call still in transit) keeps the state it
         resumed from, or starts again."""
         group = self.run.config.train.group_size
-        partial = {s.index: [f"{_name(s.index)}/{i}" for i in range(group)] for s in in_flight.samples if s.trajectories is None}
-        states = await self.run.rollouts.loop_states([uid for uids in partial.values() for uid in uids]) if partial else {}
+        partial = {
+            s.index: [f"{_name(s.index)}/{i}" for i in range(group)]
+            for s in in_flight.samples
+            if s.trajectories is None
+        }
+        states = (
+            await self.run.rollouts.loop_states([uid for uids in partial.values() for uid in uids])
+            if partial
+            else {}
+        )
         for s in in_flight.samples:
             if s.index in partial:
-                s.loops = {uid: state for uid in partial[s.index] if (state := states.get(uid) or s.loops.get(uid)) is not None}
+                s.loops = {
+                    uid: state
+                    for uid in partial[s.index]
+                    if (state := states.get(uid) or s.loops.get(uid)) is not None
+                }
         return msgspec.msgpack.encode(in_flight)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -179,7 +197,12 @@ class Rollouter:
 
 
 async def train_fully_async(
-    config: Config, *, resume: bool = False, on_step: OnStep = None, run: Run | None = None, stop: asyncio.Event | None = None
+    config: Config,
+    *,
+    resume: bool = False,
+    on_step: OnStep = None,
+    run: Run | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir``: its queue (tickets with their versions and deadlines) and every sample
@@ -191,8 +214,11 @@ async def train_fully_async(
     per_version = acfg.trigger_parameter_sync_step
     capacity = max(batch, math.floor((1 + acfg.staleness_threshold) * per_version * batch))
     queue: SampleQueue[list[Any]] = SampleQueue(
-        batch, steps_per_version=per_version, max_staleness=math.ceil(acfg.staleness_threshold), capacity=capacity
-    )  # fmt: skip
+        batch,
+        steps_per_version=per_version,
+        max_staleness=math.ceil(acfg.staleness_threshold),
+        capacity=capacity,
+    )
     resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
     run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
     rollouter: Rollouter | None = None
@@ -205,7 +231,9 @@ async def train_fully_async(
         started = time.perf_counter()
         in_flight, position = rollouter.capture()
         state_now = {"weight_version": version, "initial_accuracy": initial, "accuracy": accuracy, **position}
-        files = {IN_FLIGHT: asyncio.ensure_future(rollouter.fill_loops(in_flight))}  # written once the trainer's state is taken
+        files = {
+            IN_FLIGHT: asyncio.ensure_future(rollouter.fill_loops(in_flight))
+        }  # written once the trainer's state is taken
         record["checkpoint"] = await run.checkpoint(step, state_now, files, stopping=stopping)
         record["checkpoint/in_flight"] = len(in_flight.samples)
         record["checkpoint/s"] = time.perf_counter() - started
@@ -217,10 +245,18 @@ async def train_fully_async(
             version = state["weight_version"]
             saved = msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlight)
             by_index = {sample.index: sample for sample in saved.samples}
-            running = queue.restore(saved.queue, {s.index: s.trajectories for s in saved.samples if s.trajectories is not None})
+            running = queue.restore(
+                saved.queue, {s.index: s.trajectories for s in saved.samples if s.trajectories is not None}
+            )
             rollouter.admitted.update(by_index)
             rollouter.start([(ticket, by_index[ticket.index]) for ticket in running])
-            log.info("resumed %d samples in flight (%d finished, %d partial) at version %d", len(saved.samples), len(saved.samples) - len(running), len(running), queue.version)
+            log.info(
+                "resumed %d samples in flight (%d finished, %d partial) at version %d",
+                len(saved.samples),
+                len(saved.samples) - len(running),
+                len(running),
+                queue.version,
+            )
         else:
             initial = accuracy = await run.validate()
             run.write({"step": 0, "val_accuracy": initial})
@@ -238,19 +274,37 @@ async def train_fully_async(
                 raise run.stopped(step - 1, record)
             waited = time.perf_counter() - t0
             waited_total += waited
-            record: dict[str, Any] = {"step": step, **await train_step(run, [sample for _, sample in taken], version)}
+            record: dict[str, Any] = {
+                "step": step,
+                **await train_step(run, [sample for _, sample in taken], version),
+            }
             record.update(_processing_times([ticket for ticket, _ in taken]))
             record["data/rows"] = rollouter.trained([ticket for ticket, _ in taken])
             if step % per_version == 0 or step == cfg.steps:
-                report, pause = await _sync(run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0)
+                report, pause = await _sync(
+                    run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0
+                )
                 version += 1
-                record.update({"weights/sync_s": report.transfer_s, "weights/swap_s": report.pause_s, "weights/pause_s": pause})
+                record.update(
+                    {
+                        "weights/sync_s": report.transfer_s,
+                        "weights/swap_s": report.pause_s,
+                        "weights/pause_s": pause,
+                    }
+                )
             now = time.perf_counter()
-            record.update({
-                "rollout_s": waited, "train_s": now - t0 - waited, "trainer/idle_ratio": waited / max(now - t0, 1e-9),
-                "trainer/idle_ratio_total": waited_total / max(now - run.started, 1e-9), "rollouter/idle_ratio": rollouter.idle_ratio(),
-                "async/queue_capacity": queue.capacity, **queue.stats(), "step_s": now - last,
-            })  # fmt: skip
+            record.update(
+                {
+                    "rollout_s": waited,
+                    "train_s": now - t0 - waited,
+                    "trainer/idle_ratio": waited / max(now - t0, 1e-9),
+                    "trainer/idle_ratio_total": waited_total / max(now - run.started, 1e-9),
+                    "rollouter/idle_ratio": rollouter.idle_ratio(),
+                    "async/queue_capacity": queue.capacity,
+                    **queue.stats(),
+                    "step_s": now - last,
+                }
+            )
             last = now
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()  # the engine serves this step's weights only after a sync
@@ -266,10 +320,17 @@ async def train_fully_async(
             await rollouter.stop()
         await queue.close()
         await run.close()
-    return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
+    return TrainResult(
+        initial_accuracy=initial,
+        final_accuracy=accuracy,
+        steps=cfg.steps,
+        wall_s=time.perf_counter() - run.started,
+    )
 
 
-async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, partial: bool, advance: bool) -> tuple[Any, float]:
+async def _sync(
+    run: Run, queue: SampleQueue[list[Any]], version: int, *, partial: bool, advance: bool
+) -> tuple[Any, float]:
     """Pause the engine, push ``version``, move the queue on, resume; (report, engine pause)."""
     started = time.perf_counter()
     engine = run.engine
@@ -279,7 +340,9 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, partia
         try:
             await engine.pause("wait", timeout=run.config.weights.timeout_s)  # in-flight turns finish first
         except TimeoutError:
-            log.warning("in-flight turns did not finish within weights.timeout_s; cutting them (as partial_rollout does)")
+            log.warning(
+                "in-flight turns did not finish within weights.timeout_s; cutting them (as partial_rollout does)"
+            )
             await engine.pause("abort")
     try:
         report = await run.synchronizer.sync(version)
@@ -305,9 +368,12 @@ def _processing_times(tickets: list[Ticket]) -> dict[str, float]:
         return times[min(len(times) - 1, int(q * len(times)))]
 
     return {
-        "async/processing_s_mean": sum(times) / len(times), "async/processing_s_p50": pct(0.5), "async/processing_s_p95": pct(0.95),
-        "async/processing_s_p99": pct(0.99), "async/processing_s_max": times[-1],
-    }  # fmt: skip
+        "async/processing_s_mean": sum(times) / len(times),
+        "async/processing_s_p50": pct(0.5),
+        "async/processing_s_p95": pct(0.95),
+        "async/processing_s_p99": pct(0.99),
+        "async/processing_s_max": times[-1],
+    }
 
 
 async def _first(work: Any, failed: asyncio.Future[None], stop: asyncio.Event) -> Any:

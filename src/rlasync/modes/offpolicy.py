@@ -35,11 +35,22 @@ async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[s
         if not acfg.use_rollout_log_probs or acfg.rollout_is != "none":
             proximal = await run.trainer.compute_logprobs(train_batch, temperature=temperature)
             mask = train_batch.response_mask
-            extra.update({f"offpolicy/{k}": v for k, v in offpolicy_metrics(proximal, train_batch.logprobs, mask).items()})
+            extra.update(
+                {
+                    f"offpolicy/{k}": v
+                    for k, v in offpolicy_metrics(proximal, train_batch.logprobs, mask).items()
+                }
+            )
             if not acfg.use_rollout_log_probs:
                 train_batch = msgspec.structs.replace(train_batch, proximal_logprobs=proximal)
             if acfg.rollout_is != "none":
-                weights, is_metrics = tis_weights(proximal, train_batch.logprobs, mask, level=acfg.rollout_is, threshold=acfg.rollout_is_threshold)
+                weights, is_metrics = tis_weights(
+                    proximal,
+                    train_batch.logprobs,
+                    mask,
+                    level=acfg.rollout_is,
+                    threshold=acfg.rollout_is_threshold,
+                )
                 train_batch = msgspec.structs.replace(train_batch, is_weights=weights)
                 extra.update({f"offpolicy/{k}": v for k, v in is_metrics.items()})
         metrics = await run.trainer.step(train_batch, temperature=temperature)
@@ -49,7 +60,12 @@ async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[s
         longest = max(longest, int(batch.response_mask.sum(-1).max()))
     merged = reduce_metrics(parts)
     record: dict[str, Any] = {f"train/{k}": v for k, v in merged.items() if k != "tokens"}
-    record.update(reward=float(torch.cat(rewards).mean()), response_tokens=tokens, response_len_max=longest, updates=len(parts))
+    record.update(
+        reward=float(torch.cat(rewards).mean()),
+        response_tokens=tokens,
+        response_len_max=longest,
+        updates=len(parts),
+    )
     record.update(staleness(samples, version))
     return record
 
@@ -62,7 +78,9 @@ def staleness(samples: list[list[Any]], version: int) -> dict[str, Any]:
     sample_hist: dict[int, int] = {}
     partial, widest = 0, 0
     for sample in samples:
-        versions = [v for trajectory in sample for v, m in zip(trajectory.versions, trajectory.response_mask) if m]
+        versions = [
+            v for trajectory in sample for v, m in zip(trajectory.versions, trajectory.response_mask) if m
+        ]
         if not versions:
             continue
         for v in versions:
@@ -72,12 +90,16 @@ def staleness(samples: list[list[Any]], version: int) -> dict[str, Any]:
         span = max(versions) - min(versions)
         partial += span > 0
         widest = max(widest, span)
+
     def dense(hist: dict[int, int]) -> list[int]:
         return [hist.get(i, 0) for i in range(max(hist, default=-1) + 1)]
 
     total = sum(token_hist.values()) or 1
     return {
-        "async/staleness_token_hist": dense(token_hist), "async/staleness_sample_hist": dense(sample_hist),
+        "async/staleness_token_hist": dense(token_hist),
+        "async/staleness_sample_hist": dense(sample_hist),
         "async/staleness_token_mean": sum(k * n for k, n in token_hist.items()) / total,
-        "async/staleness_max": max(sample_hist, default=0), "async/partial_samples": partial, "async/partial_span_max": widest,
-    }  # fmt: skip
+        "async/staleness_max": max(sample_hist, default=0),
+        "async/partial_samples": partial,
+        "async/partial_span_max": widest,
+    }

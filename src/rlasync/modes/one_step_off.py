@@ -37,7 +37,12 @@ class InFlightBatch(msgspec.Struct, kw_only=True):
 
 
 async def train_one_step_off(
-    config: Config, *, resume: bool = False, on_step: OnStep = None, run: Run | None = None, stop: asyncio.Event | None = None
+    config: Config,
+    *,
+    resume: bool = False,
+    on_step: OnStep = None,
+    run: Run | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` as if the run had not stopped: a checkpoint holds the batch that was in
@@ -45,7 +50,9 @@ async def train_one_step_off(
     ``stop``: set, the run ends the step in progress and raises ``RunInterrupted``."""
     cfg = config.train
     if config.async_training.trigger_parameter_sync_step != 1:
-        raise ConfigError("train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1")
+        raise ConfigError(
+            "train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1"
+        )
     resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
     run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
@@ -59,9 +66,13 @@ async def train_one_step_off(
         if resume_from is not None:
             initial, accuracy = await run.restore(resume_from, state)
             served = state["weight_version"]
-            if (resume_from / IN_FLIGHT).is_file():  # the batch that was in flight: trained next, as it would have been
+            if (
+                resume_from / IN_FLIGHT
+            ).is_file():  # the batch that was in flight: trained next, as it would have been
                 pending = asyncio.get_running_loop().create_future()
-                pending.set_result(msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlightBatch))
+                pending.set_result(
+                    msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlightBatch)
+                )
             elif state["step"] < cfg.steps:  # the run's last checkpoint, and more steps asked for now
                 pending = generate(state["step"] + 1)
         else:
@@ -79,9 +90,15 @@ async def train_one_step_off(
                 synced = await run.synchronizer.sync(step - 1)
                 served = step - 1
             pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
-            record: dict[str, Any] = {"step": step, **await train_step(run, batch.samples, version=step - 1), "data/rows": batch.uses}
+            record: dict[str, Any] = {
+                "step": step,
+                **await train_step(run, batch.samples, version=step - 1),
+                "data/rows": batch.uses,
+            }
             took = time.perf_counter() - t0
-            record.update({"rollout_s": waited, "train_s": took - waited, "trainer/idle_ratio": waited / took})
+            record.update(
+                {"rollout_s": waited, "train_s": took - waited, "trainer/idle_ratio": waited / took}
+            )
             if synced is not None:
                 record.update({"weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s})
             if step % cfg.validate_every == 0 or step == cfg.steps:
@@ -108,14 +125,21 @@ async def train_one_step_off(
             with contextlib.suppress(BaseException):
                 await pending
         await run.close()
-    return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
+    return TrainResult(
+        initial_accuracy=initial,
+        final_accuracy=accuracy,
+        steps=cfg.steps,
+        wall_s=time.perf_counter() - run.started,
+    )
 
 
 async def _groups(run: Run, uses: list[tuple[int, int]], rows: list[Any], name: str) -> InFlightBatch:
     """Roll out ``rows`` as samples: one group of ``train.group_size`` trajectories per row."""
     trajectories = await run.rollout(rows, name)
     size = run.config.train.group_size
-    return InFlightBatch(uses=uses, samples=[trajectories[i : i + size] for i in range(0, len(trajectories), size)])
+    return InFlightBatch(
+        uses=uses, samples=[trajectories[i : i + size] for i in range(0, len(trajectories), size)]
+    )
 
 
 __all__ = ["train_one_step_off"]

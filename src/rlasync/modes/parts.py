@@ -11,8 +11,9 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import msgspec
 import torch
@@ -24,8 +25,8 @@ from ..config.cluster import NODE_MODULES
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
-from ..runtime.node import rank_of
 from ..models.warmstart import DEFAULT_SETTINGS, warm_start
+from ..runtime.node import rank_of
 from ..tools import SandboxUnavailable, build_tools
 from .placement import Placement
 
@@ -39,7 +40,9 @@ class TrainResult(msgspec.Struct, kw_only=True):
     wall_s: float
 
 
-OnStep = Callable[[dict[str, Any]], None] | None  # a schedule's ``on_step``: each line of metrics.jsonl as it is written
+OnStep = (
+    Callable[[dict[str, Any]], None] | None
+)  # a schedule's ``on_step``: each line of metrics.jsonl as it is written
 
 
 class RunInterrupted(Exception):
@@ -68,7 +71,9 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
             raise ConfigError(f"agent.default_loop or a row's agent_name: {exc.args[0]}") from None
         missing = {str(t.get("function", t).get("name")) for t in row.get("tools") or []} - set(tools)
         if missing:
-            raise ConfigError(f"rows offer the tool(s) {sorted(missing)} that agent.tools does not provide: add them to agent.tools")
+            raise ConfigError(
+                f"rows offer the tool(s) {sorted(missing)} that agent.tools does not provide: add them to agent.tools"
+            )
     return tools
 
 
@@ -77,12 +82,22 @@ def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
     cfg, data = config.train, config.data
     if not data.train_files:
         size = min(data.synthetic_train_size, synthetic_capacity(cfg.task, "train"))
-        return synthetic_rows(cfg.task, size, seed=cfg.seed, split="train"), synthetic_rows(cfg.task, cfg.val_size, seed=cfg.seed, split="val")
+        return synthetic_rows(cfg.task, size, seed=cfg.seed, split="train"), synthetic_rows(
+            cfg.task, cfg.val_size, seed=cfg.seed, split="val"
+        )
     if not data.val_files:
-        raise ConfigError("data.train_files is set but data.val_files is not: give held-out rows to validate on")
+        raise ConfigError(
+            "data.train_files is set but data.val_files is not: give held-out rows to validate on"
+        )
 
     def read(files: list[str]) -> list[Row]:
-        return [row for f in files for row in load_rows(f, prompt_key=data.prompt_key, answer_key=data.answer_key, system_prompt=data.system_prompt)]
+        return [
+            row
+            for f in files
+            for row in load_rows(
+                f, prompt_key=data.prompt_key, answer_key=data.answer_key, system_prompt=data.system_prompt
+            )
+        ]
 
     train, val = read(data.train_files), read(data.val_files)[: cfg.val_size]
     if not train or not val:
@@ -98,7 +113,9 @@ def checkpoint_to_resume(config: Config) -> tuple[Path, dict[str, Any]]:
     folder = Checkpoints(config.train.run_dir, keep=config.train.keep_checkpoints).latest()
     state = read_state(folder)
     if state.get("mode", "sync") != config.train.mode:
-        raise CheckpointError(f"{folder} was written by train.mode={state.get('mode', 'sync')}: resume it with that mode")
+        raise CheckpointError(
+            f"{folder} was written by train.mode={state.get('mode', 'sync')}: resume it with that mode"
+        )
     return folder, state
 
 
@@ -116,17 +133,25 @@ async def model_dir_for(config: Config) -> Path:
     cfg = config.train
     if cfg.model_dir:
         if not (Path(cfg.model_dir) / "config.json").is_file():
-            raise ConfigError(f"train.model_dir={cfg.model_dir} is not a model folder (no config.json); leave it empty to warm-start train.preset")
+            raise ConfigError(
+                f"train.model_dir={cfg.model_dir} is not a model folder (no config.json); leave it empty to warm-start train.preset"
+            )
         return Path(cfg.model_dir)
-    settings = msgspec.structs.replace(DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold)
-    return await asyncio.to_thread(warm_start, cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings)
+    settings = msgspec.structs.replace(
+        DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold
+    )
+    return await asyncio.to_thread(
+        warm_start, cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings
+    )
 
 
 def open_metrics(path: Path, *, upto: int | None) -> Any:
     """``metrics.jsonl`` for writing: fresh, or (resuming) its records up to step ``upto`` kept."""
     if upto is None or not path.is_file():
         return path.open("w")
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= upto]
+    kept = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= upto
+    ]
     path.write_text("".join(line + "\n" for line in kept))
     return path.open("a")
 
@@ -198,8 +223,15 @@ class Run:
         # stands for them; its 20 000 are drawn later, in a thread (``_read_inputs``).
         self._files = read_rows(config) if config.data.train_files else None
         if self._files is None and cfg.val_size > synthetic_capacity(cfg.task, "val"):
-            raise ConfigError(f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that")
-        self.tools = build_run_tools(config, [*self._files[0], *self._files[1]] if self._files else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val"))
+            raise ConfigError(
+                f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that"
+            )
+        self.tools = build_run_tools(
+            config,
+            [*self._files[0], *self._files[1]]
+            if self._files
+            else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val"),
+        )
         self.rng = random.Random(cfg.seed)  # the sampling seeds
         self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         self.started = time.perf_counter()
@@ -212,7 +244,12 @@ class Run:
 
     @classmethod
     async def open(
-        cls, config: Config, *, metrics_upto: int | None = None, simulated: Simulated | None = None, stop: asyncio.Event | None = None
+        cls,
+        config: Config,
+        *,
+        metrics_upto: int | None = None,
+        simulated: Simulated | None = None,
+        stop: asyncio.Event | None = None,
     ) -> Run:
         """Build and start everything (the warm-start first, if ``train.model_dir`` is empty).
         ``simulated``: stand-ins for the engines, trainer and weight sync (the simulator's); the
@@ -267,10 +304,16 @@ class Run:
         head = self.cluster.head
         loading: asyncio.Future[None] | None = None
         if simulated is None:
-            self.trainer = TrainerActor(config.trainer, node=head, hosts=placement.trainer, devices=placement.trainer_devices(config))
+            self.trainer = TrainerActor(
+                config.trainer, node=head, hosts=placement.trainer, devices=placement.trainer_devices(config)
+            )
             self._closers.append(self.trainer.close)
             await self.trainer.form()
-            loading = asyncio.ensure_future(self.trainer.load_model(self.model_dir, total_steps=config.train.steps * _updates_per_step(config)))
+            loading = asyncio.ensure_future(
+                self.trainer.load_model(
+                    self.model_dir, total_steps=config.train.steps * _updates_per_step(config)
+                )
+            )
             # The rows and the tokenizer are read now, in a thread: read before the cluster opened
             # (~0.8 s for the quickstart's 20 000 synthetic rows), they kept the nodes, which wait
             # for the head to listen, and the first collective waiting.
@@ -288,7 +331,9 @@ class Run:
             raise
         if loading is not None:
             await loading
-            self.synchronizer = ParameterSynchronizer(config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts))
+            self.synchronizer = ParameterSynchronizer(
+                config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts)
+            )
             self._closers.append(self.synchronizer.close)
             if placement.nodes > 1:
                 self._take_back_rejoined()
@@ -303,15 +348,25 @@ class Run:
 
         config, placement = self.config, self.placement
         if simulated is None:
-            self.engines = list(await asyncio.gather(*[
-                head.spawn(EngineActor, self._engine_config(replica), node=node, name=f"engine-{replica}")
-                for replica, node in enumerate(placement.engines)
-            ]))  # fmt: skip
+            self.engines = list(
+                await asyncio.gather(
+                    *[
+                        head.spawn(
+                            EngineActor, self._engine_config(replica), node=node, name=f"engine-{replica}"
+                        )
+                        for replica, node in enumerate(placement.engines)
+                    ]
+                )
+            )
             plan, prefer, kwargs = placement.workers(), placement.loops == "engines", {}
         else:  # stand-ins live in this process: every one on the head, one worker driving them all
             if placement.nodes != 1:
-                raise ConfigError("a simulated run lives on the head: leave cluster.* at its defaults (rlasync.modes.sim.simulated_config)")
-            self.engines = [await head.spawn(EngineActor, engine=engine, name=engine.name) for engine in simulated.engines]
+                raise ConfigError(
+                    "a simulated run lives on the head: leave cluster.* at its defaults (rlasync.modes.sim.simulated_config)"
+                )
+            self.engines = [
+                await head.spawn(EngineActor, engine=engine, name=engine.name) for engine in simulated.engines
+            ]
             plan, prefer, kwargs = {0: list(range(len(self.engines)))}, False, {"tokenizer": self.tokenizer}
         self._plan, self._prefer = plan, prefer
         local: dict[str, list[str]] = {}
@@ -319,12 +374,18 @@ class Run:
         for node, replicas in plan.items():
             name = f"agent-loops-{node}"
             local[name] = [self.engines[r].name for r in replicas] if prefer else []
-            workers.append(await head.spawn(AgentLoopWorker, self._worker_spec(local[name]), node=node, name=name, **kwargs))
+            workers.append(
+                await head.spawn(
+                    AgentLoopWorker, self._worker_spec(local[name]), node=node, name=name, **kwargs
+                )
+            )
         self.router = Router(self.engines, config.router)
         self._closers.append(self.router.close)
         await self._reading  # the rows and the pad id, for the manager and the schedules
         self.engine = EngineGroup(self.router)
-        self.rollouts = AgentLoopManager(workers, local=local, pad_token_id=self.pad, timeout_s=config.agent.rollout_timeout_s)
+        self.rollouts = AgentLoopManager(
+            workers, local=local, pad_token_id=self.pad, timeout_s=config.agent.rollout_timeout_s
+        )
         self._closers.append(self.rollouts.close)
 
     def _worker_spec(self, local: list[str]) -> Any:
@@ -332,9 +393,14 @@ class Run:
 
         config, synthetic = self.config, not self.config.data.train_files
         return AgentWorkerSpec(
-            model=str(self.model_dir), engines=self.engines, local=local, agent=config.agent, router=config.router,
-            task=config.train.task if synthetic else "", reward="" if synthetic else config.data.reward,
-        )  # fmt: skip
+            model=str(self.model_dir),
+            engines=self.engines,
+            local=local,
+            agent=config.agent,
+            router=config.router,
+            task=config.train.task if synthetic else "",
+            reward="" if synthetic else config.data.reward,
+        )
 
     def _take_back_rejoined(self) -> None:
         """Watch for nodes that were lost and join again (``rlasync node`` rejoins after a
@@ -373,26 +439,41 @@ class Run:
             return
         head = self.cluster.head
         try:
-            fresh = await asyncio.gather(*[
-                head.spawn(EngineActor, self._engine_config(r), node=rank, name=f"engine-{r}") for r in replicas
-            ])  # fmt: skip
+            fresh = await asyncio.gather(
+                *[
+                    head.spawn(EngineActor, self._engine_config(r), node=rank, name=f"engine-{r}")
+                    for r in replicas
+                ]
+            )
             for replica, ref in zip(replicas, fresh):
                 self.engines[replica] = ref
             if rank in self._plan:
                 name = f"agent-loops-{rank}"
                 local = [self.engines[r].name for r in self._plan[rank]] if self._prefer else []
-                self.rollouts.add_worker(await head.spawn(AgentLoopWorker, self._worker_spec(local), node=rank, name=name), local)
+                self.rollouts.add_worker(
+                    await head.spawn(AgentLoopWorker, self._worker_spec(local), node=rank, name=name), local
+                )
             for ref in fresh:
                 await self.synchronizer.replace_engine(ref)
         except Exception as exc:  # a node that rejoins badly is a node still lost
-            log.warning("node-%d joined again, but its roles could not start there (%s); the run goes on without it", rank, exc)
+            log.warning(
+                "node-%d joined again, but its roles could not start there (%s); the run goes on without it",
+                rank,
+                exc,
+            )
             return
         self.rejoins += 1
-        log.warning("node-%d joined again: %s start there and enter rotation at the next weight sync", rank, ", ".join(r.name for r in fresh) or "no engines")
+        log.warning(
+            "node-%d joined again: %s start there and enter rotation at the next weight sync",
+            rank,
+            ", ".join(r.name for r in fresh) or "no engines",
+        )
 
     def _engine_config(self, replica: int) -> EngineConfig:
         config = self.config
-        return msgspec.structs.replace(config.engine, model=str(self.model_dir), device=self.placement.engine_device(config, replica))
+        return msgspec.structs.replace(
+            config.engine, model=str(self.model_dir), device=self.placement.engine_device(config, replica)
+        )
 
     def sampling(self) -> SamplingParams:
         """Sampling parameters with the next seed."""
@@ -404,7 +485,14 @@ class Run:
         uses = self.sampler.next_uses(n)
         return uses, [dict(self.train_rows[index]) for _, index in uses]
 
-    async def rollout(self, rows: list[Row], name: str, *, params: SamplingParams | None = None, states: dict[str, Any] | None = None) -> list[Any]:
+    async def rollout(
+        self,
+        rows: list[Row],
+        name: str,
+        *,
+        params: SamplingParams | None = None,
+        states: dict[str, Any] | None = None,
+    ) -> list[Any]:
         """Every row ``train.group_size`` times, contiguous groups (each group on one worker).
         Trajectory ids (hence sampling seeds) are ``name`` and the index: a resumed run samples
         what the uninterrupted one did, on any placement. ``params``: the sampling (default: the
@@ -441,7 +529,11 @@ class Run:
 
     def stopped(self, step: int, record: dict[str, Any]) -> RunInterrupted:
         """The error a schedule raises when ``stopping`` ended its step ``step`` (its record)."""
-        log.warning("stopped on request after step %d%s", step, f" (checkpoint {record['checkpoint']})" if record.get("checkpoint") else "")
+        log.warning(
+            "stopped on request after step %d%s",
+            step,
+            f" (checkpoint {record['checkpoint']})" if record.get("checkpoint") else "",
+        )
         return RunInterrupted(step, record.get("checkpoint"))
 
     def checkpoint_due(self, step: int, *, stopping: bool = False) -> bool:
@@ -449,10 +541,16 @@ class Run:
         after the last (every mode ends with its model on disk), and when ``stopping`` with
         ``train.checkpoint_on_interrupt``."""
         cfg = self.config.train
-        due = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps or (stopping and cfg.checkpoint_on_interrupt)
+        due = (
+            bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            or step == cfg.steps
+            or (stopping and cfg.checkpoint_on_interrupt)
+        )
         return self.checkpointing and due
 
-    async def checkpoint(self, step: int, state: dict[str, Any], files: dict[str, Any] | None = None, *, stopping: bool = False) -> str | None:
+    async def checkpoint(
+        self, step: int, state: dict[str, Any], files: dict[str, Any] | None = None, *, stopping: bool = False
+    ) -> str | None:
         """Save checkpoint ``step`` if one is due (``checkpoint_due``); its folder, else None.
         ``state``: the schedule's own (weight version, accuracies); the data position, the
         sampling RNG and the mode are added here, unless ``state`` has them (``sampler``,
@@ -463,14 +561,23 @@ class Run:
         cfg = self.config.train
         if not self.checkpoint_due(step, stopping=stopping):
             return None
-        full = {"mode": cfg.mode, "sampler": self.sampler.state_dict(), "rng": self.rng.getstate(), **state}  # state's own win (taken earlier)
+        full = {
+            "mode": cfg.mode,
+            "sampler": self.sampler.state_dict(),
+            "rng": self.rng.getstate(),
+            **state,
+        }  # state's own win (taken earlier)
         if self.checkpoints is None:
             self.checkpoints = Checkpoints(self.run_dir, keep=cfg.keep_checkpoints)
-            self._closers.append(self.checkpoints.wait)  # closed first: the last save is sealed before the ranks stop
+            self._closers.append(
+                self.checkpoints.wait
+            )  # closed first: the last save is sealed before the ranks stop
         # The trainer's state is taken now; its files are written and sealed while the next steps
         # run, on any core. A crash before the seal leaves a `.partial` folder that
         # resuming skips.
-        folder = await self.checkpoints.save(step, self.trainer, full, model_source=self.model_dir, files=files, background=True)
+        folder = await self.checkpoints.save(
+            step, self.trainer, full, model_source=self.model_dir, files=files, background=True
+        )
         return str(folder)
 
     def _count_reward_errors(self, trajectories: list[Any]) -> None:
@@ -535,7 +642,10 @@ class Rotation:
         self.rollouts.engine_added(ref)
 
 
-BACKEND_MODULES = {"vllm": ("rlasync.engines.vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm"), "sglang": ("rlasync.engines.sglang",)}
+BACKEND_MODULES = {
+    "vllm": ("rlasync.engines.vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm"),
+    "sglang": ("rlasync.engines.sglang",),
+}
 
 
 async def open_cluster(config: Config, placement: Placement) -> Any:
@@ -544,7 +654,11 @@ async def open_cluster(config: Config, placement: Placement) -> Any:
 
     # Engine nodes import torch and the engines (vLLM's big C extensions too) before joining,
     # when no heartbeat waits on them: loaded later, they hold the GIL for seconds.
-    preload = (*config.runtime.preload_modules, *NODE_MODULES, *BACKEND_MODULES.get(config.engine.backend, ()))
+    preload = (
+        *config.runtime.preload_modules,
+        *NODE_MODULES,
+        *BACKEND_MODULES.get(config.engine.backend, ()),
+    )
     runtime = msgspec.structs.replace(config.runtime, preload_modules=tuple(dict.fromkeys(preload)))
     if config.cluster.start == "external":
         cluster: Any = ExternalCluster(placement.nodes, config.cluster.listen, config=runtime)

@@ -42,24 +42,32 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
             if c.engines != [0]:
                 raise ConfigError("set cluster.engines or cluster.engines_per_node, not both")
             if not c.nodes:
-                raise ConfigError("cluster.engines_per_node needs cluster.nodes (how many nodes get replicas)")
+                raise ConfigError(
+                    "cluster.engines_per_node needs cluster.nodes (how many nodes get replicas)"
+                )
             first = 1 if c.nodes > 1 else 0
             engines = [n for n in range(first, c.nodes) for _ in range(c.engines_per_node)]
         else:
             engines = list(c.engines)
         if not engines:
-            raise ConfigError("cluster.engines is empty: a run needs at least one engine replica (e.g. [0], the head)")
+            raise ConfigError(
+                "cluster.engines is empty: a run needs at least one engine replica (e.g. [0], the head)"
+            )
         highest = max(engines + trainer)
         nodes = c.nodes or highest + 1
         if highest >= nodes:
-            raise ConfigError(f"cluster.nodes={nodes} but the placement names node {highest}: raise cluster.nodes or place roles on nodes 0..{nodes - 1}")
+            raise ConfigError(
+                f"cluster.nodes={nodes} but the placement names node {highest}: raise cluster.nodes or place roles on nodes 0..{nodes - 1}"
+            )
         if c.start == "external" and not c.listen.startswith("tcp://"):
             raise ConfigError(
                 "cluster.start=external needs cluster.listen, the head's TCP address the other nodes join "
                 "(e.g. tcp://10.0.0.1:29600)"
             )
         if config.engine.tensor_parallel_size > 1 and config.engine.backend == "torch":
-            raise ConfigError("engine.tensor_parallel_size > 1 needs engine.backend vllm or sglang (the torch engine runs on one device)")
+            raise ConfigError(
+                "engine.tensor_parallel_size > 1 needs engine.backend vllm or sglang (the torch engine runs on one device)"
+            )
         return cls(nodes=nodes, engines=engines, trainer=trainer, loops=c.agent_loops)
 
     def workers(self) -> dict[int, list[int]]:

@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -68,14 +69,18 @@ class QueueState(msgspec.Struct, kw_only=True):
 
 
 class SampleQueue(Generic[T]):
-    def __init__(self, batch: int, *, steps_per_version: int = 1, max_staleness: int = 0, capacity: int | None = None) -> None:
+    def __init__(
+        self, batch: int, *, steps_per_version: int = 1, max_staleness: int = 0, capacity: int | None = None
+    ) -> None:
         if batch < 1 or steps_per_version < 1 or max_staleness < 0:
             raise ValueError("batch and steps_per_version must be at least 1, max_staleness at least 0")
         self.batch, self.steps_per_version, self.max_staleness = batch, steps_per_version, max_staleness
         most = batch * steps_per_version * (max_staleness + 1)
         self.capacity = min(capacity, most) if capacity is not None else most
         if self.capacity < batch:
-            raise ValueError(f"capacity {self.capacity} is less than one batch ({batch}): the trainer could never take a step")
+            raise ValueError(
+                f"capacity {self.capacity} is less than one batch ({batch}): the trainer could never take a step"
+            )
         self.version = 0
         self.steps_done = 0  # at this version
         self._next = 0
@@ -94,7 +99,9 @@ class SampleQueue(Generic[T]):
         total = 0
         for deadline in range(self.version, self.version + self.max_staleness + 1):
             total += deadlines.get(deadline, 0)
-            if total > self.batch * (self.steps_per_version - steps_done + self.steps_per_version * (deadline - self.version)):
+            if total > self.batch * (
+                self.steps_per_version - steps_done + self.steps_per_version * (deadline - self.version)
+            ):
                 return False
         return sum(deadlines.values()) == total  # nothing past its deadline, nothing beyond the window
 
@@ -135,12 +142,16 @@ class SampleQueue(Generic[T]):
         """A batch of finished samples, earliest deadline first, that keeps every remaining
         deadline feasible after this step; None if there is none yet."""
         if self.steps_done >= self.steps_per_version:
-            raise StalenessError(f"{self.steps_done} steps at version {self.version}: advance() after each weight sync")
+            raise StalenessError(
+                f"{self.steps_done} steps at version {self.version}: advance() after each weight sync"
+            )
         ready = sorted(self._finished.values(), key=lambda item: (item[0].deadline, item[0].finished_at))
         if len(ready) < self.batch:
             return None
         chosen = {ticket.index for ticket, _ in ready[: self.batch]}
-        return sorted(chosen) if self._feasible(self._deadlines(exclude=chosen), self.steps_done + 1) else None
+        return (
+            sorted(chosen) if self._feasible(self._deadlines(exclude=chosen), self.steps_done + 1) else None
+        )
 
     async def take(self) -> list[tuple[Ticket, T]]:
         """The next step's batch (waits for samples to finish)."""
@@ -179,7 +190,9 @@ class SampleQueue(Generic[T]):
     async def advance(self) -> None:
         """The engines serve the next version now (after a weight sync)."""
         if self.steps_done != self.steps_per_version:
-            raise StalenessError(f"advance() after {self.steps_done} of {self.steps_per_version} steps at version {self.version}")
+            raise StalenessError(
+                f"advance() after {self.steps_done} of {self.steps_per_version} steps at version {self.version}"
+            )
         self.version += 1
         self.steps_done = 0
         self._notify()
@@ -193,10 +206,14 @@ class SampleQueue(Generic[T]):
     def state(self) -> tuple[QueueState, dict[int, T]]:
         """Where the queue stands now, and its finished samples (by ticket index)."""
         return QueueState(
-            version=self.version, steps_done=self.steps_done, next_index=self._next,
-            open=[(t.index, t.version, t.deadline) for t in self._open.values()], finished=sorted(self._finished),
-            admitted=self.admitted, consumed=self.consumed,
-        ), {index: sample for index, (_, sample) in self._finished.items()}  # fmt: skip
+            version=self.version,
+            steps_done=self.steps_done,
+            next_index=self._next,
+            open=[(t.index, t.version, t.deadline) for t in self._open.values()],
+            finished=sorted(self._finished),
+            admitted=self.admitted,
+            consumed=self.consumed,
+        ), {index: sample for index, (_, sample) in self._finished.items()}
 
     def restore(self, state: QueueState, finished: dict[int, T]) -> list[Ticket]:
         """Continue from ``state`` on a fresh queue: its tickets keep their versions and deadlines
@@ -211,7 +228,10 @@ class SampleQueue(Generic[T]):
         self._open = {index: Ticket(index, version, deadline) for index, version, deadline in state.open}
         for index, sample in finished.items():
             self._finished[index] = (self._open[index], sample)
-        if not self._feasible(self._deadlines(), self.steps_done) or self.steps_done >= self.steps_per_version:
+        if (
+            not self._feasible(self._deadlines(), self.steps_done)
+            or self.steps_done >= self.steps_per_version
+        ):
             raise StalenessError(
                 f"the saved queue (version {self.version}, {len(self._open)} samples open) cannot keep its deadlines with batch {self.batch}, "
                 f"{self.steps_per_version} step(s) per version and staleness {self.max_staleness}: resume with the settings it was saved with"
@@ -249,6 +269,9 @@ class SampleQueue(Generic[T]):
 
     def stats(self) -> dict[str, Any]:
         return {
-            "async/queue_ready": self.ready, "async/in_flight": self.running, "async/admitted": self.admitted,
-            "async/consumed": self.consumed, "async/version": self.version,
-        }  # fmt: skip
+            "async/queue_ready": self.ready,
+            "async/in_flight": self.running,
+            "async/admitted": self.admitted,
+            "async/consumed": self.consumed,
+            "async/version": self.version,
+        }

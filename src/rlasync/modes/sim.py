@@ -11,7 +11,8 @@ and for planning (how many GPUs to give generation, which staleness bound).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import torch
@@ -26,14 +27,18 @@ from .parts import Run, TrainResult
 class SimTrainer:
     """A trainer whose step takes ``tokens / (tokens_per_s_per_gpu * gpus)`` simulated seconds."""
 
-    def __init__(self, clock: SimClock, gpus: int, *, tokens_per_s_per_gpu: float = 10_000.0, token_block: int = 16) -> None:
+    def __init__(
+        self, clock: SimClock, gpus: int, *, tokens_per_s_per_gpu: float = 10_000.0, token_block: int = 16
+    ) -> None:
         self.clock, self.gpus, self.rate, self.token_block = clock, gpus, tokens_per_s_per_gpu, token_block
         self.busy_s = 0.0
         self.tokens = 0
 
     def _tokens(self, batch: Any) -> int:
         # Response tokens stand for `token_block` real ones each; prompt tokens are real.
-        return int(batch.response_mask.sum()) * self.token_block + int(batch.attention_mask.sum() - batch.response_mask.sum())
+        return int(batch.response_mask.sum()) * self.token_block + int(
+            batch.attention_mask.sum() - batch.response_mask.sum()
+        )
 
     async def _work(self, tokens: int, fraction: float = 1.0) -> None:
         seconds = fraction * tokens / (self.rate * self.gpus)
@@ -47,7 +52,9 @@ class SimTrainer:
         self.tokens += tokens
         return {"tokens": float(tokens), "loss": 0.0, "grad_norm": 0.0, "lr": 0.0}
 
-    async def compute_logprobs(self, batch: Any, *, temperature: float = 1.0, reference: bool = False) -> torch.Tensor:
+    async def compute_logprobs(
+        self, batch: Any, *, temperature: float = 1.0, reference: bool = False
+    ) -> torch.Tensor:
         await self._work(self._tokens(batch), fraction=1 / 3)  # a forward pass: about a third of a step
         return torch.as_tensor(batch.logprobs, dtype=torch.float32).clone()
 
@@ -78,14 +85,27 @@ class SimCluster:
     actors on the head behind the real router, an agent-loop worker beside them)."""
 
     def __init__(
-        self, clock: SimClock, *, engines: int, trainer_gpus: int, latency: LatencyModel | None = None, lengths: LogNormalLengths | None = None,
-        token_block: int = 16, tokens_per_s_per_gpu: float = 10_000.0, sync_s: float = 1.0,
-    ) -> None:  # fmt: skip
+        self,
+        clock: SimClock,
+        *,
+        engines: int,
+        trainer_gpus: int,
+        latency: LatencyModel | None = None,
+        lengths: LogNormalLengths | None = None,
+        token_block: int = 16,
+        tokens_per_s_per_gpu: float = 10_000.0,
+        sync_s: float = 1.0,
+    ) -> None:
         from ..models import build_tokenizer
 
         self.clock = clock
-        self.engines = [SimEngine(clock, latency, lengths, token_block=token_block, name=f"gpu{i}") for i in range(engines)]
-        self.trainer = SimTrainer(clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block)
+        self.engines = [
+            SimEngine(clock, latency, lengths, token_block=token_block, name=f"gpu{i}")
+            for i in range(engines)
+        ]
+        self.trainer = SimTrainer(
+            clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block
+        )
         self.tokenizer = build_tokenizer()
         self.sync_s = sync_s
 
@@ -105,18 +125,24 @@ def simulated_config(config: Config) -> Config:
         config,
         cluster=ClusterConfig(engines=[0], agent_loops="head"),
         runtime=msgspec.structs.replace(config.runtime, call_timeout_s=day),
-        router=msgspec.structs.replace(config.router, max_inflight_per_engine=0, request_timeout_s=day, queue_timeout_s=day),
+        router=msgspec.structs.replace(
+            config.router, max_inflight_per_engine=0, request_timeout_s=day, queue_timeout_s=day
+        ),
         agent=msgspec.structs.replace(config.agent, rollout_timeout_s=day),
-    )  # fmt: skip
+    )
 
 
-async def train_run(config: Config, cluster: SimCluster, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+async def train_run(
+    config: Config, cluster: SimCluster, *, on_step: Callable[[dict[str, Any]], None] | None = None
+) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``) on the simulated cluster."""
     from . import train_fully_async, train_one_step_off, train_sync
 
     config = simulated_config(config)
     run = await Run.open(config, simulated=cluster)
-    schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[config.train.mode]
+    schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[
+        config.train.mode
+    ]
     return await schedule(config, on_step=on_step, run=run)
 
 

@@ -28,7 +28,12 @@ from .parts import OnStep, Run, RunInterrupted, TrainResult, checkpoint_to_resum
 
 
 async def train_sync(
-    config: Config, *, resume: bool = False, on_step: OnStep = None, run: Run | None = None, stop: asyncio.Event | None = None
+    config: Config,
+    *,
+    resume: bool = False,
+    on_step: OnStep = None,
+    run: Run | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` exactly as if the run had not stopped. ``run``: parts made elsewhere
@@ -57,16 +62,26 @@ async def train_sync(
             synced = await synchronizer.sync(step)
             t2 = time.perf_counter()
             record: dict[str, Any] = {
-                "step": step, "reward": float(batch.rewards.mean()), "rollout_s": t1 - t0, "train_s": t2 - t1,
-                "response_tokens": int(batch.response_mask.sum()), "response_len_max": int(batch.response_mask.sum(-1).max()),
+                "step": step,
+                "reward": float(batch.rewards.mean()),
+                "rollout_s": t1 - t0,
+                "train_s": t2 - t1,
+                "response_tokens": int(batch.response_mask.sum()),
+                "response_len_max": int(batch.response_mask.sum(-1).max()),
                 **{f"train/{k}": v for k, v in train_metrics.items()},
-                "weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s, "data/rows": uses,
-            }  # fmt: skip
+                "weights/transfer_s": synced.transfer_s,
+                "weights/pause_s": synced.pause_s,
+                "data/rows": uses,
+            }
             if step % cfg.validate_every == 0 or step == cfg.steps:
                 accuracy = await run.validate()
                 record["val_accuracy"] = accuracy
             stopping = run.stopping()
-            saved = await run.checkpoint(step, {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy}, stopping=stopping)
+            saved = await run.checkpoint(
+                step,
+                {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy},
+                stopping=stopping,
+            )
             if saved:
                 record["checkpoint"] = saved
             run.write(record, on_step)
@@ -74,7 +89,12 @@ async def train_sync(
                 raise run.stopped(step, record)
     finally:
         await run.close()
-    return TrainResult(initial_accuracy=initial, final_accuracy=accuracy, steps=cfg.steps, wall_s=time.perf_counter() - run.started)
+    return TrainResult(
+        initial_accuracy=initial,
+        final_accuracy=accuracy,
+        steps=cfg.steps,
+        wall_s=time.perf_counter() - run.started,
+    )
 
 
 __all__ = ["RunInterrupted", "TrainResult", "train_sync"]

@@ -29,7 +29,22 @@ from .registry import (
 )
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "RewardError", "RewardFn", "RewardInput", "RewardOutput", "ToolFormat", "boxed_math", "compute_reward",
-    "exact_match", "exact_numeric", "extract_boxed", "get_reward", "math_answers_equal", "normalize_math_answer",
-    "parse_last_number", "register_reward", "registered_rewards", "tool_format",
-]  # fmt: skip
+    "DEFAULT_TIMEOUT_S",
+    "RewardError",
+    "RewardFn",
+    "RewardInput",
+    "RewardOutput",
+    "ToolFormat",
+    "boxed_math",
+    "compute_reward",
+    "exact_match",
+    "exact_numeric",
+    "extract_boxed",
+    "get_reward",
+    "math_answers_equal",
+    "normalize_math_answer",
+    "parse_last_number",
+    "register_reward",
+    "registered_rewards",
+    "tool_format",
+]

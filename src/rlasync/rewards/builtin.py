@@ -229,12 +229,18 @@ class ToolFormat:
     """Credit for ending with a non-empty final answer."""
 
     def __post_init__(self) -> None:
-        credits = {"tool_call": self.tool_call, "no_errors": self.no_errors, "final_answer": self.final_answer}
+        credits = {
+            "tool_call": self.tool_call,
+            "no_errors": self.no_errors,
+            "final_answer": self.final_answer,
+        }
         for name, credit in credits.items():
             if not 0.0 <= credit <= 1.0:
                 raise ValueError(f"ToolFormat.{name}: expected a credit in [0, 1], got {credit}")
         if sum(credits.values()) > 1.0:
-            raise ValueError(f"ToolFormat: partial credits must sum to at most 1.0, got {sum(credits.values())}")
+            raise ValueError(
+                f"ToolFormat: partial credits must sum to at most 1.0, got {sum(credits.values())}"
+            )
 
     def __call__(self, inp: RewardInput) -> float:
         called = inp.num_tool_calls > 0

@@ -82,7 +82,9 @@ def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
         _check_signature(name, fn)
         old = _REGISTRY.get(name)
         if old is not None and old is not fn and not replace:
-            raise ValueError(f"reward {name!r} is already registered ({old!r}); pass replace=True to override it")
+            raise ValueError(
+                f"reward {name!r} is already registered ({old!r}); pass replace=True to override it"
+            )
         _REGISTRY[name] = fn
         return fn
 
@@ -166,7 +168,11 @@ async def compute_reward(
     number gives ``score=0.0`` and ``metrics["error"] = "Type: message"``. ``CancelledError``
     (the caller cancelled) propagates.
     """
-    label = name_or_fn if isinstance(name_or_fn, str) else getattr(name_or_fn, "__name__", type(name_or_fn).__name__)
+    label = (
+        name_or_fn
+        if isinstance(name_or_fn, str)
+        else getattr(name_or_fn, "__name__", type(name_or_fn).__name__)
+    )
     deadline = asyncio.timeout(timeout_s)
     try:
         fn = get_reward(name_or_fn) if isinstance(name_or_fn, str) else name_or_fn
@@ -197,8 +203,17 @@ def warn_once(reward: str | Callable[..., Any], error: str, exc: BaseException |
     """A failing reward in the log (``error``: "Type: message"; ``exc``: its traceback), once
     per reward (a registered name, or an agent loop's function) and error type: it may fail
     for thousands of trajectories. The hot path is one set lookup."""
-    key = (reward if getattr(reward, "__hash__", None) else id(reward), error.split(":", 1)[0])  # a dataclass reward is unhashable
+    key = (
+        reward if getattr(reward, "__hash__", None) else id(reward),
+        error.split(":", 1)[0],
+    )  # a dataclass reward is unhashable
     if key not in _warned:
         _warned.add(key)
         label = reward if isinstance(reward, str) else getattr(reward, "__qualname__", type(reward).__name__)
-        log.warning("reward %r failed (scored 0.0; further %s errors of it are not logged): %s", label, key[1], error, exc_info=exc)
+        log.warning(
+            "reward %r failed (scored 0.0; further %s errors of it are not logged): %s",
+            label,
+            key[1],
+            error,
+            exc_info=exc,
+        )

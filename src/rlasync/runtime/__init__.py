@@ -19,7 +19,27 @@ from .ref import ActorRef
 from .types import ActorInfo, NodeInfo, NodeStats
 
 __all__ = [
-    "Actor", "ActorError", "ActorInfo", "ActorNotFound", "ActorRef", "BoundEndpoint", "BoundStream",
-    "CallRefused", "CallTimeout", "ClusterStartError", "Endpoint", "ExternalCluster", "Forbidden", "JoinError", "LocalCluster", "Node", "NodeInfo",
-    "NodeLostError", "NodeStats", "NotAnEndpoint", "RuntimeErrorBase", "StreamEndpoint", "endpoint",
-]  # fmt: skip
+    "Actor",
+    "ActorError",
+    "ActorInfo",
+    "ActorNotFound",
+    "ActorRef",
+    "BoundEndpoint",
+    "BoundStream",
+    "CallRefused",
+    "CallTimeout",
+    "ClusterStartError",
+    "Endpoint",
+    "ExternalCluster",
+    "Forbidden",
+    "JoinError",
+    "LocalCluster",
+    "Node",
+    "NodeInfo",
+    "NodeLostError",
+    "NodeStats",
+    "NotAnEndpoint",
+    "RuntimeErrorBase",
+    "StreamEndpoint",
+    "endpoint",
+]

@@ -31,13 +31,11 @@ from __future__ import annotations
 import inspect
 import logging
 import typing
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import (
     TYPE_CHECKING,
     Any,
-    AsyncIterator,
-    Callable,
     Concatenate,
-    Coroutine,
     Generic,
     ParamSpec,
     Protocol,
@@ -89,7 +87,9 @@ class _EndpointBase:
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
-        self._arg_converters: tuple[dict[str, Callable[[Any], Any]], list[str], Callable[[Any], Any] | None] | None = None
+        self._arg_converters: (
+            tuple[dict[str, Callable[[Any], Any]], list[str], Callable[[Any], Any] | None] | None
+        ) = None
         self._result_converter: Callable[[Any], Any] | None | bool = False  # False: not computed yet
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -106,7 +106,9 @@ class _EndpointBase:
         try:
             return typing.get_type_hints(self.fn)
         except Exception as exc:  # an unresolvable forward reference: skip conversion, say so once
-            log.warning("endpoint %s: cannot resolve annotations (%s); values arrive undecoded", self.name, exc)
+            log.warning(
+                "endpoint %s: cannot resolve annotations (%s); values arrive undecoded", self.name, exc
+            )
             return {}
 
     def convert_args(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

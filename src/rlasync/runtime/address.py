@@ -71,7 +71,7 @@ def child_address(parent: str, child_id: str) -> str:
     """Where a node's child process listens: a socket beside the parent's (ipc), or any port on
     the parent's host (tcp)."""
     if parent.startswith("ipc://"):
-        return f"ipc://{os.path.join(os.path.dirname(parent[len('ipc://'):]), child_id)}.sock"
+        return f"ipc://{os.path.join(os.path.dirname(parent[len('ipc://') :]), child_id)}.sock"
     host = _host(parent)
     return tcp_address(host, 0)  # the parent's interface, any free port
 

@@ -63,7 +63,9 @@ class _Cluster(abc.ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
+    async def spawn(
+        self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any
+    ) -> A:
         """Start an actor on ``node`` (a rank; default: the head). See ``Node.spawn``."""
         return await self.head.spawn(cls, *args, node=node, name=name, **kwargs)
 
@@ -77,7 +79,14 @@ class _Cluster(abc.ABC):
 class LocalCluster(_Cluster):
     """A head in this process plus ``nodes - 1`` node processes, started and stopped together."""
 
-    def __init__(self, nodes: int = 2, *, config: RuntimeConfig | None = None, secret: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        nodes: int = 2,
+        *,
+        config: RuntimeConfig | None = None,
+        secret: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least 1 node, got nodes={nodes}")
         self.size = nodes
@@ -104,8 +113,14 @@ class LocalCluster(_Cluster):
         for rank in range(1, self.size):
             node_id = f"node-{rank}"
             self.processes[node_id] = await start_node_process(
-                node_id, self._address(rank), self.head.address, config=self.config, secret=self.secret, parent=os.getpid(), env=self.env
-            )  # fmt: skip
+                node_id,
+                self._address(rank),
+                self.head.address,
+                config=self.config,
+                secret=self.secret,
+                parent=os.getpid(),
+                env=self.env,
+            )
             self._watchers.append(asyncio.ensure_future(self._watch(node_id, self.processes[node_id])))
         if self.size == 1:
             return
@@ -113,7 +128,9 @@ class LocalCluster(_Cluster):
         joined = asyncio.ensure_future(self.head.local_actor("_membership").wait_members(self.size, timeout))  # type: ignore[attr-defined]
         exits = {asyncio.ensure_future(p.wait()): node for node, p in self.processes.items()}
         try:
-            done, _ = await asyncio.wait([joined, *exits], return_when=asyncio.FIRST_COMPLETED, timeout=timeout + 1)
+            done, _ = await asyncio.wait(
+                [joined, *exits], return_when=asyncio.FIRST_COMPLETED, timeout=timeout + 1
+            )
         finally:
             for waiter in exits:
                 waiter.cancel()
@@ -123,7 +140,9 @@ class LocalCluster(_Cluster):
         for waiter in exits:
             if waiter in done:
                 node = exits[waiter]
-                raise ClusterStartError(f"{node} exited with code {self.processes[node].returncode} before joining; its stderr is above")
+                raise ClusterStartError(
+                    f"{node} exited with code {self.processes[node].returncode} before joining; its stderr is above"
+                )
         raise ClusterStartError(
             f"the {self.size - 1} node processes did not all join within runtime.join_timeout_s={timeout:g}s; "
             "raise it on a loaded machine"
@@ -153,7 +172,9 @@ class LocalCluster(_Cluster):
                 if info is not None:
                     head.tell_service(info, "shutdown", [])
         if running:
-            _, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in running], timeout=timeout)
+            _, pending = await asyncio.wait(
+                [asyncio.ensure_future(p.wait()) for p in running], timeout=timeout
+            )
             for p in running:
                 if p.returncode is None:
                     p.send_signal(signal.SIGKILL)
@@ -179,7 +200,9 @@ class ExternalCluster(_Cluster):
     The cluster secret comes from ``secret`` or ``RLASYNC_CLUSTER_SECRET``. Leaving the block
     asks every node to shut down, then stops the head."""
 
-    def __init__(self, nodes: int, listen: str, *, config: RuntimeConfig | None = None, secret: str | None = None) -> None:
+    def __init__(
+        self, nodes: int, listen: str, *, config: RuntimeConfig | None = None, secret: str | None = None
+    ) -> None:
         self.size = nodes
         self.listen = listen
         self.config = config or RuntimeConfig()
@@ -187,7 +210,9 @@ class ExternalCluster(_Cluster):
 
     async def _open(self) -> None:
         if self.listen.startswith("tcp://") and not self.secret:
-            raise ClusterStartError(f"the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)")
+            raise ClusterStartError(
+                f"the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)"
+            )
         self.head = Node(0, self.listen, config=self.config, secret=self.secret or None)
         await self.head.start()
         emit("listening", node=self.head.node_id, address=self.head.address)
@@ -216,6 +241,8 @@ class ExternalCluster(_Cluster):
         if head is None:
             return
         if head.is_running:
-            others = [m.node_id for m in await head.members() if m.node_id != head.node_id and "." not in m.node_id]
+            others = [
+                m.node_id for m in await head.members() if m.node_id != head.node_id and "." not in m.node_id
+            ]
             await head.stop_nodes(others)
         await head.stop()

@@ -16,7 +16,9 @@ class RuntimeErrorBase(Exception):
 class ActorError(RuntimeErrorBase):
     """An endpoint raised. Carries the remote exception's type, message and traceback."""
 
-    def __init__(self, actor: str, method: str, remote_type: str, message: str, traceback: str = "", node: str = "") -> None:
+    def __init__(
+        self, actor: str, method: str, remote_type: str, message: str, traceback: str = "", node: str = ""
+    ) -> None:
         self.actor = actor
         self.method = method
         self.remote_type = remote_type
@@ -30,7 +32,10 @@ class ActorError(RuntimeErrorBase):
         super().__init__(text)
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (type(self), (self.actor, self.method, self.remote_type, self.message, self.remote_traceback, self.node))
+        return (
+            type(self),
+            (self.actor, self.method, self.remote_type, self.message, self.remote_traceback, self.node),
+        )
 
 
 class ActorNotFound(RuntimeErrorBase, LookupError):

@@ -19,7 +19,12 @@ log = logging.getLogger("rlasync.events")
 
 
 def emit(event: str, **fields: Any) -> None:
-    log.info("%s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()), extra={"rlasync_event": {"event": event, **fields}})
+    log.info(
+        "%s %s",
+        event,
+        " ".join(f"{k}={v}" for k, v in fields.items()),
+        extra={"rlasync_event": {"event": event, **fields}},
+    )
 
 
 class _Printer(logging.Handler):

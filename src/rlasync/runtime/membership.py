@@ -59,7 +59,9 @@ class Membership(Actor):
     @endpoint
     async def join(self, info: NodeInfo) -> JoinReply:
         if not _NODE_ID.fullmatch(info.node_id) or info.node_id == self.node.node_id:
-            raise ValueError(f"cannot join as {info.node_id!r}: a node id is node-<rank> (rank 1 or more) or node-<rank>.<child>")
+            raise ValueError(
+                f"cannot join as {info.node_id!r}: a node id is node-<rank> (rank 1 or more) or node-<rank>.<child>"
+            )
         self._only(info, "join as")
         if info.version != self.node.info.version:
             raise ValueError(
@@ -71,8 +73,20 @@ class Membership(Actor):
             # Another process holds the rank and still heartbeats: the newcomer waits until that
             # one leaves or is declared dead (a restarted node, sooner than its death was seen).
             seen = time.monotonic() - self.last_seen.get(info.node_id, 0.0)
-            return JoinReply(self.node.info, self.epoch, [], retry=f"{info.node_id} is still held by a live process (last heartbeat {seen:.1f}s ago)")
-        taken = next((m for m in self.members.values() if info.key and m.key == info.key and m.node_id != info.node_id), None)
+            return JoinReply(
+                self.node.info,
+                self.epoch,
+                [],
+                retry=f"{info.node_id} is still held by a live process (last heartbeat {seen:.1f}s ago)",
+            )
+        taken = next(
+            (
+                m
+                for m in self.members.values()
+                if info.key and m.key == info.key and m.node_id != info.node_id
+            ),
+            None,
+        )
         if taken is not None:
             raise ValueError(f"cannot join as {info.node_id}: this process is {taken.node_id} already")
         self.members[info.node_id] = info
@@ -111,7 +125,9 @@ class Membership(Actor):
             raise ValueError(f"actor names starting with '_' belong to the runtime; rename {info.name!r}")
         taken = self.names.get(info.name)
         if taken is not None and taken.node.node_id in self.members:
-            raise ValueError(f"actor name {info.name!r} is taken by an actor on {taken.node.node_id}; pick another name")
+            raise ValueError(
+                f"actor name {info.name!r} is taken by an actor on {taken.node.node_id}; pick another name"
+            )
         self.names[info.name] = info
         self._bump()
 
@@ -153,10 +169,14 @@ class Membership(Actor):
         for info in self.names.values():
             placed.setdefault(info.node.node_id.split(".")[0], []).append(info)
         return [
-            MemberStatus(m, 0.0 if m.node_id == self.node.node_id else now - self.last_seen.get(m.node_id, now), sorted(placed.get(m.node_id, []), key=lambda a: a.name))
+            MemberStatus(
+                m,
+                0.0 if m.node_id == self.node.node_id else now - self.last_seen.get(m.node_id, now),
+                sorted(placed.get(m.node_id, []), key=lambda a: a.name),
+            )
             for m in sorted(self.members.values(), key=lambda m: _order(m.node_id))
             if "." not in m.node_id
-        ]  # fmt: skip
+        ]
 
     @endpoint
     async def wait_node(self, node_id: str, timeout: float) -> NodeInfo:
@@ -183,14 +203,22 @@ class Membership(Actor):
             for node_id, seen in list(self.last_seen.items()):
                 if now - seen > config.node_dead_after_s and node_id in self.members:
                     try:
-                        self._declare_dead(node_id, f"no heartbeat for {now - seen:.1f}s (runtime.node_dead_after_s={config.node_dead_after_s})")
+                        self._declare_dead(
+                            node_id,
+                            f"no heartbeat for {now - seen:.1f}s (runtime.node_dead_after_s={config.node_dead_after_s})",
+                        )
                     except Exception:  # the checker must outlive any one failure, or no death is seen again
                         log.exception("declaring %s dead failed", node_id)
                         self.members.pop(node_id, None)
 
     def _only(self, info: NodeInfo, action: str) -> None:
         """Refuse the running call unless it comes from the process ``info`` describes."""
-        _refuse_unless(self.node, [info], f"{action} {info.node_id}", f"a node may only {action} itself, not {info.node_id}")
+        _refuse_unless(
+            self.node,
+            [info],
+            f"{action} {info.node_id}",
+            f"a node may only {action} itself, not {info.node_id}",
+        )
 
     def declare_dead(self, node_id: str, reason: str) -> None:
         """Declare ``node_id`` dead now (its process is known to have exited), without waiting

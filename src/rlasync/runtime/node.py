@@ -25,7 +25,8 @@ import os
 import socket
 import sys
 import uuid
-from typing import Any, AsyncIterator, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 import msgspec
 import zmq
@@ -36,7 +37,15 @@ from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_even
 from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
 from .address import advertised, child_address
-from .errors import ActorError, ActorNotFound, CallTimeout, JoinError, NodeLostError, NotAnEndpoint, RuntimeErrorBase
+from .errors import (
+    ActorError,
+    ActorNotFound,
+    CallTimeout,
+    JoinError,
+    NodeLostError,
+    NotAnEndpoint,
+    RuntimeErrorBase,
+)
 from .membership import Membership, NodeService, importing_script
 from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
@@ -133,7 +142,9 @@ class Node:
             return self
         script = importing_script()
         if script:  # a node importing the running script for its actor classes ran the script's work
-            raise RuntimeError(f'{script} starts rlasync when imported: put its work under `if __name__ == "__main__":`')
+            raise RuntimeError(
+                f'{script} starts rlasync when imported: put its work under `if __name__ == "__main__":`'
+            )
         self._started = True
         self.loop = asyncio.get_running_loop()
         accept_calls_as_tasks(self.loop)
@@ -178,7 +189,9 @@ class Node:
         self._pumps.append(self._server.pump)
         self._watch_connections(router)
         key = keys.identity if keys is not None else ""
-        self.info = NodeInfo(self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key, VERSION)
+        self.info = NodeInfo(
+            self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key, VERSION
+        )
         self._known[self.info.incarnation] = self.info
         self._members[self.node_id] = self.info
         await self.spawn_here(NodeService, [], {}, "_node")
@@ -225,19 +238,25 @@ class Node:
                 self._server.disconnected(fd)
             stats.connections = len(open_fds)
 
-        self._pumps.append(SocketPump(monitor, on_event, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False))
+        self._pumps.append(
+            SocketPump(monitor, on_event, recheck_s=self.config.io_recheck_s, loop=self.loop, batch=False)
+        )
 
     async def _join(self) -> None:
         timeout = self.config.join_timeout_s
         deadline = self.loop.time() + timeout
         try:
             while True:
-                reply: JoinReply = await self._membership.join.options(timeout=max(deadline - self.loop.time(), 0.1))(self.info)
+                reply: JoinReply = await self._membership.join.options(
+                    timeout=max(deadline - self.loop.time(), 0.1)
+                )(self.info)
                 if not reply.retry:
                     break
                 if self.loop.time() + 0.2 > deadline:
                     await self.stop()
-                    raise JoinError(f"{self.node_id} could not join within runtime.join_timeout_s={timeout:g}s: {reply.retry}")
+                    raise JoinError(
+                        f"{self.node_id} could not join within runtime.join_timeout_s={timeout:g}s: {reply.retry}"
+                    )
                 log.info("%s waits to join: %s", self.node_id, reply.retry)
                 await asyncio.sleep(0.2)
         except CallTimeout:
@@ -269,7 +288,9 @@ class Node:
             except (CallTimeout, NodeLostError) as exc:
                 log.error("%s lost the head (%s); stopping", self.node_id, exc)
                 self.exit_code = EX_TEMPFAIL
-                self.on_node_dead(HEAD_ID, f"the head did not answer heartbeats for {config.node_dead_after_s}s")
+                self.on_node_dead(
+                    HEAD_ID, f"the head did not answer heartbeats for {config.node_dead_after_s}s"
+                )
                 self.request_stop()
                 return
             except Exception:  # anything else is a bug; a node that cannot heartbeat must not linger
@@ -301,7 +322,9 @@ class Node:
                 self.on_node_dead(gone.node_id, "declared dead by the head", gone.incarnation)
 
     # -- actors -----------------------------------------------------------------------------
-    async def spawn(self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any) -> A:
+    async def spawn(
+        self, cls: type[A], *args: Any, node: int | str | None = None, name: str | None = None, **kwargs: Any
+    ) -> A:
         """Start ``cls(*args, **kwargs)`` on ``node`` (a rank or node id; default: here).
 
         Returns an ``ActorRef`` whose endpoints type-check as ``cls``'s. The class must be
@@ -322,7 +345,9 @@ class Node:
         actor_info: ActorInfo = await service.spawn.options(timeout=self.config.join_timeout_s)(spec)
         return ActorRef(self, actor_info, cls)  # type: ignore[return-value]
 
-    async def spawn_here(self, cls: type[Actor], args: list[Any], kwargs: dict[str, Any], name: str) -> ActorRef:
+    async def spawn_here(
+        self, cls: type[Actor], args: list[Any], kwargs: dict[str, Any], name: str
+    ) -> ActorRef:
         """Start an actor on this node and register its name with the head."""
         if self._stopping:
             raise RuntimeError(f"{self.node_id} is stopping; it spawns no more actors")
@@ -367,19 +392,32 @@ class Node:
         if target != self.node_id:
             info = await self._member(target)
             service = ActorRef(self, _service_info("_node", NodeService, info), NodeService)
-            child: NodeInfo = await service.start_child.options(timeout=self.config.join_timeout_s + 10)(list(preload))
+            child: NodeInfo = await service.start_child.options(timeout=self.config.join_timeout_s + 10)(
+                list(preload)
+            )
             return child
         if self._stopping:
             raise RuntimeError(f"{self.node_id} is stopping; it starts no more processes")
         child_id = f"{self.node_id}.{self._child_count}"
         self._child_count += 1
-        config = msgspec.structs.replace(self.config, preload_modules=tuple(dict.fromkeys((*self.config.preload_modules, *preload))))
+        config = msgspec.structs.replace(
+            self.config, preload_modules=tuple(dict.fromkeys((*self.config.preload_modules, *preload)))
+        )
         head = self.address if self.is_head else (self.head_address or "")
-        proc = await start_node_process(child_id, child_address(self.address, child_id), head, config=config, secret=self._secret, parent=os.getpid())
+        proc = await start_node_process(
+            child_id,
+            child_address(self.address, child_id),
+            head,
+            config=config,
+            secret=self._secret,
+            parent=os.getpid(),
+        )
         self._children[child_id] = proc
         self._tasks.append(self.loop.create_task(self._reap(child_id, proc), name=f"rlasync-reap-{child_id}"))
         timeout = self.config.join_timeout_s
-        joined = asyncio.ensure_future(self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout))
+        joined = asyncio.ensure_future(
+            self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout)
+        )
         exited = asyncio.ensure_future(proc.wait())
         try:
             await asyncio.wait([joined, exited], return_when=asyncio.FIRST_COMPLETED)
@@ -391,8 +429,14 @@ class Node:
         if proc.returncode is None:
             proc.kill()
         error = joined.exception() if joined.done() and not joined.cancelled() else None
-        why = f"exited with code {proc.returncode}" if proc.returncode is not None else f"did not join ({error})"
-        raise JoinError(f"{child_id}, a process started by {self.node_id}, {why}; its stderr is above (raise runtime.join_timeout_s on a loaded machine)")
+        why = (
+            f"exited with code {proc.returncode}"
+            if proc.returncode is not None
+            else f"did not join ({error})"
+        )
+        raise JoinError(
+            f"{child_id}, a process started by {self.node_id}, {why}; its stderr is above (raise runtime.join_timeout_s on a loaded machine)"
+        )
 
     async def stop_nodes(self, node_ids: list[str]) -> None:
         """Ask other nodes to shut down and wait (``runtime.shutdown_timeout_s``) until they have
@@ -407,7 +451,9 @@ class Node:
             await asyncio.sleep(0.05)
             if not self.is_head:
                 with contextlib.suppress(RuntimeErrorBase):
-                    self._apply_members(self._epoch, await self._membership.members_list.options(timeout=1.0)(), [])
+                    self._apply_members(
+                        self._epoch, await self._membership.members_list.options(timeout=1.0)(), []
+                    )
 
     async def _member(self, node_id: str) -> NodeInfo:
         info = self._members.get(node_id)
@@ -425,7 +471,14 @@ class Node:
         code = await proc.wait()
         if self._stopping:
             return
-        log.log(logging.INFO if code == 0 else logging.WARNING, "%s (pid %d, started by %s) exited with code %s", child_id, proc.pid, self.node_id, code)
+        log.log(
+            logging.INFO if code == 0 else logging.WARNING,
+            "%s (pid %d, started by %s) exited with code %s",
+            child_id,
+            proc.pid,
+            self.node_id,
+            code,
+        )
         membership = self._actors.get("_membership") if self.is_head else None
         if isinstance(membership, Membership):
             membership.declare_dead(child_id, f"its process exited with code {code}")
@@ -458,7 +511,9 @@ class Node:
         info = self._members.get(node_id)
         if info is None:
             raise NodeLostError(node_id, "not a live member of the cluster")
-        stats: NodeStats = await ActorRef(self, _service_info("_node", NodeService, info), NodeService).stats()
+        stats: NodeStats = await ActorRef(
+            self, _service_info("_node", NodeService, info), NodeService
+        ).stats()
         return stats
 
     def local_actor(self, name: str) -> Actor:
@@ -471,9 +526,13 @@ class Node:
         stats = self.stats_
         stats.handshakes_failed = self.auth.handshakes_failed
         stats.zap_denied = self.auth.zap_denied
-        stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(p.pump.rescued for p in self._peers.values())
+        stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(
+            p.pump.rescued for p in self._peers.values()
+        )
         stats.unroutable_replies = self._server.pump.unroutable if hasattr(self, "_server") else 0
-        stats.dropped_messages = sum(p.dropped for p in self._pumps) + sum(p.pump.dropped for p in self._peers.values())
+        stats.dropped_messages = sum(p.dropped for p in self._pumps) + sum(
+            p.pump.dropped for p in self._peers.values()
+        )
         return stats
 
     # -- calls out ------------------------------------------------------------------------------
@@ -486,7 +545,11 @@ class Node:
         """
         reason = self._dead_incarnations.get(info.incarnation)
         if reason is not None:
-            raise NodeLostError(info.node_id, f"{reason} (that process is gone; look its actors up again)", graceful=info.incarnation in self._left)
+            raise NodeLostError(
+                info.node_id,
+                f"{reason} (that process is gone; look its actors up again)",
+                graceful=info.incarnation in self._left,
+            )
         peer = self._peers.get(info.incarnation)
         if peer is not None:
             return peer
@@ -495,7 +558,15 @@ class Node:
         peer = self._peers[info.incarnation] = Peer(self, info)
         return peer
 
-    def _call(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> asyncio.Future[Any]:
+    def _call(
+        self,
+        ref: ActorRef,
+        method: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        convert: Any,
+    ) -> asyncio.Future[Any]:
         timeout = timeout or self.config.call_timeout_s
         where = ref.info.node
         if where.node_id == self.node_id:
@@ -507,14 +578,24 @@ class Node:
             return task
         return peer.call(ref.info.name, method, args, kwargs, timeout, convert)
 
-    def _stream(self, ref: ActorRef, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None, convert: Any) -> AsyncIterator[Any]:
+    def _stream(
+        self,
+        ref: ActorRef,
+        method: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        convert: Any,
+    ) -> AsyncIterator[Any]:
         timeout = timeout or self.config.call_timeout_s
         where = ref.info.node
         if where.node_id == self.node_id:
             return self._stream_local(ref.info.name, method, args, kwargs, timeout)
         return self._peer(where).stream(ref.info.name, method, args, kwargs, timeout, convert)
 
-    async def _call_local(self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Any:
+    async def _call_local(
+        self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float
+    ) -> Any:
         actor = self.local_actor(name)
         ep = endpoints_of(type(actor)).get(method)
         if ep is None or ep.streaming:
@@ -537,7 +618,9 @@ class Node:
         except Exception as exc:
             raise _wrap(name, method, self.node_id) from exc
 
-    async def _stream_local(self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float) -> AsyncIterator[Any]:
+    async def _stream_local(
+        self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float
+    ) -> AsyncIterator[Any]:
         actor = self.local_actor(name)
         ep = endpoints_of(type(actor)).get(method)
         if ep is None or not ep.streaming:
@@ -555,7 +638,9 @@ class Node:
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
-                    raise CallTimeout(f"stream {name}.{method} sent no item for {timeout:.3g}s; raise runtime.call_timeout_s") from None
+                    raise CallTimeout(
+                        f"stream {name}.{method} sent no item for {timeout:.3g}s; raise runtime.call_timeout_s"
+                    ) from None
                 except RuntimeErrorBase:
                     raise
                 except Exception as exc:
@@ -570,7 +655,9 @@ class Node:
             self._peer(info).send_oneway("_node", method, args)
 
     # -- failure and stop -------------------------------------------------------------------
-    def on_node_dead(self, node_id: str, reason: str, incarnation: str | None = None, *, graceful: bool = False) -> None:
+    def on_node_dead(
+        self, node_id: str, reason: str, incarnation: str | None = None, *, graceful: bool = False
+    ) -> None:
         """Fail every call to that process of ``node_id`` and stop serving its calls.
 
         ``incarnation`` names the process; None means every process of that rank (only used
@@ -599,7 +686,7 @@ class Node:
             del self._members[node_id]
         elif incarnation is None:
             self._dead[node_id] = reason
-        for key, peer in list(self._peers.items()):
+        for peer in list(self._peers.values()):
             if peer.info.node_id == node_id and incarnation in (None, peer.info.incarnation, peer.to or None):
                 peer.mark_lost(NodeLostError(node_id, reason, graceful=graceful))
 
@@ -621,7 +708,12 @@ class Node:
             try:
                 await asyncio.to_thread(importlib.import_module, "torch")
             except ImportError as exc:  # without torch, a tensor cannot be decoded here: drop them
-                log.error("messages carry tensors and torch cannot be imported on %s (%s): %d dropped", self.node_id, exc, len(self.deferred or []))
+                log.error(
+                    "messages carry tensors and torch cannot be imported on %s (%s): %d dropped",
+                    self.node_id,
+                    exc,
+                    len(self.deferred or []),
+                )
                 self.stats_.malformed_frames += len(self.deferred or [])
                 self.deferred = None
                 return
@@ -670,7 +762,9 @@ class Node:
             # A call, not a one-way message: closing with linger 0 could drop the message,
             # and the head would then wait node_dead_after_s to notice the departure.
             try:
-                await self._membership.leave.options(timeout=min(timeout, 1.0))(self.node_id, self.info.incarnation)
+                await self._membership.leave.options(timeout=min(timeout, 1.0))(
+                    self.node_id, self.info.incarnation
+                )
             except RuntimeErrorBase as exc:
                 log.info("%s could not tell the head it leaves: %s", self.node_id, exc)
         for name, actor in reversed(list(self._actors.items())):
@@ -746,7 +840,11 @@ def _raise_descriptor_limit(connections: int) -> None:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
         if new < want:
-            log.warning("open-file limit %d is below runtime.max_connections=%d + 1024: raise `ulimit -n`", new, connections)
+            log.warning(
+                "open-file limit %d is below runtime.max_connections=%d + 1024: raise `ulimit -n`",
+                new,
+                connections,
+            )
 
 
 def _shut_down(fd: int) -> None:

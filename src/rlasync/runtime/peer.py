@@ -11,14 +11,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
 from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump, keep_alive
-from .errors import ActorError, ActorNotFound, CallRefused, CallTimeout, Forbidden, NodeLostError, NotAnEndpoint, RuntimeErrorBase
+from .errors import (
+    ActorError,
+    ActorNotFound,
+    CallRefused,
+    CallTimeout,
+    Forbidden,
+    NodeLostError,
+    NotAnEndpoint,
+    RuntimeErrorBase,
+)
 from .types import NodeInfo
 
 if TYPE_CHECKING:
@@ -30,7 +40,8 @@ _ITEM, _END, _FAIL = 0, 1, 2
 
 # Runtime errors that cross the wire keep their type (the rest arrive as ActorError).
 _RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
-    f"{cls.__module__}.{cls.__qualname__}": cls for cls in (ActorNotFound, NotAnEndpoint, CallTimeout, CallRefused, Forbidden)
+    f"{cls.__module__}.{cls.__qualname__}": cls
+    for cls in (ActorNotFound, NotAnEndpoint, CallTimeout, CallRefused, Forbidden)
 }
 
 
@@ -98,7 +109,13 @@ class Peer:
             # just its rank: a restarted rank is never taken for its dead predecessor.
             sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
         sock.connect(info.address)
-        self.pump = SocketPump(sock, self._on_message, recheck_s=node.config.io_recheck_s, loop=self.loop, max_outbox_bytes=node.config.max_outbox_bytes)
+        self.pump = SocketPump(
+            sock,
+            self._on_message,
+            recheck_s=node.config.io_recheck_s,
+            loop=self.loop,
+            max_outbox_bytes=node.config.max_outbox_bytes,
+        )
         self.pump.max_batch_bytes = node.config.max_body_bytes
         self.max_queued = node.config.max_queued_calls
         self.pending: dict[int, _Pending] = {}
@@ -110,7 +127,9 @@ class Peer:
         self._sweeper: asyncio.TimerHandle | None = None
 
     # -- unary calls ------------------------------------------------------------------------
-    def call(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> asyncio.Future[Any]:
+    def call(
+        self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any
+    ) -> asyncio.Future[Any]:
         """Send a call now, or queue it until one of ``max_inflight_per_peer`` slots frees up.
 
         Either way the caller gets its future at once and the deadline runs from now; the
@@ -125,13 +144,17 @@ class Peer:
         send_now = (self.inflight < self.max_inflight and not self.waiting) or actor[:1] == "_"
         if not send_now and len(self.waiting) >= self.max_queued:
             self.node.stats_.calls_refused += 1
-            future.set_exception(CallRefused(
-                f"call to {actor}.{method} on {self.info.node_id}: {len(self.waiting)} calls already wait for one of "
-                f"runtime.max_inflight_per_peer={self.max_inflight} slots (runtime.max_queued_calls={self.max_queued}); "
-                "the callee is far slower than its callers: await some calls before making more"
-            ))  # fmt: skip
+            future.set_exception(
+                CallRefused(
+                    f"call to {actor}.{method} on {self.info.node_id}: {len(self.waiting)} calls already wait for one of "
+                    f"runtime.max_inflight_per_peer={self.max_inflight} slots (runtime.max_queued_calls={self.max_queued}); "
+                    "the callee is far slower than its callers: await some calls before making more"
+                )
+            )
             return future
-        frames = self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, to=self.to, timeout=timeout))
+        frames = self.codec.encode(
+            Call(call_id, actor, method, self.codec.lift(args), kwargs, to=self.to, timeout=timeout)
+        )
         pending = _Pending(future, actor, method, timeout, convert)
         self.pending[call_id] = pending
         if self._sweeper is None:
@@ -200,14 +223,21 @@ class Peer:
         return pending
 
     # -- streaming calls --------------------------------------------------------------------
-    async def stream(self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any) -> AsyncIterator[Any]:
+    async def stream(
+        self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any
+    ) -> AsyncIterator[Any]:
         if self.lost is not None:
             raise self._lost_error()
         self.next_id += 1
         call_id = self.next_id
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.streams[call_id] = (queue, actor, method)
-        self.pump.send(self.codec.encode(Call(call_id, actor, method, self.codec.lift(args), kwargs, stream=True, to=self.to)), copy=False)
+        self.pump.send(
+            self.codec.encode(
+                Call(call_id, actor, method, self.codec.lift(args), kwargs, stream=True, to=self.to)
+            ),
+            copy=False,
+        )
         self.node.stats_.calls_sent += 1
         ack_every = max(1, self.node.config.stream_window // 2)
         unacked = 0
@@ -268,7 +298,9 @@ class Peer:
                     try:
                         value = pending.convert(value)
                     except Exception as exc:
-                        pending.future.set_exception(TypeError(f"{pending.actor}.{pending.method} returned {exc}"))
+                        pending.future.set_exception(
+                            TypeError(f"{pending.actor}.{pending.method} returned {exc}")
+                        )
                         return
                 pending.future.set_result(value)
         elif kind is StreamItem:
@@ -332,9 +364,9 @@ class Peer:
 
     def send_oneway(self, actor: str, method: str, args: list[Any]) -> None:
         if self.lost is None:
-            self.pump.send(self.codec.encode(Call(0, actor, method, self.codec.lift(args), to=self.to)), copy=False)
-
-
+            self.pump.send(
+                self.codec.encode(Call(0, actor, method, self.codec.lift(args), to=self.to)), copy=False
+            )
 
 
 def accept_calls_as_tasks(loop: asyncio.AbstractEventLoop) -> None:

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 
@@ -64,7 +64,9 @@ async def start_node_process(
             log.warning("forking %s failed (%s); starting it from nothing", node_id, exc)
     if parent is not None:
         full_env[PARENT_ENV] = str(parent)
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "rlasync.runtime.worker", *argv, env=full_env, stdin=subprocess.DEVNULL)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlasync.runtime.worker", *argv, env=full_env, stdin=subprocess.DEVNULL
+    )
 
 
 def parent_from_env() -> int | None:

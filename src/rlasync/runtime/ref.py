@@ -10,7 +10,8 @@ call. ``asyncio.create_task(ref.add(2))`` works too (a node lets its loop's task
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import NotAnEndpoint
 from .types import ActorInfo
@@ -76,7 +77,9 @@ class RemoteEndpoint:
 
     __slots__ = ("ref", "method", "timeout", "convert")
 
-    def __init__(self, ref: ActorRef, method: str, timeout: float | None, convert: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self, ref: ActorRef, method: str, timeout: float | None, convert: Callable[[Any], Any] | None
+    ) -> None:
         self.ref = ref
         self.method = method
         self.timeout = timeout

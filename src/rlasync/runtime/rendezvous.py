@@ -40,9 +40,13 @@ def master_store(timeout_s: float, *, host: bool | None = None) -> Any:
         host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and os.environ.get("RANK", "0") == "0"
     if host and port not in _hosted:
         try:
-            _hosted[port] = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout)
+            _hosted[port] = dist.TCPStore(
+                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout
+            )
         except (RuntimeError, ValueError) as exc:
-            raise RuntimeError(f"cannot host the rendezvous store on MASTER_PORT={port}: {exc} (another process holds the port?)") from None
+            raise RuntimeError(
+                f"cannot host the rendezvous store on MASTER_PORT={port}: {exc} (another process holds the port?)"
+            ) from None
     if port in _hosted:
         return _hosted[port]
     return dist.TCPStore(addr, port, is_master=False, timeout=timeout)

@@ -93,9 +93,15 @@ class Server:
         self._principals: dict[str, Caller] = {}  # key or claim -> its Caller, while it has a connection
         self._by_fd: dict[int, list[bytes]] = {}  # connection descriptor -> its routing ids
         self.pump = SocketPump(
-            router, self._on_request, recheck_s=node.config.io_recheck_s, loop=self.loop, routed=True,
-            peers=self.callers, new_peer=self._identify, max_outbox_bytes=node.config.max_outbox_bytes,
-        )  # fmt: skip
+            router,
+            self._on_request,
+            recheck_s=node.config.io_recheck_s,
+            loop=self.loop,
+            routed=True,
+            peers=self.callers,
+            new_peer=self._identify,
+            max_outbox_bytes=node.config.max_outbox_bytes,
+        )
         self.pump.max_batch_bytes = node.config.max_body_bytes
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
 
@@ -209,7 +215,9 @@ class Server:
         stats = self.node.stats_
         if caller.dead:
             stats.calls_fenced += 1
-            message = f"{self.node.node_id} serves no calls from {caller}: the head declared that process dead"
+            message = (
+                f"{self.node.node_id} serves no calls from {caller}: the head declared that process dead"
+            )
             return self._fail(ident, call.id, "gone", NodeLostError, message)
         if call.to and call.to != self.node.info.incarnation:
             # The caller means a process that used to listen at this address (same rank,
@@ -226,18 +234,34 @@ class Server:
         actor = self.node._actors.get(call.actor)
         if actor is None:
             detail = "it was never spawned here, or it stopped"
-            return self._fail(ident, call.id, "no_actor", ActorNotFound, f"no actor named {call.actor!r} on {self.node.node_id} ({detail})")
+            return self._fail(
+                ident,
+                call.id,
+                "no_actor",
+                ActorNotFound,
+                f"no actor named {call.actor!r} on {self.node.node_id} ({detail})",
+            )
         ep = endpoints_of(type(actor)).get(call.method)
         if ep is None or ep.streaming != call.stream:
             what = "a streaming" if call.stream else "a unary"
-            return self._fail(ident, call.id, "no_endpoint", NotAnEndpoint, f"{call.method!r} is not {what} endpoint of actor {call.actor!r}")
+            return self._fail(
+                ident,
+                call.id,
+                "no_endpoint",
+                NotAnEndpoint,
+                f"{call.method!r} is not {what} endpoint of actor {call.actor!r}",
+            )
         stats.calls_served += 1
         timeout = call.timeout if call.timeout > 0 else self.config.call_timeout_s
         serving = _Serving(self.config.stream_window, caller, self.loop.time() + timeout + _SWEEP_S)
         if call.id:  # registered first: on 3.12+ the task may run (and end) before _task returns
             self.serving[(ident, call.id)] = serving
         caller.running += 1
-        run = self._run_stream(ident, call, ep, actor, serving) if call.stream else self._run_unary(ident, call, ep, actor, caller)
+        run = (
+            self._run_stream(ident, call, ep, actor, serving)
+            if call.stream
+            else self._run_unary(ident, call, ep, actor, caller)
+        )
         # Every endpoint runs in a task of its own, so asyncio.timeout, TaskGroup and
         # contextvars behave as in any coroutine; on 3.12+ the task starts eagerly, and an
         # endpoint that answers without waiting finishes before this returns.
@@ -261,7 +285,9 @@ class Server:
             frames = self.codec.encode(msg)
         except Exception as exc:  # an unencodable result (a type, an int past 64 bits, ...): say why
             kind = type(exc).__qualname__
-            frames = self.codec.encode(Error(msg.id, "raised", kind, f"cannot send the result: {exc}", traceback.format_exc()))
+            frames = self.codec.encode(
+                Error(msg.id, "raised", kind, f"cannot send the result: {exc}", traceback.format_exc())
+            )
             ok = False
         self.pump.send([ident, *frames], copy=False)  # a caller that is gone: counted by the pump
         return ok
@@ -302,7 +328,9 @@ class Server:
                             async with asyncio.timeout(timeout):
                                 await serving.more.wait()
                         except TimeoutError:
-                            raise CallTimeout(f"the caller consumed nothing for {timeout:g}s (runtime.call_timeout_s)") from None
+                            raise CallTimeout(
+                                f"the caller consumed nothing for {timeout:g}s (runtime.call_timeout_s)"
+                            ) from None
                     serving.credit -= 1
                     if not self._send(ident, StreamItem(call.id, self.codec.lift_one(item))):
                         return  # the caller got the error and ended the stream: stop the generator
@@ -369,5 +397,3 @@ def error_reply(call_id: int, exc: BaseException) -> Error:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     return Error(call_id, "raised", name, str(exc), "".join(traceback.format_exception(exc)))
-
-

@@ -29,7 +29,15 @@ from .types import CONFIG_ENV, SECRET_ENV
 log = logging.getLogger(__name__)
 
 
-async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig, secret: str | None, *, node_id: str | None = None) -> int:
+async def serve(
+    rank: int,
+    listen: str,
+    head: str | None,
+    config: RuntimeConfig,
+    secret: str | None,
+    *,
+    node_id: str | None = None,
+) -> int:
     """Run a node until it stops; return the process's exit code.
 
     A node the head fenced, or that lost the head past ``runtime.node_dead_after_s``, stops with
@@ -54,7 +62,10 @@ async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig,
         loop.add_signal_handler(sig, stop)
     if parent is not None:
         if not die_with_parent(parent):
-            print(f"{node_id or f'node-{rank}'}: the process that started it (pid {parent}) is gone", file=sys.stderr)
+            print(
+                f"{node_id or f'node-{rank}'}: the process that started it (pid {parent}) is gone",
+                file=sys.stderr,
+            )
             return 1
         watch = asyncio.create_task(watch_parent(parent, stop), name="rlasync-parent-watch")
     rejoin_until: float | None = None
@@ -63,7 +74,11 @@ async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig,
             if rejoin_until is not None and head is not None:
                 reach = await asyncio.to_thread(head_listens, head)
                 if reach is False:  # its host answers and nothing listens: the head is gone, not cut off
-                    log.error("%s: nothing listens at the head's address %s any more; not rejoining", node_id or f"node-{rank}", head)
+                    log.error(
+                        "%s: nothing listens at the head's address %s any more; not rejoining",
+                        node_id or f"node-{rank}",
+                        head,
+                    )
                     return EX_TEMPFAIL
                 if reach is None:  # still cut off
                     if signalled or loop.time() > rejoin_until:
@@ -83,10 +98,19 @@ async def serve(rank: int, listen: str, head: str | None, config: RuntimeConfig,
             if signalled:
                 await node.stop()
             await node.stopped.wait()
-            rejoin = node.exit_code == EX_TEMPFAIL and parent is None and not signalled and config.rejoin_timeout_s > 0
+            rejoin = (
+                node.exit_code == EX_TEMPFAIL
+                and parent is None
+                and not signalled
+                and config.rejoin_timeout_s > 0
+            )
             if not rejoin:
                 return node.exit_code
-            log.warning("%s was cut off from the cluster; rejoining as a new process for up to runtime.rejoin_timeout_s=%gs", node.node_id, config.rejoin_timeout_s)
+            log.warning(
+                "%s was cut off from the cluster; rejoining as a new process for up to runtime.rejoin_timeout_s=%gs",
+                node.node_id,
+                config.rejoin_timeout_s,
+            )
             rejoin_until = loop.time() + config.rejoin_timeout_s
     finally:
         if watch is not None:
@@ -121,14 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlasync.runtime.worker", description=__doc__)
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--rank", type=int, help="this node's rank (0: the head)")
-    who.add_argument("--node-id", help="a supervised child's id, e.g. node-1.0 (its parent's rank, then its index)")
+    who.add_argument(
+        "--node-id", help="a supervised child's id, e.g. node-1.0 (its parent's rank, then its index)"
+    )
     parser.add_argument("--listen", required=True, help="ipc:///path or tcp://host:port (port 0: any)")
     parser.add_argument("--head", default=None, help="the head's address (omit on rank 0)")
     parser.add_argument("--log-level", default=os.environ.get("RLASYNC_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
     name = args.node_id or f"node-{args.rank}"
     rank = args.rank if args.node_id is None else rank_of(args.node_id)
-    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s"
+    )
     import uvloop
 
     from .spawner import fork_children
@@ -136,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_env()
     fork_children(config)  # before the event loop: its children are forked from a copy of this process
     try:
-        return uvloop.run(serve(rank, args.listen, args.head, config, os.environ.get(SECRET_ENV), node_id=args.node_id))
+        return uvloop.run(
+            serve(rank, args.listen, args.head, config, os.environ.get(SECRET_ENV), node_id=args.node_id)
+        )
     except Exception as exc:  # a clean, one-line reason instead of a traceback for known failures
         from .errors import RuntimeErrorBase
 

@@ -30,7 +30,9 @@ import msgspec
 
 logger = logging.getLogger(__name__)
 
-ErrorKind = Literal["unknown_tool", "bad_arguments", "timeout", "tool_error", "exception", "output_limit", "parse_error"]
+ErrorKind = Literal[
+    "unknown_tool", "bad_arguments", "timeout", "tool_error", "exception", "output_limit", "parse_error"
+]
 """Why a call failed (a metrics label): ``tool_error`` is a failure the tool reported on purpose
 (``ToolError``), ``exception`` is a bug (any other exception), ``parse_error`` a malformed call
 that never reached a tool (see ``error_result``)."""
@@ -122,9 +124,14 @@ def schemas(tools: Mapping[str, Tool]) -> list[dict[str, Any]]:
 
 # -- argument checks -------------------------------------------------------------------------
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "object": (dict,), "array": (list,), "null": (type(None),),
-}  # fmt: skip
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
 
 
 def _is_type(value: Any, json_type: str) -> bool:
@@ -152,7 +159,9 @@ def validate_arguments(schema: Mapping[str, Any], arguments: Any) -> list[str]:
     if not isinstance(arguments, dict):
         return [f"arguments must be a JSON object, got {_type_name(arguments)}"]
     properties: Mapping[str, Any] = schema.get("properties") or {}
-    problems = [f"missing required argument '{key}'" for key in schema.get("required", ()) if key not in arguments]
+    problems = [
+        f"missing required argument '{key}'" for key in schema.get("required", ()) if key not in arguments
+    ]
     for key, value in arguments.items():
         spec = properties.get(key)
         if spec is None:
@@ -198,15 +207,28 @@ def truncate_text(text: str, max_chars: int | None, side: TruncateSide = "middle
     return cut[:max_chars] if keep == 0 else cut, True
 
 
-def error_result(kind: ErrorKind, message: str, *, name: str = "", call_id: str = "", detail: str = "", elapsed_s: float = 0.0) -> ToolResult:
+def error_result(
+    kind: ErrorKind,
+    message: str,
+    *,
+    name: str = "",
+    call_id: str = "",
+    detail: str = "",
+    elapsed_s: float = 0.0,
+) -> ToolResult:
     """A failed call: the model sees ``error: {message}``; ``detail`` (or the message) goes to metrics.
 
     Loops use it for a parser's errors too: ``error_result("parse_error", msg)``.
     """
     return ToolResult(
-        text=f"error: {message}", name=name, call_id=call_id, ok=False, error_kind=kind,
-        error_message=detail or message, elapsed_s=elapsed_s,
-    )  # fmt: skip
+        text=f"error: {message}",
+        name=name,
+        call_id=call_id,
+        ok=False,
+        error_kind=kind,
+        error_message=detail or message,
+        elapsed_s=elapsed_s,
+    )
 
 
 async def run_tool_call(
@@ -228,7 +250,10 @@ async def run_tool_call(
         logger.debug("tool call %s failed before reaching the tool", name, exc_info=True)
         result = error_result("exception", f"{name} failed: {type(e).__name__}", name=name, detail=repr(e))
     result.text, result.truncated = truncate_text(result.text, max_response_chars, truncate_side)
-    result.call_id, result.elapsed_s = call.id if isinstance(call.id, str) else "", time.perf_counter() - start
+    result.call_id, result.elapsed_s = (
+        call.id if isinstance(call.id, str) else "",
+        time.perf_counter() - start,
+    )
     return result
 
 
@@ -246,15 +271,21 @@ async def _run(tools: Mapping[str, Tool], call: ToolCall, name: str, context: To
             text = await tool.call(call.arguments, context)
     except TimeoutError as e:
         if not timeout.expired():  # the tool's own TimeoutError (e.g. from a socket): its failure
-            return error_result("exception", f"{name} failed: TimeoutError: {e}"[:500], name=name, detail=repr(e))
+            return error_result(
+                "exception", f"{name} failed: TimeoutError: {e}"[:500], name=name, detail=repr(e)
+            )
         return error_result("timeout", f"{name} timed out after {tool.timeout_s:g}s", name=name)
     except ToolError as e:
         return error_result(e.kind, str(e), name=name)
     except (Exception, SystemExit) as e:  # SystemExit too: a tool calling sys.exit must not stop the node
         logger.debug("tool %s raised", name, exc_info=True)
-        return error_result("exception", f"{name} failed: {type(e).__name__}: {e}"[:500], name=name, detail=repr(e))
+        return error_result(
+            "exception", f"{name} failed: {type(e).__name__}: {e}"[:500], name=name, detail=repr(e)
+        )
     if not isinstance(text, str):
-        return error_result("exception", f"{name} failed: it returned {type(text).__name__}, not text", name=name)
+        return error_result(
+            "exception", f"{name} failed: it returned {type(text).__name__}, not text", name=name
+        )
     return ToolResult(text=text, name=name)
 
 
@@ -266,9 +297,14 @@ def register_tool(cls: type[Tool]) -> type[Tool]:
     """Class decorator: make a tool buildable by its ``name`` (from configs: ``build_tools``)."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
-        raise TypeError(f"{cls.__qualname__} needs a class attribute `name` (a non-empty str) to be registered")
+        raise TypeError(
+            f"{cls.__qualname__} needs a class attribute `name` (a non-empty str) to be registered"
+        )
     existing = _TOOLS.get(name)
-    if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
+    if existing is not None and (existing.__module__, existing.__qualname__) != (
+        cls.__module__,
+        cls.__qualname__,
+    ):
         raise ValueError(f"tool name '{name}' is taken by {existing.__module__}.{existing.__qualname__}")
     _TOOLS[name] = cls  # the same class again (a module re-imported) replaces itself
     return cls

@@ -93,6 +93,7 @@ from .base import Tool, ToolContext, ToolError, register_tool
 
 logger = logging.getLogger(__name__)
 
+
 @register_tool
 class CalculatorTool(Tool):
     """The calc task's calculator (``rlasync.data.synthetic.calculator``: an AST walk, no eval)."""
@@ -105,7 +106,9 @@ class CalculatorTool(Tool):
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> str:
         result = calculator(arguments["expression"])  # at most 64 characters: microseconds, fine on the loop
         if result.startswith("error: "):
-            raise ToolError(result.removeprefix("error: "))  # same text as the calc task's, counted as an error
+            raise ToolError(
+                result.removeprefix("error: ")
+            )  # same text as the calc task's, counted as an error
         return result
 
 
@@ -150,19 +153,44 @@ _NOBODY = 65534
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _UNSHARE = (
-    ("unshare", "--pid", "--fork", "--kill-child"),  # root (CAP_SYS_ADMIN); "--net" is added unless network=True
+    (
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+    ),  # root (CAP_SYS_ADMIN); "--net" is added unless network=True
     ("unshare", "--map-root-user", "--pid", "--fork", "--kill-child"),  # unprivileged user namespaces
 )
 # Files of /etc that programs need and that hold nothing secret (never shadow, ssh keys, tokens).
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives", "nsswitch.conf", "passwd", "group")
-_ETC_NETWORK = ("resolv.conf", "hosts", "host.conf", "gai.conf", "services", "protocols", "ssl", "ca-certificates")
+_ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "alternatives",
+    "nsswitch.conf",
+    "passwd",
+    "group",
+)
+_ETC_NETWORK = (
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+    "gai.conf",
+    "services",
+    "protocols",
+    "ssl",
+    "ca-certificates",
+)
 # Joins the cgroup(s) named before "--" (its own pid: the exec keeps it), then execs the rest.
 _JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 _CGROUP_PREFIX = "rlasync-python-"
 _PROBE_TIMEOUT_S = 10.0
 _REAP_TIMEOUT_S = 5.0
 _DRAIN_S = 1.0  # after the main process exited and the tree was killed: what is left in the pipe
-_OPT_IN = '`agent.tools: {python: {isolation: weaker}}` in a config (`PythonTool(isolation="weaker")` in code)'
+_OPT_IN = (
+    '`agent.tools: {python: {isolation: weaker}}` in a config (`PythonTool(isolation="weaker")` in code)'
+)
 _cleanups: set[asyncio.Task[None]] = set()  # strong references: the loop only keeps weak ones
 _run_ids = itertools.count()
 
@@ -271,7 +299,12 @@ class _RunCgroup:
                 for pid in pids:
                     self._kill(pid)
             if time.monotonic() > deadline:
-                logger.warning("python tool: processes %s of cgroup %s did not exit %.0fs after SIGKILL", sorted(pids), self.name, timeout)
+                logger.warning(
+                    "python tool: processes %s of cgroup %s did not exit %.0fs after SIGKILL",
+                    sorted(pids),
+                    self.name,
+                    timeout,
+                )
                 return False
             await asyncio.sleep(0.005)
 
@@ -345,7 +378,10 @@ def _probe() -> _Machine:
     missing: dict[str, str] = {}
     bwrap, setpriv = _which("bwrap"), _which("setpriv")
     if bwrap is None:
-        bwrap, missing["namespaces"] = None, "bubblewrap is not installed: `apt-get install bubblewrap` (or `make setup` as root)"
+        bwrap, missing["namespaces"] = (
+            None,
+            "bubblewrap is not installed: `apt-get install bubblewrap` (or `make setup` as root)",
+        )
     elif root and (setpriv is None or not setpriv.startswith(("/usr/", "/bin/", "/sbin/"))):
         bwrap, missing["namespaces"] = None, "setpriv (util-linux) is not in /usr/bin: install util-linux"
     else:
@@ -359,9 +395,17 @@ def _probe() -> _Machine:
         _probe_cgroup(cgroups)
     except Exception as e:  # noqa: BLE001  (whatever the machine does, the answer is "no cgroup", with why)
         cgroups = None
-        missing["cgroup"] = f"no usable cgroup ({e}): run as root with a writable /sys/fs/cgroup, or in a delegated cgroup (systemd Delegate=yes)"
+        missing["cgroup"] = (
+            f"no usable cgroup ({e}): run as root with a writable /sys/fs/cgroup, or in a delegated cgroup (systemd Delegate=yes)"
+        )
     unshare = () if bwrap else _probe_unshare()
-    return _Machine(bwrap=bwrap, setpriv=setpriv if root and bwrap else None, cgroups=cgroups, unshare=unshare, missing=missing)
+    return _Machine(
+        bwrap=bwrap,
+        setpriv=setpriv if root and bwrap else None,
+        cgroups=cgroups,
+        unshare=unshare,
+        missing=missing,
+    )
 
 
 def _which(name: str) -> str | None:
@@ -374,9 +418,22 @@ def _probe_bwrap(bwrap: str, setpriv: str | None) -> str:
     try:
         if setpriv:
             os.chown(workdir, _NOBODY, _NOBODY)
-        argv = [*_bwrap_argv(bwrap, setpriv, workdir, network=False, tmpfs_bytes=64 << 20), sys.executable, "-I", "-c", "pass"]
+        argv = [
+            *_bwrap_argv(bwrap, setpriv, workdir, network=False, tmpfs_bytes=64 << 20),
+            sys.executable,
+            "-I",
+            "-c",
+            "pass",
+        ]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={"PATH": _HOST_PATH}, cwd="/")
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_PROBE_TIMEOUT_S,
+                env={"PATH": _HOST_PATH},
+                cwd="/",
+            )
         except (OSError, subprocess.SubprocessError) as e:
             return f"bubblewrap does not start: {e}"
         if done.returncode != 0:
@@ -386,7 +443,9 @@ def _probe_bwrap(bwrap: str, setpriv: str | None) -> str:
                 if setpriv
                 else "; as a user other than root it needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
             )
-            return f"bubblewrap fails here (exit {done.returncode}: {said[-1] if said else 'no output'}){hint}"
+            return (
+                f"bubblewrap fails here (exit {done.returncode}: {said[-1] if said else 'no output'}){hint}"
+            )
         return ""
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -406,7 +465,12 @@ def _find_cgroups() -> _Cgroups:
         for line in f:
             fields = line.split()
             sep = fields.index("-")
-            mount_root, mount_point, fstype, options = fields[3], fields[4], fields[sep + 1], fields[sep + 3].split(",")
+            mount_root, mount_point, fstype, options = (
+                fields[3],
+                fields[4],
+                fields[sep + 1],
+                fields[sep + 3].split(","),
+            )
             for controller in ("memory", "pids"):
                 if fstype == "cgroup" and controller in options and controller in own:
                     v1[controller] = _under_mount(mount_point, mount_root, own[controller])
@@ -426,9 +490,13 @@ def _find_cgroups() -> _Cgroups:
             _write(os.path.join(v2, "cgroup.subtree_control"), "+memory +pids")
         except OSError:
             parent = os.path.dirname(v2)
-            if os.path.exists(os.path.join(parent, "cgroup.procs")) and wanted <= set(_read(os.path.join(parent, "cgroup.subtree_control")).split()):
+            if os.path.exists(os.path.join(parent, "cgroup.procs")) and wanted <= set(
+                _read(os.path.join(parent, "cgroup.subtree_control")).split()
+            ):
                 return _Cgroups(2, (parent,))  # runs' cgroups are siblings of ours
-            raise ValueError(f"cannot enable the memory and pids controllers below {v2} (it holds processes)") from None
+            raise ValueError(
+                f"cannot enable the memory and pids controllers below {v2} (it holds processes)"
+            ) from None
     return _Cgroups(2, (v2,))
 
 
@@ -446,10 +514,16 @@ def _probe_cgroup(cgroups: _Cgroups) -> None:
     try:
         done = subprocess.run(
             ["/bin/sh", "-c", _JOIN_CGROUP, "sh", *cgroup.procs_files, "--", "cat", "/proc/self/cgroup"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={"PATH": _HOST_PATH}, cwd="/",
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_PROBE_TIMEOUT_S,
+            env={"PATH": _HOST_PATH},
+            cwd="/",
+        )
         if done.returncode != 0 or done.stdout.count(cgroup.name.encode()) < len(cgroup.dirs):
-            raise ValueError(f"cannot move a process into {cgroup.dirs[0]}: {done.stderr.decode(errors='replace').strip()}")
+            raise ValueError(
+                f"cannot move a process into {cgroup.dirs[0]}: {done.stderr.decode(errors='replace').strip()}"
+            )
     finally:
         cgroup.remove()
 
@@ -461,19 +535,37 @@ def _probe_unshare() -> tuple[str, ...]:
         prefix = (_which("unshare") or "unshare", *prefix[1:])
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             argv = [*prefix[:-3], "--net", *prefix[-3:], sys.executable, "-I", "-c", "pass"]
-            if subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_S).returncode == 0:
+            if (
+                subprocess.run(
+                    argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_S
+                ).returncode
+                == 0
+            ):
                 return prefix
     return ()
 
 
-def _bwrap_argv(bwrap: str, setpriv: str | None, workdir: str, *, network: bool, tmpfs_bytes: int) -> list[str]:
+def _bwrap_argv(
+    bwrap: str, setpriv: str | None, workdir: str, *, network: bool, tmpfs_bytes: int
+) -> list[str]:
     """bubblewrap and its options, up to the command: see the module docstring."""
     options = _bwrap_options(bwrap)
     argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-    if setpriv:  # root: no user namespace (bwrap has root's powers to build the sandbox), then setpriv to nobody
+    if (
+        setpriv
+    ):  # root: no user namespace (bwrap has root's powers to build the sandbox), then setpriv to nobody
         argv += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if network else ["--unshare-net"]
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        argv += [
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--cap-add",
+            "CAP_SETPCAP",
+        ]
     else:  # another user: a user namespace mapping that user, nothing more
         argv += ["--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
         argv += ["--disable-userns"] if "--disable-userns" in options else []  # bubblewrap >= 0.8
@@ -503,7 +595,16 @@ def _bwrap_argv(bwrap: str, setpriv: str | None, workdir: str, *, network: bool,
         argv += ["--setenv", key, value]
     argv += ["--"]
     if setpriv:
-        argv += [setpriv, f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        argv += [
+            setpriv,
+            f"--reuid={_NOBODY}",
+            f"--regid={_NOBODY}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
     return argv
 
 
@@ -511,10 +612,14 @@ def _bwrap_argv(bwrap: str, setpriv: str | None, workdir: str, *, network: bool,
 def _bwrap_options(bwrap: str) -> frozenset[str]:
     """The options this bubblewrap knows (from its --help): some came late (--disable-userns: 0.8)."""
     try:
-        done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [bwrap, "--help"], capture_output=True, timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError):
         return frozenset()
-    return frozenset(word for word in (done.stdout + done.stderr).decode(errors="replace").split() if word.startswith("--"))
+    return frozenset(
+        word for word in (done.stdout + done.stderr).decode(errors="replace").split() if word.startswith("--")
+    )
 
 
 def _inside(path: str, roots: set[str]) -> bool:
@@ -536,9 +641,15 @@ def _parents(path: str, visible: set[str], dirs: set[str]) -> list[str]:
 def _env(workdir: str) -> dict[str, str]:
     # Built from scratch: nothing of the node's environment (proxies, tokens, CUDA devices) leaks.
     return {
-        "PATH": _SANDBOX_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-    }  # fmt: skip
+        "PATH": _SANDBOX_PATH,
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
 
 
 def _write(path: str, value: object) -> None:
@@ -626,17 +737,31 @@ async def run_python(
         # count the caller's own processes (a plain child) or every run's (root's "nobody").
         nproc = max_processes if bwrap and not machine.setpriv else 0
         python = [
-            sys.executable, "-I", "-X", "utf8", "-c", _BOOTSTRAP,
-            str(memory_bytes), str(math.ceil(wall_time_s) + 1), str(max_file_bytes), str(nproc), workdir,
-        ]  # fmt: skip
+            sys.executable,
+            "-I",
+            "-X",
+            "utf8",
+            "-c",
+            _BOOTSTRAP,
+            str(memory_bytes),
+            str(math.ceil(wall_time_s) + 1),
+            str(max_file_bytes),
+            str(nproc),
+            workdir,
+        ]
         if bwrap:
-            argv = _bwrap_argv(bwrap, machine.setpriv, workdir, network=network, tmpfs_bytes=memory_bytes) + python
+            argv = (
+                _bwrap_argv(bwrap, machine.setpriv, workdir, network=network, tmpfs_bytes=memory_bytes)
+                + python
+            )
         elif machine.unshare:
             argv = [*machine.unshare[:-3], *([] if network else ["--net"]), *machine.unshare[-3:], *python]
         else:
             argv = python
         if cgroups:
-            cgroup = cgroups.create(f"{_CGROUP_PREFIX}{os.getpid()}-{next(_run_ids)}", memory_bytes, max_processes)
+            cgroup = cgroups.create(
+                f"{_CGROUP_PREFIX}{os.getpid()}-{next(_run_ids)}", memory_bytes, max_processes
+            )
             argv = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", *cgroup.procs_files, "--", *argv]
         # The script is stdin (a memfd: no pipe to feed); the output is a pipe of ours, so that
         # waiting for the process never waits for a descendant that holds the pipe.
@@ -649,15 +774,21 @@ async def run_python(
             reader = asyncio.StreamReader()
             pipe, read_fd = os.fdopen(read_fd, "rb", buffering=0), -1
             try:
-                transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+                transport, _ = await loop.connect_read_pipe(
+                    lambda: asyncio.StreamReaderProtocol(reader), pipe
+                )
             except BaseException:
                 pipe.close()
                 raise
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=script, stdout=write_fd, stderr=asyncio.subprocess.STDOUT,
-                cwd=workdir if not bwrap else "/", env=_env(workdir) if not bwrap else {"PATH": _HOST_PATH},
+                *argv,
+                stdin=script,
+                stdout=write_fd,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=workdir if not bwrap else "/",
+                env=_env(workdir) if not bwrap else {"PATH": _HOST_PATH},
                 start_new_session=True,
-            )  # fmt: skip
+            )
         finally:
             for fd in (script, write_fd, read_fd):
                 if fd >= 0:
@@ -686,10 +817,14 @@ async def run_python(
         if exit_code is not None and (bwrap or machine.unshare) and 128 < exit_code < 128 + signal.NSIG:
             exit_code = 128 - exit_code  # the wrapper reports a signal as 128+N, like a shell
         return PythonRun(
-            output=output.decode("utf-8", "replace"), exit_code=exit_code, timed_out=timed_out, output_truncated=truncated,
-            memory_limit=cgroup is not None and cgroup.oom_killed(), process_limit=cgroup is not None and cgroup.forks_refused(),
+            output=output.decode("utf-8", "replace"),
+            exit_code=exit_code,
+            timed_out=timed_out,
+            output_truncated=truncated,
+            memory_limit=cgroup is not None and cgroup.oom_killed(),
+            process_limit=cgroup is not None and cgroup.forks_refused(),
             elapsed_s=time.perf_counter() - start,
-        )  # fmt: skip
+        )
     finally:
         # A second cancellation must not skip the cleanup: it runs as its own task.
         cleanup = asyncio.ensure_future(_cleanup(proc, cgroup, transport, workdir))
@@ -724,7 +859,10 @@ async def _kill_tree(proc: asyncio.subprocess.Process | None, cgroup: _RunCgroup
 
 
 async def _cleanup(
-    proc: asyncio.subprocess.Process | None, cgroup: _RunCgroup | None, transport: asyncio.ReadTransport | None, workdir: str
+    proc: asyncio.subprocess.Process | None,
+    cgroup: _RunCgroup | None,
+    transport: asyncio.ReadTransport | None,
+    workdir: str,
 ) -> None:
     try:
         await _kill_tree(proc, cgroup)
@@ -733,7 +871,9 @@ async def _cleanup(
                 async with asyncio.timeout(_REAP_TIMEOUT_S):
                     await proc.wait()
             except TimeoutError:
-                logger.warning("python tool: child %d did not exit %.0fs after SIGKILL", proc.pid, _REAP_TIMEOUT_S)
+                logger.warning(
+                    "python tool: child %d did not exit %.0fs after SIGKILL", proc.pid, _REAP_TIMEOUT_S
+                )
     finally:
         if transport is not None:
             transport.close()
@@ -797,16 +937,27 @@ class PythonTool(Tool):
             SandboxUnavailable: ``isolation="strict"`` and a layer is missing.
         """
         checks = {
-            "wall_time_s": wall_time_s > 0, "memory_mb": memory_mb >= 32, "max_output_bytes": max_output_bytes > 0,
-            "max_file_mb": max_file_mb >= 0, "max_concurrency": max_concurrency is None or max_concurrency >= 1,
-            "max_processes": max_processes >= 4, "network": isinstance(network, bool),
+            "wall_time_s": wall_time_s > 0,
+            "memory_mb": memory_mb >= 32,
+            "max_output_bytes": max_output_bytes > 0,
+            "max_file_mb": max_file_mb >= 0,
+            "max_concurrency": max_concurrency is None or max_concurrency >= 1,
+            "max_processes": max_processes >= 4,
+            "network": isinstance(network, bool),
             "isolation": isolation in ("strict", "weaker"),
-        }  # fmt: skip
+        }
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(f"PythonTool: invalid {', '.join(bad)} (see the PythonTool docstring for valid values)")
+            raise ValueError(
+                f"PythonTool: invalid {', '.join(bad)} (see the PythonTool docstring for valid values)"
+            )
         self.wall_time_s, self.memory_mb, self.max_output_bytes = wall_time_s, memory_mb, max_output_bytes
-        self.max_file_mb, self.max_processes, self.network, self.isolation = max_file_mb, max_processes, network, isolation
+        self.max_file_mb, self.max_processes, self.network, self.isolation = (
+            max_file_mb,
+            max_processes,
+            network,
+            isolation,
+        )
         self._slots = asyncio.Semaphore(max_concurrency or os.cpu_count() or 1)
         missing = _machine().missing
         if missing and isolation == "strict":
@@ -817,17 +968,24 @@ class PythonTool(Tool):
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> str:
         async with self._slots:
             run = await run_python(
-                arguments["code"], wall_time_s=self.wall_time_s, memory_bytes=self.memory_mb << 20,
-                max_output_bytes=self.max_output_bytes, max_file_bytes=self.max_file_mb << 20,
-                max_processes=self.max_processes, network=self.network,
-            )  # fmt: skip
+                arguments["code"],
+                wall_time_s=self.wall_time_s,
+                memory_bytes=self.memory_mb << 20,
+                max_output_bytes=self.max_output_bytes,
+                max_file_bytes=self.max_file_mb << 20,
+                max_processes=self.max_processes,
+                network=self.network,
+            )
         return self.format(run)
 
     def format(self, run: PythonRun) -> str:
         """The text the model sees; a hit limit raises ``ToolError`` (with the output before it)."""
         if run.timed_out:
             tail = f" Output before the kill:\n{run.output}" if run.output else ""
-            raise ToolError(f"timed out after {self.wall_time_s:g}s (wall-time limit); the script was killed.{tail}", kind="timeout")
+            raise ToolError(
+                f"timed out after {self.wall_time_s:g}s (wall-time limit); the script was killed.{tail}",
+                kind="timeout",
+            )
         if run.output_truncated:
             raise ToolError(
                 f"output exceeded {self.max_output_bytes} bytes; the script was killed. "
@@ -836,7 +994,11 @@ class PythonTool(Tool):
             )
         lines = [run.output.rstrip("\n")] if run.output.rstrip("\n") else []
         if run.exit_code is not None and run.exit_code != 0:
-            lines.append(f"[exit code {run.exit_code}]" if run.exit_code > 0 else f"[killed by signal {-run.exit_code}]")
+            lines.append(
+                f"[exit code {run.exit_code}]"
+                if run.exit_code > 0
+                else f"[killed by signal {-run.exit_code}]"
+            )
         if run.memory_limit:
             lines.append(f"[killed: memory limit of {self.memory_mb} MB for all its processes]")
         if run.process_limit:
@@ -852,11 +1014,18 @@ def _warn_weaker(missing: Mapping[str, str]) -> None:
     lost = []
     if "namespaces" in missing:
         who = "root (everything on the node)" if os.geteuid() == 0 else "the node's user"
-        kept = "only the network and pid namespaces of `unshare`" if _machine().unshare else "no namespace at all"
+        kept = (
+            "only the network and pid namespaces of `unshare`"
+            if _machine().unshare
+            else "no namespace at all"
+        )
         lost.append(f"scripts run as {who}, see the node's files and processes, and have {kept}")
     if "cgroup" in missing:
-        lost.append("memory is limited per process only (a script that forks can use more), and processes only in a user namespace")
+        lost.append(
+            "memory is limited per process only (a script that forks can use more), and processes only in a user namespace"
+        )
     logger.warning(
         "python tool: running with a weaker sandbox (isolation=weaker): %s. Missing: %s",
-        "; ".join(lost), "; ".join(f"{layer} ({why})" for layer, why in missing.items()),
-    )  # fmt: skip
+        "; ".join(lost),
+        "; ".join(f"{layer} ({why})" for layer, why in missing.items()),
+    )

@@ -77,11 +77,15 @@ class ToolParser(abc.ABC):
         """Split one assistant turn (the decoded generation, special tokens kept). Never raises."""
 
     @abc.abstractmethod
-    def render_turn(self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None) -> str:
+    def render_turn(
+        self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None
+    ) -> str:
         """The text a model of this format generates for this turn (scripted engines, SFT data, tests)."""
 
     @abc.abstractmethod
-    def response_pieces(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    def response_pieces(
+        self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True
+    ) -> list[tuple[str, bool]]:
         """Tool replies in this format, for a tokenizer whose chat template does not know it: the
         text in pieces, ``(text, True)`` for what came from outside the model (a tool's output, a
         name the model chose), ``(text, False)`` for the format's markup. Tokenise the first kind
@@ -94,11 +98,15 @@ class ToolParser(abc.ABC):
 
     def render_responses(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> str:
         """``response_pieces`` as one text (for reading; tokenise the pieces, not this)."""
-        return "".join(text for text, _ in self.response_pieces(results, add_generation_prompt=add_generation_prompt))
+        return "".join(
+            text for text, _ in self.response_pieces(results, add_generation_prompt=add_generation_prompt)
+        )
 
     def format_responses(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
         """Tool replies as chat messages (role ``tool``) to append before ``apply_chat_template``."""
-        return [{"role": "tool", "name": r.name, "tool_call_id": r.call_id, "content": r.text} for r in results]
+        return [
+            {"role": "tool", "name": r.name, "tool_call_id": r.call_id, "content": r.text} for r in results
+        ]
 
 
 # -- registry --------------------------------------------------------------------------------
@@ -112,8 +120,13 @@ def register_parser(name: str) -> Callable[[P], P]:
 
     def decorate(cls: P) -> P:
         existing = _PARSERS.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"parser name '{name}' is taken by {existing.__module__}.{existing.__qualname__}")
+        if existing is not None and (existing.__module__, existing.__qualname__) != (
+            cls.__module__,
+            cls.__qualname__,
+        ):
+            raise ValueError(
+                f"parser name '{name}' is taken by {existing.__module__}.{existing.__qualname__}"
+            )
         cls.name = name
         _PARSERS[name] = cls
         _INSTANCES.pop(name, None)
@@ -198,7 +211,9 @@ def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str]:
         except (ValueError, RecursionError) as e:
             return None, f'"arguments" is a string but not JSON: {_json_error(e)}'
     if not isinstance(raw, dict):
-        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(raw), "a number")
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(raw), "a number"
+        )
         return None, f'"arguments" must be a JSON object, got {kind}'
     return raw, ""
 
@@ -248,7 +263,9 @@ class HermesParser(ToolParser):
                     close = text.find(_HERMES_CLOSE, tag.end())
                     pos = len(text) if close == -1 else close + len(_HERMES_CLOSE)
             elif kind == "</think>":
-                if not opened:  # the generation prompt opened <think>: all before is reasoning, calls included
+                if (
+                    not opened
+                ):  # the generation prompt opened <think>: all before is reasoning, calls included
                     turn.calls.clear()
                     turn.errors.clear()
                     turn.dropped = 0
@@ -271,7 +288,9 @@ class HermesParser(ToolParser):
         turn.content, turn.reasoning = "".join(content).strip(), _join(reasoning)
         return turn
 
-    def _read_call(self, text: str, start: int, turn: ParsedTurn, prefix: str, retry: bool) -> tuple[int, bool]:
+    def _read_call(
+        self, text: str, start: int, turn: ParsedTurn, prefix: str, retry: bool
+    ) -> tuple[int, bool]:
         """Read one call whose body starts at ``start``; record it or its error. Where to go on,
         and whether the retry is still unspent.
 
@@ -328,18 +347,29 @@ class HermesParser(ToolParser):
             return None, problem
         return ToolCall(name, arguments, call_id), ""
 
-    def render_turn(self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None) -> str:
+    def render_turn(
+        self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None
+    ) -> str:
         # The byte layout of rlasync's CHAT_TEMPLATE (rlasync.models.chat_template) for an assistant turn.
         think = "" if reasoning is None else f"<think>{reasoning}</think>"
-        rendered = (f'<tool_call>{{"name": {_dumps(c.name)}, "arguments": {_dumps(c.arguments)}}}</tool_call>' for c in calls)
+        rendered = (
+            f'<tool_call>{{"name": {_dumps(c.name)}, "arguments": {_dumps(c.arguments)}}}</tool_call>'
+            for c in calls
+        )
         return think + content + "".join(rendered)
 
-    def response_pieces(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    def response_pieces(
+        self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True
+    ) -> list[tuple[str, bool]]:
         # rlasync's CHAT_TEMPLATE: each tool message is a user turn. Other ChatML templates (Qwen's)
         # group them differently: for those, render format_responses with the tokenizer's template.
         pieces: list[tuple[str, bool]] = []
         for r in results:
-            pieces += [("<|im_start|>user\n<tool_response>", False), (r.text, True), ("</tool_response><|im_end|>\n", False)]
+            pieces += [
+                ("<|im_start|>user\n<tool_response>", False),
+                (r.text, True),
+                ("</tool_response><|im_end|>\n", False),
+            ]
         return pieces + ([("<|im_start|>assistant\n", False)] if add_generation_prompt else [])
 
 
@@ -358,7 +388,9 @@ _ENDS = re.compile(r"<\|(?:end|call|return)\|>")
 _MESSAGE, _CHANNEL, _CONSTRAIN = "<|message|>", "<|channel|>", "<|constrain|>"
 _RECIPIENT = re.compile(r"(?<!\S)to=(\S*)")
 _FIRST_WORD = re.compile(r"\s*(\S+)")
-_HARMONY_HINT = "call a function as <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"
+_HARMONY_HINT = (
+    "call a function as <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"
+)
 
 
 class _Header:
@@ -383,7 +415,11 @@ class _Header:
     def fields(self) -> tuple[str, str, str | None]:
         """(role, channel, recipient): the first word of each part, and the first ``to=`` word of any."""
         role_text, channel_text = "".join(self.role), "".join(self.channel)
-        to = self.to and (_RECIPIENT.search(role_text) or _RECIPIENT.search(channel_text) or _RECIPIENT.search("".join(self.constrain)))
+        to = self.to and (
+            _RECIPIENT.search(role_text)
+            or _RECIPIENT.search(channel_text)
+            or _RECIPIENT.search("".join(self.constrain))
+        )
         role = _FIRST_WORD.match(role_text) if role_text else None
         channel = _FIRST_WORD.match(channel_text) if channel_text else None
         return (
@@ -413,7 +449,9 @@ class HarmonyParser(ToolParser):
                 if end is not None:
                     self._message(header, text[body : end.start()], turn, content, reasoning, call_id_prefix)
                     header, body, pos, steps = _Header(explicit=False), -1, end.end(), steps + 1
-                    if steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN:  # read far enough
+                    if (
+                        steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN
+                    ):  # read far enough
                         break
                 elif token is None:  # cut off, or the engine dropped the stop token
                     self._message(header, text[body:], turn, content, reasoning, call_id_prefix)
@@ -431,7 +469,9 @@ class HarmonyParser(ToolParser):
                     content += ends[1:-1]  # text between two ends, outside any message: what the model said
                     header, steps = _Header(explicit=False), steps + len(ends) - 1
                     header.add(ends[-1])
-                    if steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN:  # read far enough
+                    if (
+                        steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN
+                    ):  # read far enough
                         break
             if token is None:
                 self._stray(header, turn, content)
@@ -445,7 +485,9 @@ class HarmonyParser(ToolParser):
                     header, body = _Header(explicit=True), -1
                 # <|channel|>, <|constrain|> or <|message|> inside a body: its text
             elif kind == "c":
-                header.part, name = (header.channel, _CHANNEL) if tag[3] == "h" else (header.constrain, _CONSTRAIN)
+                header.part, name = (
+                    (header.channel, _CHANNEL) if tag[3] == "h" else (header.constrain, _CONSTRAIN)
+                )
                 if len(tag) > len(name):  # a run: the text between its tokens goes to the part
                     header.add(tag.replace(name, ""))
             elif kind == "m":
@@ -455,7 +497,9 @@ class HarmonyParser(ToolParser):
             else:  # <|start|>: the header so far never got a body
                 self._stray(header, turn, content)
                 header = _Header(explicit=True)
-            if steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN:  # read far enough
+            if (
+                steps >= MAX_TAGS_PER_TURN or len(turn.calls) + len(turn.errors) >= MAX_CALLS_PER_TURN
+            ):  # read far enough
                 break
         # Read far enough: the rest (the header and any body being read, the text after) only counts.
         turn.dropped += header.to + text.count("to=", pos if body < 0 else body)
@@ -467,7 +511,13 @@ class HarmonyParser(ToolParser):
         return turn
 
     def _message(
-        self, header: _Header, body: str, turn: ParsedTurn, content: list[str], reasoning: list[str], prefix: str
+        self,
+        header: _Header,
+        body: str,
+        turn: ParsedTurn,
+        content: list[str],
+        reasoning: list[str],
+        prefix: str,
     ) -> None:
         role, channel, recipient = header.fields()
         if role != "assistant":
@@ -480,13 +530,17 @@ class HarmonyParser(ToolParser):
             turn.dropped += 1
             return
         if not recipient.startswith("functions.") or recipient == "functions.":
-            turn.errors.append(f"invalid tool call #{number}: '{_shown(recipient)}' is not a function tool; {_HARMONY_HINT}")
+            turn.errors.append(
+                f"invalid tool call #{number}: '{_shown(recipient)}' is not a function tool; {_HARMONY_HINT}"
+            )
             return
         name, raw = recipient[len("functions.") :], body.strip()
         try:
             decoded: Any = _decode_json(raw) if raw else {}
         except (ValueError, RecursionError) as e:
-            turn.errors.append(f"invalid tool call #{number} to {_shown(name)}: {_json_error(e)}; {_HARMONY_HINT}")
+            turn.errors.append(
+                f"invalid tool call #{number} to {_shown(name)}: {_json_error(e)}; {_HARMONY_HINT}"
+            )
             return
         arguments, problem = _arguments(decoded)
         if arguments is None:
@@ -509,9 +563,13 @@ class HarmonyParser(ToolParser):
         if number > MAX_CALLS_PER_TURN:
             turn.dropped += 1
         else:
-            turn.errors.append(f"invalid tool call #{number} to {_shown(recipient)}: no <|message|> body; {_HARMONY_HINT}")
+            turn.errors.append(
+                f"invalid tool call #{number} to {_shown(recipient)}: no <|message|> body; {_HARMONY_HINT}"
+            )
 
-    def render_turn(self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None) -> str:
+    def render_turn(
+        self, calls: Sequence[ToolCall], *, content: str = "", reasoning: str | None = None
+    ) -> str:
         messages = [] if reasoning is None else [f"<|channel|>analysis<|message|>{reasoning}<|end|>"]
         if calls:
             if content:  # a preamble before the calls
@@ -524,12 +582,17 @@ class HarmonyParser(ToolParser):
             messages.append(f"<|channel|>final<|message|>{content}<|return|>")
         return "<|start|>assistant".join(messages)  # the first message's header start is in the prompt
 
-    def response_pieces(self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    def response_pieces(
+        self, results: Sequence[ToolResult], *, add_generation_prompt: bool = True
+    ) -> list[tuple[str, bool]]:
         # A reply to a malformed call has no name: "functions.unknown" keeps the header well-formed.
         pieces: list[tuple[str, bool]] = []
         for r in results:
             pieces += [
-                ("<|start|>functions.", False), (r.name or "unknown", True),
-                (" to=assistant<|channel|>commentary<|message|>", False), (r.text, True), ("<|end|>", False),
-            ]  # fmt: skip
+                ("<|start|>functions.", False),
+                (r.name or "unknown", True),
+                (" to=assistant<|channel|>commentary<|message|>", False),
+                (r.text, True),
+                ("<|end|>", False),
+            ]
         return pieces + ([("<|start|>assistant", False)] if add_generation_prompt else [])

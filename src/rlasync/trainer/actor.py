@@ -29,8 +29,9 @@ import datetime
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..config.train import TrainerConfig
 from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError
@@ -60,22 +61,40 @@ class TrainerActor:
     trainer rank; default: all on ``node``). ``node``: this process's node of the cluster (the
     head); None starts a private one-node cluster for the ranks."""
 
-    def __init__(self, config: TrainerConfig | None = None, *, node: Node | None = None, hosts: Sequence[int | str] | None = None,
-                 devices: Sequence[int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TrainerConfig | None = None,
+        *,
+        node: Node | None = None,
+        hosts: Sequence[int | str] | None = None,
+        devices: Sequence[int] | None = None,
+    ) -> None:
         self.config = config or TrainerConfig()
         self.world_size = self.config.world_size
-        placed = list(hosts) if hosts is not None else [node.node_id if node is not None else "node-0"] * self.world_size
+        placed = (
+            list(hosts)
+            if hosts is not None
+            else [node.node_id if node is not None else "node-0"] * self.world_size
+        )
         if len(placed) != self.world_size:
-            raise ValueError(f"trainer.world_size={self.world_size} ranks need as many hosts, got {len(placed)} ({placed})")
+            raise ValueError(
+                f"trainer.world_size={self.world_size} ranks need as many hosts, got {len(placed)} ({placed})"
+            )
         self.hosts = [f"node-{h}" if isinstance(h, int) else h for h in placed]
         # A rank's GPU on its machine: by default its index among the ranks its node hosts.
-        self.devices = list(devices) if devices is not None else [self.hosts[:r].count(h) for r, h in enumerate(self.hosts)]
+        self.devices = (
+            list(devices)
+            if devices is not None
+            else [self.hosts[:r].count(h) for r, h in enumerate(self.hosts)]
+        )
         self._node = node
         self._own: LocalCluster | None = None
         self._store: Any = None  # the rendezvous TCP store, when hosted here
         self.ranks: list[ActorRef] = []
         self.processes: list[str] = []  # node ids of the ranks' processes
-        self._shared_files: list[str] = []  # rank 0's shared-memory weights: removed here too, should it be killed
+        self._shared_files: list[
+            str
+        ] = []  # rank 0's shared-memory weights: removed here too, should it be killed
         self._closed = False
         self._broken = ""
         self.info: dict[str, Any] = {}
@@ -110,20 +129,47 @@ class TrainerActor:
         tag = group.rsplit("/", 1)[-1][:6]
         try:
             async with asyncio.timeout(cfg.start_timeout_s):
-                children = await asyncio.gather(*[node.start_child(preload=("rlasync.trainer.rank",), on=h) for h in self.hosts])
+                children = await asyncio.gather(
+                    *[node.start_child(preload=("rlasync.trainer.rank",), on=h) for h in self.hosts]
+                )
                 self.processes = [child.node_id for child in children]
                 specs = [
-                    RankSpec(rank=r, world_size=self.world_size, store_host=host, store_port=port, group=group, device_index=self.devices[r], config=cfg)
+                    RankSpec(
+                        rank=r,
+                        world_size=self.world_size,
+                        store_host=host,
+                        store_port=port,
+                        group=group,
+                        device_index=self.devices[r],
+                        config=cfg,
+                    )
                     for r in range(self.world_size)
-                ]  # fmt: skip
-                self.ranks = list(await asyncio.gather(*[
-                    node.spawn(TrainerRank, spec, node=child.node_id, name=f"trainer-{tag}-rank{spec.rank}") for spec, child in zip(specs, children)
-                ]))  # fmt: skip
+                ]
+                self.ranks = list(
+                    await asyncio.gather(
+                        *[
+                            node.spawn(
+                                TrainerRank, spec, node=child.node_id, name=f"trainer-{tag}-rank{spec.rank}"
+                            )
+                            for spec, child in zip(specs, children)
+                        ]
+                    )
+                )
         except TimeoutError:
-            raise CallTimeout(f"the trainer's {self.world_size} rank processes did not start within trainer.start_timeout_s={cfg.start_timeout_s:g}s") from None
-        hellos = await self._call_all("join", [[]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
-        emit("trainer", ranks=self.world_size, backend=hellos[0]["backend"], nodes=self.processes)  # the group did its first collective
-        self.info = {"backend": hellos[0]["backend"], "pids": [h["pid"] for h in hellos], "nodes": self.processes}
+            raise CallTimeout(
+                f"the trainer's {self.world_size} rank processes did not start within trainer.start_timeout_s={cfg.start_timeout_s:g}s"
+            ) from None
+        hellos = await self._call_all(
+            "join", [[]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s"
+        )
+        emit(
+            "trainer", ranks=self.world_size, backend=hellos[0]["backend"], nodes=self.processes
+        )  # the group did its first collective
+        self.info = {
+            "backend": hellos[0]["backend"],
+            "pids": [h["pid"] for h in hellos],
+            "nodes": self.processes,
+        }
 
     async def load_model(self, model_dir: str | os.PathLike[str], *, total_steps: int = 1) -> None:
         """Load ``model_dir`` on every rank of the formed group, with an optimiser (and schedule)
@@ -131,9 +177,21 @@ class TrainerActor:
         if not self.info:
             raise RuntimeError("form() the trainer's group before loading a model")
         cfg = self.config
-        loaded = await self._call_all("load", [[str(model_dir), total_steps]] * self.world_size, timeout=cfg.start_timeout_s, setting="trainer.start_timeout_s")
+        loaded = await self._call_all(
+            "load",
+            [[str(model_dir), total_steps]] * self.world_size,
+            timeout=cfg.start_timeout_s,
+            setting="trainer.start_timeout_s",
+        )
         self.info.update(loaded[0])
-        log.info("trainer: %d rank(s) on %s (%s, %s), %d parameters", self.world_size, ", ".join(self.processes), self.info["device"], self.info["backend"], self.info["parameters"])
+        log.info(
+            "trainer: %d rank(s) on %s (%s, %s), %d parameters",
+            self.world_size,
+            ", ".join(self.processes),
+            self.info["device"],
+            self.info["backend"],
+            self.info["parameters"],
+        )
 
     def _rendezvous(self, node: Node) -> tuple[str, int]:
         """Where the ranks meet: ``MASTER_ADDR:MASTER_PORT`` when set (torchrun's agent hosts the
@@ -159,7 +217,9 @@ class TrainerActor:
         self._closed = True
         node = self._node
         if self.ranks:
-            await asyncio.gather(*[ref.shutdown.options(timeout=15.0)() for ref in self.ranks], return_exceptions=True)
+            await asyncio.gather(
+                *[ref.shutdown.options(timeout=15.0)() for ref in self.ranks], return_exceptions=True
+            )
         if node is not None and self.processes:
             await node.stop_nodes(self.processes)
         if self._own is not None:
@@ -173,23 +233,39 @@ class TrainerActor:
         """One optimiser step on ``batch``, split over the ranks. Metrics are reduced over the
         ranks once (token-weighted; ``*_min``/``*_max`` by min/max)."""
         if self.config.strategy == "fsdp2" and batch.size < self.world_size:
-            raise ValueError(f"trainer.strategy=fsdp2 needs a row per rank: a batch of {batch.size} for {self.world_size} ranks")
+            raise ValueError(
+                f"trainer.strategy=fsdp2 needs a row per rank: a batch of {batch.size} for {self.world_size} ranks"
+            )
         denominator = batch.loss_denominator(self.config.loss_agg)
         shards = shard_rows(batch.size, self.world_size)
-        args = [[batch.rows(rows).tensors(), temperature, denominator, self._micro_batches(batch, shards)] for rows in shards]
+        args = [
+            [batch.rows(rows).tensors(), temperature, denominator, self._micro_batches(batch, shards)]
+            for rows in shards
+        ]
         replies = await self._call_all("step", args)
-        merged = reduce_metrics([(r["tokens"], {k: v for k, v in r.items() if k not in ("tokens", "grad_norm", "lr")}) for r in replies])
-        merged.update(tokens=sum(r["tokens"] for r in replies), grad_norm=replies[0]["grad_norm"], lr=replies[0]["lr"])
+        merged = reduce_metrics(
+            [
+                (r["tokens"], {k: v for k, v in r.items() if k not in ("tokens", "grad_norm", "lr")})
+                for r in replies
+            ]
+        )
+        merged.update(
+            tokens=sum(r["tokens"] for r in replies), grad_norm=replies[0]["grad_norm"], lr=replies[0]["lr"]
+        )
         return merged
 
-    async def compute_logprobs(self, batch: TrainBatch, *, temperature: float = 1.0, reference: bool = False) -> Any:
+    async def compute_logprobs(
+        self, batch: TrainBatch, *, temperature: float = 1.0, reference: bool = False
+    ) -> Any:
         """``[B, R]`` logprobs of ``batch``'s responses under the current parameters, or under
         the frozen reference policy (``reference``; needs ``trainer.kl_coef > 0``)."""
         import torch
 
         shards = shard_rows(batch.size, self.world_size)
         count = self._micro_batches(batch, shards)
-        parts = await self._call_all("logprobs", [[batch.rows(rows).tensors(), temperature, count, reference] for rows in shards])
+        parts = await self._call_all(
+            "logprobs", [[batch.rows(rows).tensors(), temperature, count, reference] for rows in shards]
+        )
         return torch.cat(parts)
 
     async def weights(self) -> dict[str, Any]:
@@ -217,8 +293,21 @@ class TrainerActor:
         address = (await self._call_ranks({0: [host]}, "weight_store"))[0]
         return str(address[0]), int(address[1])
 
-    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
-        await self._call_ranks({0: [host, port, size, timeout_s, generation, plan, backend]}, "join_weights", timeout=timeout_s + 5.0)
+    async def join_weights(
+        self,
+        host: str,
+        port: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        plan: bytes,
+        backend: str = "",
+    ) -> None:
+        await self._call_ranks(
+            {0: [host, port, size, timeout_s, generation, plan, backend]},
+            "join_weights",
+            timeout=timeout_s + 5.0,
+        )
 
     async def send_weights(self, version: int) -> float:
         return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])
@@ -226,7 +315,9 @@ class TrainerActor:
     def _micro_batches(self, batch: TrainBatch, shards: list[slice]) -> int:
         """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
         cfg = self.config
-        return max(len(micro_plan(batch.rows(s), cfg.micro_batch_size, cfg.micro_batch_tokens)) for s in shards)
+        return max(
+            len(micro_plan(batch.rows(s), cfg.micro_batch_size, cfg.micro_batch_tokens)) for s in shards
+        )
 
     async def save(self, folder: str | os.PathLike[str], *, background: bool = False) -> None:
         """Write the model (Hugging Face folder, safetensors), optimiser, scheduler and every
@@ -246,19 +337,40 @@ class TrainerActor:
         return int(steps[0])
 
     # -- plumbing -------------------------------------------------------------------------
-    async def _call_all(self, method: str, per_rank: list[list[Any]], *, timeout: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
+    async def _call_all(
+        self,
+        method: str,
+        per_rank: list[list[Any]],
+        *,
+        timeout: float | None = None,
+        setting: str = "trainer.call_timeout_s",
+    ) -> list[Any]:
         return await self._call_ranks(dict(enumerate(per_rank)), method, timeout=timeout, setting=setting)
 
-    async def _call_ranks(self, per_rank: dict[int, list[Any]], method: str, *, timeout: float | None = None, setting: str = "trainer.call_timeout_s") -> list[Any]:
+    async def _call_ranks(
+        self,
+        per_rank: dict[int, list[Any]],
+        method: str,
+        *,
+        timeout: float | None = None,
+        setting: str = "trainer.call_timeout_s",
+    ) -> list[Any]:
         """``method`` on the given ranks, concurrently: their answers in rank order, unless a rank
         is lost, its group broke, a rank fails while others stay in a collective, or the deadline
         (``timeout``, default ``trainer.call_timeout_s``) passes first."""
         if self._closed or not self.ranks:
-            raise RuntimeError("the trainer is not running: call start() first" if not self._closed else "the trainer is closed")
+            raise RuntimeError(
+                "the trainer is not running: call start() first"
+                if not self._closed
+                else "the trainer is closed"
+            )
         if self._broken:
             raise RankLostError(f"the trainer is unusable ({self._broken}): restart it from a checkpoint")
         deadline = timeout or self.config.call_timeout_s
-        calls = {r: asyncio.ensure_future(getattr(self.ranks[r], method).options(timeout=deadline)(*args)) for r, args in per_rank.items()}
+        calls = {
+            r: asyncio.ensure_future(getattr(self.ranks[r], method).options(timeout=deadline)(*args))
+            for r, args in per_rank.items()
+        }
         first_error: tuple[int, BaseException] | None = None
         loop = asyncio.get_running_loop()
         failed_at = 0.0
@@ -273,7 +385,9 @@ class TrainerActor:
                         self._broken = f"trainer rank {r} ({self.processes[r]}) was lost during {method}"
                         raise RankLostError(f"{self._broken}: {error}") from error
                     if isinstance(error, CallTimeout):
-                        raise CallTimeout(f"trainer {method}: rank {r} gave no answer within {deadline:g}s; raise {setting} if the work is just slow") from None
+                        raise CallTimeout(
+                            f"trainer {method}: rank {r} gave no answer within {deadline:g}s; raise {setting} if the work is just slow"
+                        ) from None
                     if first_error is None:
                         first_error, failed_at = (r, error), loop.time()
                 pending = [c for c in calls.values() if not c.done()]
@@ -298,7 +412,11 @@ def _lost(error: BaseException) -> bool:
     """The rank's process is gone, or its group can no longer be used."""
     if isinstance(error, (NodeLostError, ActorNotFound)):
         return True
-    return isinstance(error, ActorError) and error.remote_type.rsplit(".", 1)[-1] in ("GroupBroken", "DistBackendError", "DistNetworkError")
+    return isinstance(error, ActorError) and error.remote_type.rsplit(".", 1)[-1] in (
+        "GroupBroken",
+        "DistBackendError",
+        "DistNetworkError",
+    )
 
 
 __all__ = ["RankLostError", "TrainerActor"]

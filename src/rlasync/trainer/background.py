@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

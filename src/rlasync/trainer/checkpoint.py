@@ -27,8 +27,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Awaitable
+from typing import Any
 
 from .actor import TrainerActor
 from .background import in_background
@@ -38,7 +39,13 @@ log = logging.getLogger(__name__)
 STATE = "state.json"
 MANIFEST = "manifest.json"
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors.index.json"}
-WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".gguf"}  # the source's weights (shards too): never copied
+WEIGHT_SUFFIXES = {
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+}  # the source's weights (shards too): never copied
 
 
 class CheckpointError(ValueError):
@@ -52,9 +59,15 @@ class Checkpoints:
         self._sealing: asyncio.Future[Path] | None = None  # a save finishing in the background
 
     async def save(
-        self, step: int, trainer: TrainerActor, state: dict[str, Any], *, model_source: str | Path,
-        files: dict[str, bytes | Awaitable[bytes]] | None = None, background: bool = False,
-    ) -> Path:  # fmt: skip
+        self,
+        step: int,
+        trainer: TrainerActor,
+        state: dict[str, Any],
+        *,
+        model_source: str | Path,
+        files: dict[str, bytes | Awaitable[bytes]] | None = None,
+        background: bool = False,
+    ) -> Path:
         """Save the trainer and ``state`` as checkpoint ``step``; ``model_source`` (the folder
         the model was loaded from) provides the tokenizer files; ``files``: more of the
         schedule's own (name -> contents, or an awaitable of them: a snapshot finishing in the
@@ -67,7 +80,11 @@ class Checkpoints:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         await trainer.save(partial, background=True)  # the ranks took their state: training may go on
-        self._sealing = asyncio.ensure_future(self._finish(trainer, partial, final, step, {**state, "step": step}, dict(files or {}), Path(model_source)))
+        self._sealing = asyncio.ensure_future(
+            self._finish(
+                trainer, partial, final, step, {**state, "step": step}, dict(files or {}), Path(model_source)
+            )
+        )
         if not background:
             await self.wait()
         return final
@@ -79,7 +96,14 @@ class Checkpoints:
             await sealing
 
     async def _finish(
-        self, trainer: TrainerActor, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, Any], source: Path
+        self,
+        trainer: TrainerActor,
+        partial: Path,
+        final: Path,
+        step: int,
+        state: dict[str, Any],
+        files: dict[str, Any],
+        source: Path,
     ) -> Path:
         contents = {name: await data if inspect.isawaitable(data) else data for name, data in files.items()}
         await trainer.saved()
@@ -87,7 +111,15 @@ class Checkpoints:
         await in_background(self._write_and_seal, partial, final, step, state, contents, source)
         return final
 
-    def _write_and_seal(self, partial: Path, final: Path, step: int, state: dict[str, Any], files: dict[str, bytes], source: Path) -> None:
+    def _write_and_seal(
+        self,
+        partial: Path,
+        final: Path,
+        step: int,
+        state: dict[str, Any],
+        files: dict[str, bytes],
+        source: Path,
+    ) -> None:
         for item in source.iterdir():  # the tokenizer: the model folder is then complete
             if item.is_file() and item.name not in MODEL_FILES and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, partial / "model" / item.name)
@@ -99,7 +131,9 @@ class Checkpoints:
     def _seal(self, partial: Path, final: Path, step: int) -> None:
         """The manifest, every file and folder on disk, then the rename into place."""
         files = sorted(p for p in partial.rglob("*") if p.is_file())
-        manifest = {str(p.relative_to(partial)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+        manifest = {
+            str(p.relative_to(partial)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files
+        }
         (partial / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
         for path in [*files, partial / MANIFEST]:
             _fsync(path)
@@ -116,7 +150,11 @@ class Checkpoints:
         oldest first; ``latest`` also checks their files."""
         if not self.folder.is_dir():
             return []
-        return sorted(p for p in self.folder.glob("step_*") if p.suffix != ".partial" and ((p / MANIFEST).is_file() or (p / STATE).is_file()))
+        return sorted(
+            p
+            for p in self.folder.glob("step_*")
+            if p.suffix != ".partial" and ((p / MANIFEST).is_file() or (p / STATE).is_file())
+        )
 
     def latest(self) -> Path:
         """The newest checkpoint whose files match its manifest; torn or corrupt ones are skipped,
@@ -126,10 +164,18 @@ class Checkpoints:
             problem = verify(folder)
             if not problem:
                 return folder
-            log.warning("checkpoint %s is torn or corrupt (%s): skipped, resuming from an older one if any", folder, problem)
+            log.warning(
+                "checkpoint %s is torn or corrupt (%s): skipped, resuming from an older one if any",
+                folder,
+                problem,
+            )
         if found:
-            raise CheckpointError(f"every checkpoint in {self.folder} is torn or corrupt (see the warnings): nothing to resume from")
-        raise CheckpointError(f"no complete checkpoint in {self.folder}: nothing to resume (set train.checkpoint_every, or drop --resume)")
+            raise CheckpointError(
+                f"every checkpoint in {self.folder} is torn or corrupt (see the warnings): nothing to resume from"
+            )
+        raise CheckpointError(
+            f"no complete checkpoint in {self.folder}: nothing to resume (set train.checkpoint_every, or drop --resume)"
+        )
 
 
 def verify(folder: str | Path) -> str:

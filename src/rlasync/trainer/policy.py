@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,10 @@ class PolicyTrainer:
         if self.sharded:
             _fully_shard(model, self.device)
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            weight_decay=cfg.weight_decay,
         )
         warmup, total = cfg.warmup_steps, max(total_steps, 1)
 
@@ -68,9 +72,12 @@ class PolicyTrainer:
             # Only the positions that predict a response token go through the LM head (and its
             # backward): the prompt's would be computed and thrown away.
             out = model(
-                input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids,
-                use_cache=False, logits_to_keep=response_len + 1,
-            )  # fmt: skip
+                input_ids=part.input_ids,
+                attention_mask=part.attention_mask,
+                position_ids=part.position_ids,
+                use_cache=False,
+                logits_to_keep=response_len + 1,
+            )
         logits = out.logits[:, :-1].float()
         return logits / temperature if temperature > 0 else logits
 
@@ -78,7 +85,9 @@ class PolicyTrainer:
     def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
-    def logprobs(self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None) -> torch.Tensor:
+    def logprobs(
+        self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None
+    ) -> torch.Tensor:
         """``[B, R]`` logprobs of the response tokens under the current policy (with grad)."""
         part = batch.rows(rows or slice(None)).to(self.device)
         return self._pick(self._logits(self.model, part, temperature), part.responses)
@@ -101,10 +110,14 @@ class PolicyTrainer:
         gathers parameters collectively): a rank with fewer repeats its last micro-batch as a
         zero-weight filler up to ``count``."""
         cfg = self.config
-        plan: list[tuple[Any, bool]] = [(rows, True) for rows in micro_plan(batch, cfg.micro_batch_size, cfg.micro_batch_tokens)]
+        plan: list[tuple[Any, bool]] = [
+            (rows, True) for rows in micro_plan(batch, cfg.micro_batch_size, cfg.micro_batch_tokens)
+        ]
         if self.sharded and count is not None and len(plan) < count:
             if not plan:
-                raise ValueError("with trainer.strategy=fsdp2 every rank needs at least one row: give a batch of at least trainer.world_size sequences")
+                raise ValueError(
+                    "with trainer.strategy=fsdp2 every rank needs at least one row: give a batch of at least trainer.world_size sequences"
+                )
             plan += [(plan[-1][0], False)] * (count - len(plan))
         return plan
 
@@ -113,17 +126,28 @@ class PolicyTrainer:
         return (part.trim() if self.config.micro_batch_tokens else part).to(self.device)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0, *, micro_batches: int | None = None) -> torch.Tensor:
+    def compute_logprobs(
+        self, batch: TrainBatch, temperature: float = 1.0, *, micro_batches: int | None = None
+    ) -> torch.Tensor:
         """``[B, R]`` logprobs without grad, in micro-batches (old/proximal logprobs)."""
         out = torch.zeros(batch.logprobs.shape, dtype=torch.float32)
         for rows, real in self._plan(batch, micro_batches):
             part = self._part(batch, rows)
-            logprobs = self._pick(self._logits(self.model, part, temperature), part.responses)  # fillers too: the forward is collective
+            logprobs = self._pick(
+                self._logits(self.model, part, temperature), part.responses
+            )  # fillers too: the forward is collective
             if real:
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return out
 
-    def step(self, batch: TrainBatch, *, temperature: float = 1.0, denominator: float | None = None, micro_batches: int | None = None) -> dict[str, float]:
+    def step(
+        self,
+        batch: TrainBatch,
+        *,
+        temperature: float = 1.0,
+        denominator: float | None = None,
+        micro_batches: int | None = None,
+    ) -> dict[str, float]:
         """One optimiser step on ``batch`` (gradients accumulated over micro-batches, summed
         over ranks). ``denominator``: the whole batch's (all ranks'), see
         ``TrainBatch.loss_denominator``; omitted, this batch is the whole batch.
@@ -141,10 +165,17 @@ class PolicyTrainer:
             new = self._pick(logits, part.responses)
             part_mask = part.response_mask.float()
             loss, metrics = policy_loss(
-                new, part.logprobs, part.advantages, part_mask,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
-                proximal_logprobs=part.proximal_logprobs, is_weights=part.is_weights,
-            )  # fmt: skip
+                new,
+                part.logprobs,
+                part.advantages,
+                part_mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                dual_clip_c=cfg.dual_clip_c,
+                agg=cfg.loss_agg,
+                proximal_logprobs=part.proximal_logprobs,
+                is_weights=part.is_weights,
+            )
             if self.reference is not None:  # KL(pi || pi_ref) penalty, estimated per token
                 with torch.no_grad():
                     ref = self._pick(self._logits(self.reference, part, temperature), part.responses)
@@ -152,10 +183,14 @@ class PolicyTrainer:
                 loss = loss + cfg.kl_coef * aggregate(kl, part_mask, cfg.loss_agg)
                 metrics["kl_ref"] = float((kl.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
             if cfg.entropy_coef or cfg.log_entropy:
-                entropy = entropy_from_logits(logits) if cfg.entropy_coef else entropy_from_logits(logits.detach())
+                entropy = (
+                    entropy_from_logits(logits) if cfg.entropy_coef else entropy_from_logits(logits.detach())
+                )
                 if cfg.entropy_coef:  # a bonus: higher entropy lowers the loss
                     loss = loss - cfg.entropy_coef * aggregate(entropy, part_mask, cfg.loss_agg)
-                metrics["entropy"] = float((entropy.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
+                metrics["entropy"] = float(
+                    (entropy.detach() * part_mask).sum() / part_mask.sum().clamp(min=1)
+                )
             local = part_mask.sum() if cfg.loss_agg == "token-mean" else (part_mask.sum(-1) > 0).sum()
             share = float(local) / denominator if real else 0.0  # a filler adds nothing
             (loss * share).backward()  # the micro-batch's share of the batch loss
@@ -170,7 +205,11 @@ class PolicyTrainer:
         self.scheduler.step()
         self.steps += 1
         totals = reduce_metrics(parts) if parts else {}
-        totals.update(tokens=float(batch.response_mask.sum()), grad_norm=float(grad_norm), lr=float(self.scheduler.get_last_lr()[0]))
+        totals.update(
+            tokens=float(batch.response_mask.sum()),
+            grad_norm=float(grad_norm),
+            lr=float(self.scheduler.get_last_lr()[0]),
+        )
         return totals
 
     def _all_reduce_gradients(self) -> None:
@@ -183,7 +222,11 @@ class PolicyTrainer:
             offset = 0
             for p, g in zip(bucket, grads):
                 n = g.numel()
-                p.grad = flat[offset : offset + n].view_as(p).clone() if p.grad is None else p.grad.copy_(flat[offset : offset + n].view_as(p))
+                p.grad = (
+                    flat[offset : offset + n].view_as(p).clone()
+                    if p.grad is None
+                    else p.grad.copy_(flat[offset : offset + n].view_as(p))
+                )
                 offset += n
 
     def weights(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
@@ -195,7 +238,9 @@ class PolicyTrainer:
                 return {name: p.detach() for name, p in self.model.named_parameters()}
             return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
         sd = _state_dict()
-        full: dict[str, Any] = sd.get_model_state_dict(self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full: dict[str, Any] = sd.get_model_state_dict(
+            self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         return {name: full[name] for name, _ in self.model.named_parameters() if name in full}
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -221,7 +266,12 @@ class PolicyTrainer:
         if not keep:
             return None
         live = {t.data_ptr() for t in self.model.parameters()} | {t.data_ptr() for t in self.model.buffers()}
-        live |= {t.data_ptr() for group in self.optimizer.state.values() for t in group.values() if isinstance(t, torch.Tensor)}
+        live |= {
+            t.data_ptr()
+            for group in self.optimizer.state.values()
+            for t in group.values()
+            if isinstance(t, torch.Tensor)
+        }
 
         def owned(value: Any) -> Any:  # a tensor still shared with the model or the optimizer is copied
             if isinstance(value, torch.Tensor):
@@ -232,39 +282,72 @@ class PolicyTrainer:
                 return type(value)(owned(v) for v in value)
             return value
 
-        return {"model": owned(model_state), "optimizer": owned(optimizer_state), "scheduler": self.scheduler.state_dict(), "steps": self.steps}
+        return {
+            "model": owned(model_state),
+            "optimizer": owned(optimizer_state),
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+        }
 
     def _whole_state(self) -> dict[str, Any]:
         """``state_to_save`` of an unsharded model, in the layout ``torch.distributed.checkpoint``
         gives a whole one (optimizer state and groups by parameter name), as copies."""
         name = {id(p): n for n, p in self.model.named_parameters()}
-        order = [name[id(p)] for group in self.optimizer.param_groups for p in group["params"]]  # the optimizer's own indices
+        order = [
+            name[id(p)] for group in self.optimizer.param_groups for p in group["params"]
+        ]  # the optimizer's own indices
         saved = self.optimizer.state_dict()
         optimizer = {
-            "state": {order[i]: {k: v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in state.items()} for i, state in saved["state"].items()},
-            "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]],
-        }  # fmt: skip
+            "state": {
+                order[i]: {
+                    k: v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in state.items()
+                }
+                for i, state in saved["state"].items()
+            },
+            "param_groups": [
+                {**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]
+            ],
+        }
         model = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        return {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "steps": self.steps}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+        }
 
     def write_saved(self, folder: str | Path, state: dict[str, Any]) -> None:
         """Write a ``state_to_save`` into ``folder`` (blocking: any thread)."""
         folder = Path(folder)
         self.model.save_pretrained(folder / "model", state_dict=state["model"], safe_serialization=True)
-        torch.save({"optimizer": state["optimizer"], "scheduler": state["scheduler"], "steps": state["steps"]}, folder / "optimizer.pt")
+        torch.save(
+            {"optimizer": state["optimizer"], "scheduler": state["scheduler"], "steps": state["steps"]},
+            folder / "optimizer.pt",
+        )
 
     def load(self, folder: str | Path) -> None:
         """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""
         folder = Path(folder)
         state = read_safetensors(folder / "model")
-        unexpected = sorted(set(state) - {name for name, _ in self.model.named_parameters()} - set(self.model.state_dict()))
+        unexpected = sorted(
+            set(state) - {name for name, _ in self.model.named_parameters()} - set(self.model.state_dict())
+        )
         missing = [name for name, _ in self.model.named_parameters() if name not in state]
         if missing or unexpected:
-            raise ValueError(f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}")
+            raise ValueError(
+                f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}"
+            )
         sd = _state_dict()
-        sd.set_model_state_dict(self.model, state, options=sd.StateDictOptions(full_state_dict=True, strict=False))
+        sd.set_model_state_dict(
+            self.model, state, options=sd.StateDictOptions(full_state_dict=True, strict=False)
+        )
         saved = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-        sd.set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved["optimizer"], options=sd.StateDictOptions(full_state_dict=True))
+        sd.set_optimizer_state_dict(
+            self.model,
+            self.optimizer,
+            optim_state_dict=saved["optimizer"],
+            options=sd.StateDictOptions(full_state_dict=True),
+        )
         self.scheduler.load_state_dict(saved["scheduler"])
         self.steps = int(saved["steps"])
 

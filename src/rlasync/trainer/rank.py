@@ -30,8 +30,9 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import torch
@@ -125,7 +126,9 @@ class TrainerRank(Actor):
         self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
         self.broken = ""
         self._closed = False
-        self._writing: asyncio.Future[None] | None = None  # a checkpoint being written (``save(background=True)``)
+        self._writing: asyncio.Future[None] | None = (
+            None  # a checkpoint being written (``save(background=True)``)
+        )
 
     async def on_start(self) -> None:
         self._thread = _Thread(f"trainer-rank{self.rank}")
@@ -162,9 +165,14 @@ class TrainerRank(Actor):
             wanted = set(cfg.cpu_affinity)
             usable = wanted & set(range(os.cpu_count() or 1))  # the machine's cores, not the ones inherited
             if usable:
-                os.sched_setaffinity(0, usable)  # this thread (Linux): the rank's compute, and threads it starts
+                os.sched_setaffinity(
+                    0, usable
+                )  # this thread (Linux): the rank's compute, and threads it starts
             else:
-                log.warning("trainer.cpu_affinity=%s: none of these cores is available here; running on any", sorted(wanted))
+                log.warning(
+                    "trainer.cpu_affinity=%s: none of these cores is available here; running on any",
+                    sorted(wanted),
+                )
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = pick_device(cfg.device, self.spec.device_index)
@@ -172,7 +180,9 @@ class TrainerRank(Actor):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if dist.is_initialized():
-            raise RuntimeError("this process already has a torch.distributed group: a trainer rank needs a process of its own")
+            raise RuntimeError(
+                "this process already has a torch.distributed group: a trainer rank needs a process of its own"
+            )
         if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
             # Gloo listens where the hostname resolves unless told: pin it to the interface of the
             # address this node gave the cluster, which the other ranks reach.
@@ -180,12 +190,18 @@ class TrainerRank(Actor):
             if interface is not None:
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
         store = dist.TCPStore(
-            self.spec.store_host, self.spec.store_port, is_master=False, timeout=datetime.timedelta(seconds=cfg.start_timeout_s)
-        )  # fmt: skip
+            self.spec.store_host,
+            self.spec.store_port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=cfg.start_timeout_s),
+        )
         dist.init_process_group(
-            backend, store=dist.PrefixStore(self.spec.group, store), rank=self.rank, world_size=self.world_size,
+            backend,
+            store=dist.PrefixStore(self.spec.group, store),
+            rank=self.rank,
+            world_size=self.world_size,
             timeout=datetime.timedelta(seconds=cfg.call_timeout_s),
-        )  # fmt: skip
+        )
         # A first collective: a group that cannot talk (a firewall, a wrong interface) fails now,
         # within trainer.start_timeout_s, not at the first step.
         dist.all_reduce(torch.zeros(1, device=self.device))
@@ -219,12 +235,15 @@ class TrainerRank(Actor):
             # Inside a collective whose peer is gone: it ends only at its deadline. This process
             # is the rank's alone, so it exits without it, and without running the C++
             # destructors that would abort on the still-running collective.
-            log.warning("trainer rank %d stops while its thread is inside a collective; the process exits without waiting for it", self.rank)
+            log.warning(
+                "trainer rank %d stops while its thread is inside a collective; the process exits without waiting for it",
+                self.rank,
+            )
             atexit.register(_exit_now)
         elif dist.is_initialized():
             try:
                 await asyncio.wait_for(self._thread.submit(dist.destroy_process_group), 10.0)
-            except (Exception, asyncio.TimeoutError) as exc:  # leaving is best effort: the process ends next
+            except (TimeoutError, Exception) as exc:  # leaving is best effort: the process ends next
                 log.warning("trainer rank %d: leaving its group failed: %s", self.rank, exc)
         self._thread.stop()
 
@@ -234,24 +253,38 @@ class TrainerRank(Actor):
 
     # -- training -----------------------------------------------------------------------------
     @endpoint
-    async def step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
+    async def step(
+        self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int
+    ) -> dict[str, float]:
         return dict(await self._run(self._step, batch, temperature, denominator, micro_batches))
 
-    def _step(self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int) -> dict[str, float]:
+    def _step(
+        self, batch: dict[str, Any], temperature: float, denominator: float, micro_batches: int
+    ) -> dict[str, float]:
         rows = TrainBatch.from_tensors(batch)
         if self.shared is not None:
             self.shared.invalidate()  # the parameters in shared memory change now: no engine may copy them
         started = time.perf_counter()
-        metrics = self._trainer().step(rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches)
+        metrics = self._trainer().step(
+            rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches
+        )
         return {**metrics, "compute_s_max": time.perf_counter() - started}  # the slowest rank's, once reduced
 
     @endpoint
-    async def logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False) -> Any:
+    async def logprobs(
+        self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool = False
+    ) -> Any:
         return await self._run(self._logprobs, batch, temperature, micro_batches, reference)
 
-    def _logprobs(self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool) -> Any:
+    def _logprobs(
+        self, batch: dict[str, Any], temperature: float, micro_batches: int, reference: bool
+    ) -> Any:
         trainer, rows = self._trainer(), TrainBatch.from_tensors(batch)
-        return trainer.reference_logprobs(rows, temperature) if reference else trainer.compute_logprobs(rows, temperature, micro_batches=micro_batches)
+        return (
+            trainer.reference_logprobs(rows, temperature)
+            if reference
+            else trainer.compute_logprobs(rows, temperature, micro_batches=micro_batches)
+        )
 
     @endpoint
     async def weights(self) -> dict[str, Any] | None:
@@ -268,7 +301,10 @@ class TrainerRank(Actor):
         """The bucket plan of this model's parameters (names, shapes, dtypes), as msgpack."""
         from ..weights import plan_buckets
 
-        named = [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in self._trainer().model.named_parameters()]
+        named = [
+            (name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+            for name, p in self._trainer().model.named_parameters()
+        ]
         return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
 
     @endpoint
@@ -289,7 +325,9 @@ class TrainerRank(Actor):
             self.shared.close()
         self.shared = SharedWeights.create(directory, msgspec.msgpack.decode(plan, type=BucketPlan))
         if not trainer.sharded:  # the optimizer then updates the parameters in the shared file itself
-            self.flat = flat_layout(self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data)
+            self.flat = flat_layout(
+                self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data
+            )
         return list(msgspec.to_builtins(self.shared.offer))
 
     @endpoint
@@ -304,19 +342,40 @@ class TrainerRank(Actor):
         listens on every interface; the host it is created with is only its own client's.)"""
         if self.weight_store is None:
             self.weight_store = await asyncio.to_thread(
-                dist.TCPStore, "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=self.config.start_timeout_s)
-            )  # fmt: skip
+                dist.TCPStore,
+                "127.0.0.1",
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=self.config.start_timeout_s),
+            )
         return [host or host_of(self.node.address), int(self.weight_store.port)]
 
     @endpoint
-    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None:
+    async def join_weights(
+        self,
+        host: str,
+        port: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        plan: bytes,
+        backend: str = "",
+    ) -> None:
         """Rank 0 becomes rank 0 of the weight group's ``generation`` (a new one after a failure).
         ``size`` 1: no engine takes the broadcast (all copy from shared memory)."""
         if self.rank != 0:
             return
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError("weights.backend=nccl needs the trainer on a GPU")
-        await self._run(self._join_weights, size, timeout_s, generation, plan, backend or ("nccl" if self.device.type == "cuda" else "gloo"))
+        await self._run(
+            self._join_weights,
+            size,
+            timeout_s,
+            generation,
+            plan,
+            backend or ("nccl" if self.device.type == "cuda" else "gloo"),
+        )
 
     def _join_weights(self, size: int, timeout_s: float, generation: int, plan: bytes, backend: str) -> None:
         from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
@@ -332,10 +391,20 @@ class TrainerRank(Actor):
             self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
         if size > 1:
             if self.weight_store is None:
-                raise RuntimeError("join_weights before weight_store: the synchroniser asks for the store first")
+                raise RuntimeError(
+                    "join_weights before weight_store: the synchroniser asks for the store first"
+                )
             group = WeightGroup(
-                "", 0, 0, size, backend=backend, timeout_s=timeout_s, generation=generation, store=self.weight_store, local_host=host_of(self.node.address)
-            )  # fmt: skip
+                "",
+                0,
+                0,
+                size,
+                backend=backend,
+                timeout_s=timeout_s,
+                generation=generation,
+                store=self.weight_store,
+                local_host=host_of(self.node.address),
+            )
             self.sender = WeightSender(group, bucket_plan, device=self.device)
 
     @endpoint

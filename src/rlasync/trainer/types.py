@@ -7,8 +7,15 @@ from typing import Any
 import msgspec
 import torch
 
-
-TENSOR_FIELDS = ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "logprobs", "advantages")
+TENSOR_FIELDS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "attention_mask",
+    "position_ids",
+    "logprobs",
+    "advantages",
+)
 OPTIONAL_FIELDS = ("proximal_logprobs", "is_weights")  # off-policy correction, when the schedule asks for it
 
 
@@ -22,8 +29,12 @@ class TrainBatch(msgspec.Struct, kw_only=True):
     position_ids: Any  # [B, P + R] long: the engine's positions (real tokens only)
     logprobs: Any  # [B, R] float: behaviour logprobs
     advantages: Any  # [B] or [B, R] float
-    proximal_logprobs: Any = None  # [B, R] float: decoupled PPO's proximal policy (the trainer's before the step)
-    is_weights: Any = None  # [B, R] float: importance weights (e.g. truncated IS) multiplying each token's loss
+    proximal_logprobs: Any = (
+        None  # [B, R] float: decoupled PPO's proximal policy (the trainer's before the step)
+    )
+    is_weights: Any = (
+        None  # [B, R] float: importance weights (e.g. truncated IS) multiplying each token's loss
+    )
 
     @classmethod
     def from_rollout(cls, batch: Any, advantages: torch.Tensor | None = None) -> TrainBatch:
@@ -31,17 +42,24 @@ class TrainBatch(msgspec.Struct, kw_only=True):
         does not import the agents)."""
         size = batch.responses.shape[0]
         return cls(
-            prompts=batch.prompts, responses=batch.responses, response_mask=batch.response_mask,
-            attention_mask=batch.attention_mask, position_ids=batch.position_ids, logprobs=batch.logprobs,
+            prompts=batch.prompts,
+            responses=batch.responses,
+            response_mask=batch.response_mask,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logprobs=batch.logprobs,
             advantages=advantages if advantages is not None else torch.zeros(size),
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Any]) -> TrainBatch:
         missing = [name for name in TENSOR_FIELDS if name not in tensors]
         if missing:
             raise ValueError(f"a training batch needs {', '.join(missing)}")
-        return cls(**{name: tensors[name] for name in TENSOR_FIELDS}, **{name: tensors[name] for name in OPTIONAL_FIELDS if name in tensors})
+        return cls(
+            **{name: tensors[name] for name in TENSOR_FIELDS},
+            **{name: tensors[name] for name in OPTIONAL_FIELDS if name in tensors},
+        )
 
     def _present(self) -> tuple[str, ...]:
         return TENSOR_FIELDS + tuple(name for name in OPTIONAL_FIELDS if getattr(self, name) is not None)
@@ -70,7 +88,11 @@ class TrainBatch(msgspec.Struct, kw_only=True):
         first = int(real[:prompt_len].float().argmax()) if bool(real[:prompt_len].any()) else prompt_len - 1
         width = max(1, int(real[prompt_len:].nonzero().max()) + 1) if bool(real[prompt_len:].any()) else 1
         keep = torch.cat([torch.arange(first, prompt_len), torch.arange(prompt_len, prompt_len + width)])
-        fields: dict[str, Any] = {"prompts": self.prompts[:, first:], "attention_mask": self.attention_mask[:, keep], "position_ids": self.position_ids[:, keep]}
+        fields: dict[str, Any] = {
+            "prompts": self.prompts[:, first:],
+            "attention_mask": self.attention_mask[:, keep],
+            "position_ids": self.position_ids[:, keep],
+        }
         for name in ("responses", "response_mask", "logprobs", *OPTIONAL_FIELDS):
             value = getattr(self, name)
             if value is not None:
@@ -103,7 +125,12 @@ def micro_plan(batch: TrainBatch, micro_batch_size: int, micro_batch_tokens: int
     longest = 0
     for row in sorted(range(size), key=lambda i: lengths[i]):
         longest = max(longest, lengths[row])
-        if groups and groups[-1] and (longest * (len(groups[-1]) + 1) <= micro_batch_tokens) and (not micro_batch_size or len(groups[-1]) < micro_batch_size):
+        if (
+            groups
+            and groups[-1]
+            and (longest * (len(groups[-1]) + 1) <= micro_batch_tokens)
+            and (not micro_batch_size or len(groups[-1]) < micro_batch_size)
+        ):
             groups[-1].append(row)
         else:
             groups.append([row])

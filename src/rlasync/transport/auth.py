@@ -23,7 +23,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _HANDSHAKE_FAILURES = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 
 
@@ -43,10 +45,14 @@ class CurveKeys:
     def from_secret(cls, secret: str | bytes) -> CurveKeys:
         raw = secret.encode() if isinstance(secret, str) else secret
         if len(raw) < 16:
-            raise ValueError("the cluster secret must be at least 16 bytes; make one with rlasync.new_secret()")
+            raise ValueError(
+                "the cluster secret must be at least 16 bytes; make one with rlasync.new_secret()"
+            )
 
         def derive(role: bytes) -> tuple[bytes, bytes]:
-            secret_key = z85.encode(hashlib.blake2b(raw, key=b"rlasync-curve-" + role, digest_size=32).digest())
+            secret_key = z85.encode(
+                hashlib.blake2b(raw, key=b"rlasync-curve-" + role, digest_size=32).digest()
+            )
             return zmq.curve_public(secret_key), secret_key
 
         server_public, server_secret = derive(b"server")

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -82,7 +83,9 @@ class Codec:
             kind: msgspec.msgpack.Decoder(cls, ext_hook=self._ext_hook) for kind, cls in TYPE_OF.items()
         }
 
-    def register(self, cls: type, code: int, to_wire: Callable[[Any], Any], from_wire: Callable[[Any], Any]) -> None:
+    def register(
+        self, cls: type, code: int, to_wire: Callable[[Any], Any], from_wire: Callable[[Any], Any]
+    ) -> None:
         """Send instances of ``cls`` as ``to_wire(obj)`` (plain data), rebuilt by ``from_wire``."""
         if code < EXT_USER or code > 127:
             raise ValueError(f"extension code must be in [{EXT_USER}, 127], got {code}")
@@ -157,7 +160,9 @@ class Codec:
             raise DecodeError("expected at least one frame (the body), got none")
         body = memoryview(_as_buffer(frames[0]))
         if body.nbytes > self.max_body_bytes:
-            raise OversizedBody(f"a body of {body.nbytes} bytes is past runtime.max_body_bytes={self.max_body_bytes}")
+            raise OversizedBody(
+                f"a body of {body.nbytes} bytes is past runtime.max_body_bytes={self.max_body_bytes}"
+            )
         kind = bytes(body[:1])
         decoder = self._decoders.get(kind)
         if decoder is None:
@@ -205,7 +210,9 @@ class Codec:
                 raise DecodeError(f"tensor shape {meta.shape} is too large")
         itemsize = dtype.itemsize
         if numel * itemsize != len(buffer):
-            raise DecodeError(f"tensor of shape {meta.shape} and dtype {meta.dtype} needs {numel * itemsize} bytes, frame has {len(buffer)}")
+            raise DecodeError(
+                f"tensor of shape {meta.shape} and dtype {meta.dtype} needs {numel * itemsize} bytes, frame has {len(buffer)}"
+            )
         if len(buffer) == 0:
             return torch.empty(meta.shape, dtype=dtype)
         with warnings.catch_warnings():

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import zmq
@@ -199,7 +200,9 @@ class SocketPump:
                 # Input may have arrived after this iteration's select: its reader callback then
                 # runs next iteration. Look again shortly; only input still unread then, with the
                 # loop on time, is a lost wake-up (the count once had false alarms from this race).
-                self.loop.call_later(_ON_TIME_S, self._confirm, self._last_drain, self.loop.time() + _ON_TIME_S)
+                self.loop.call_later(
+                    _ON_TIME_S, self._confirm, self._last_drain, self.loop.time() + _ON_TIME_S
+                )
             elif self._outboxes:  # even without POLLOUT: sends to a vanished peer fail fast and free memory
                 self._flush_outbox()
                 self._schedule_drain()  # the flush may have consumed an input edge
@@ -220,8 +223,10 @@ class SocketPump:
                 now = self.loop.time()
                 log.info(
                     "lost wake-up rescued by the safety timer (router=%s, last drain %.1f ms ago, last send %.1f ms ago)",
-                    self.routed, (now - self._last_drain) * 1e3, (now - self._last_send) * 1e3,
-                )  # fmt: skip
+                    self.routed,
+                    (now - self._last_drain) * 1e3,
+                    (now - self._last_send) * 1e3,
+                )
             self._drain()
         except Exception:  # the safety net itself must never stop
             log.exception("socket re-check failed")
@@ -308,16 +313,22 @@ class SocketPump:
             self.unroutable += 1
             log.debug("dropping message for a peer that is gone: %s", exc)
 
-    def _park(self, dest: Any, waiting: collections.deque[tuple[list[Any], bool]], frames: list[Any], copy: bool) -> None:
+    def _park(
+        self, dest: Any, waiting: collections.deque[tuple[list[Any], bool]], frames: list[Any], copy: bool
+    ) -> None:
         size = _size(frames)
         # A peer that reads nothing while this much piles up is stuck (or asks for more than it
         # reads: forged stream credit): its oldest messages go, never the process's memory.
-        while waiting and (len(waiting) >= _OUTBOX_LIMIT or self._outbox_bytes + size > self._max_outbox_bytes):
+        while waiting and (
+            len(waiting) >= _OUTBOX_LIMIT or self._outbox_bytes + size > self._max_outbox_bytes
+        ):
             self._outbox_bytes -= _size(waiting.popleft()[0])
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 log.error("peer %r reads too slowly: dropped %d queued messages", dest, self.dropped)
-        if self._outbox_bytes + size > self._max_outbox_bytes:  # other peers hold the room: this one waits no more
+        if (
+            self._outbox_bytes + size > self._max_outbox_bytes
+        ):  # other peers hold the room: this one waits no more
             self.dropped += 1
             if not waiting:
                 del self._outboxes[dest]

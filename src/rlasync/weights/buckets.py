@@ -9,7 +9,7 @@ are never split, so a receiver can hand each bucket's tensors to its engine as t
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import msgspec
 import torch
@@ -52,7 +52,9 @@ class BucketPlan(msgspec.Struct, frozen=True):
         return [t for t in self.tensors if t.bucket == index]
 
 
-def plan_buckets(named: Iterable[tuple[str, tuple[int, ...], str]], bucket_bytes: int, *, alone_bytes: int | None = None) -> BucketPlan:
+def plan_buckets(
+    named: Iterable[tuple[str, tuple[int, ...], str]], bucket_bytes: int, *, alone_bytes: int | None = None
+) -> BucketPlan:
     """Pack ``(name, shape, dtype)`` in order into buckets of at most ``bucket_bytes``. A tensor
     of at least ``alone_bytes`` (default: ``bucket_bytes``) travels alone: its bucket is the
     tensor itself, sent without a copy. Packing costs a copy but saves collectives: on 2 CPU
@@ -67,7 +69,10 @@ def plan_buckets(named: Iterable[tuple[str, tuple[int, ...], str]], bucket_bytes
         spec = TensorSpec(name, tuple(int(s) for s in shape), dtype)
         start = -(-sizes[-1] // ALIGN) * ALIGN if sizes else 0
         alone = spec.nbytes >= alone_at
-        if not sizes or (sizes[-1] > 0 and (alone or start + spec.nbytes > bucket_bytes or _is_alone(tensors, len(sizes) - 1, alone_at))):
+        if not sizes or (
+            sizes[-1] > 0
+            and (alone or start + spec.nbytes > bucket_bytes or _is_alone(tensors, len(sizes) - 1, alone_at))
+        ):
             sizes.append(0)
             start = 0
         tensors.append(msgspec.structs.replace(spec, offset=start, bucket=len(sizes) - 1))
@@ -85,8 +90,14 @@ def solo(plan: BucketPlan, index: int) -> TensorSpec | None:
     return specs[0] if len(specs) == 1 and specs[0].offset == 0 else None
 
 
-def plan_for(tensors: Mapping[str, torch.Tensor], bucket_bytes: int, *, alone_bytes: int | None = None) -> BucketPlan:
-    return plan_buckets(((name, tuple(t.shape), _name(t.dtype)) for name, t in tensors.items()), bucket_bytes, alone_bytes=alone_bytes)
+def plan_for(
+    tensors: Mapping[str, torch.Tensor], bucket_bytes: int, *, alone_bytes: int | None = None
+) -> BucketPlan:
+    return plan_buckets(
+        ((name, tuple(t.shape), _name(t.dtype)) for name, t in tensors.items()),
+        bucket_bytes,
+        alone_bytes=alone_bytes,
+    )
 
 
 def bucket_starts(plan: BucketPlan, align: int = 64) -> list[int]:
@@ -98,7 +109,9 @@ def bucket_starts(plan: BucketPlan, align: int = 64) -> list[int]:
     return starts + [offset]  # the last entry: the flat buffer's size
 
 
-def flat_layout(plan: BucketPlan, tensors: Mapping[str, torch.Tensor], *, out: torch.Tensor | None = None) -> torch.Tensor:
+def flat_layout(
+    plan: BucketPlan, tensors: Mapping[str, torch.Tensor], *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Move ``tensors`` (parameters) into one flat buffer laid out as the plan's buckets (``out``,
     e.g. shared memory, or a new one), each tensor's data becoming a view into it, and return
     the buffer. Every bucket is then a slice of it, sent without packing. Values, shapes and
@@ -107,7 +120,9 @@ def flat_layout(plan: BucketPlan, tensors: Mapping[str, torch.Tensor], *, out: t
     first = next(iter(tensors.values()))
     flat = out if out is not None else torch.empty(starts[-1], dtype=torch.uint8, device=first.device)
     if flat.numel() < starts[-1] or flat.dtype != torch.uint8:
-        raise ValueError(f"flat_layout needs a uint8 buffer of {starts[-1]} bytes, got {flat.dtype} of {flat.numel()}")
+        raise ValueError(
+            f"flat_layout needs a uint8 buffer of {starts[-1]} bytes, got {flat.dtype} of {flat.numel()}"
+        )
     for spec in plan.tensors:
         tensor = tensors[spec.name]
         begin = starts[spec.bucket] + spec.offset
@@ -128,7 +143,9 @@ def fill_flat(plan: BucketPlan, tensors: Mapping[str, torch.Tensor], flat: torch
             pack(plan, index, tensors, out=target)
 
 
-def contiguous_bucket(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+def contiguous_bucket(
+    plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor]
+) -> torch.Tensor | None:
     """Bucket ``index`` as a uint8 view of memory the tensors already occupy in that layout
     (``flat_layout``, or a tensor that is a bucket by itself), or None if they do not."""
     specs = plan.bucket(index)
@@ -144,23 +161,32 @@ def contiguous_bucket(plan: BucketPlan, index: int, tensors: Mapping[str, torch.
     for spec in specs:
         tensor = tensors[spec.name].detach()
         if (
-            tensor.untyped_storage().data_ptr() != storage.data_ptr() or not tensor.is_contiguous() or _name(tensor.dtype) != spec.dtype
-            or tensor.storage_offset() * tensor.element_size() != base + spec.offset or tuple(tensor.shape) != spec.shape
-        ):  # fmt: skip
+            tensor.untyped_storage().data_ptr() != storage.data_ptr()
+            or not tensor.is_contiguous()
+            or _name(tensor.dtype) != spec.dtype
+            or tensor.storage_offset() * tensor.element_size() != base + spec.offset
+            or tuple(tensor.shape) != spec.shape
+        ):
             return None
     if base + plan.sizes[index] > storage.nbytes():
         return None
-    return torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage, base, (plan.sizes[index],), (1,))
+    return torch.empty(0, dtype=torch.uint8, device=first.device).set_(
+        storage, base, (plan.sizes[index],), (1,)
+    )
 
 
-def pack(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def pack(
+    plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Bucket ``index`` as a flat uint8 tensor (written into ``out`` when given, to reuse it)."""
     size = plan.sizes[index]
     buffer = out[:size] if out is not None else torch.empty(size, dtype=torch.uint8)
     for spec in plan.bucket(index):
         source = tensors[spec.name].detach()
         if source.dtype != _dtype(spec.dtype) or tuple(source.shape) != spec.shape:
-            raise ValueError(f"{spec.name}: planned {spec.dtype}{list(spec.shape)}, got {_name(source.dtype)}{list(source.shape)}")
+            raise ValueError(
+                f"{spec.name}: planned {spec.dtype}{list(spec.shape)}, got {_name(source.dtype)}{list(source.shape)}"
+            )
         view = buffer[spec.offset : spec.offset + spec.nbytes].view(source.dtype).view(spec.shape)
         view.copy_(source)
     return buffer
@@ -169,7 +195,10 @@ def pack(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out:
 def unpack(plan: BucketPlan, index: int, buffer: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of bucket ``index``, as views into ``buffer`` (copy them to keep them)."""
     for spec in plan.bucket(index):
-        yield spec.name, buffer[spec.offset : spec.offset + spec.nbytes].view(_dtype(spec.dtype)).view(spec.shape)
+        yield (
+            spec.name,
+            buffer[spec.offset : spec.offset + spec.nbytes].view(_dtype(spec.dtype)).view(spec.shape),
+        )
 
 
 def _name(dtype: torch.dtype) -> str:

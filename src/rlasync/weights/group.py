@@ -26,14 +26,31 @@ class WeightGroup:
     default ``127.0.0.1``, every member on this machine)."""
 
     def __init__(
-        self, host: str, port: int, rank: int, size: int, *, backend: str = "gloo", timeout_s: float = 60.0, generation: int = 0,
-        store: Any = None, local_host: str = "",
-    ) -> None:  # fmt: skip
-        self.rank, self.size, self.backend, self.timeout_s, self.generation = rank, size, backend, timeout_s, generation
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        size: int,
+        *,
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+        generation: int = 0,
+        store: Any = None,
+        local_host: str = "",
+    ) -> None:
+        self.rank, self.size, self.backend, self.timeout_s, self.generation = (
+            rank,
+            size,
+            backend,
+            timeout_s,
+            generation,
+        )
         self.address = (host, port)
         timeout = datetime.timedelta(seconds=timeout_s)
         # Rank 0 hosts the rendezvous store; it outlives groups, so a new generation reuses it.
-        self.store = store or dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
+        self.store = store or dist.TCPStore(
+            host, port, size, rank == 0, timeout=timeout, wait_for_workers=False
+        )
         prefixed = dist.PrefixStore(f"rlasync/weights/{generation}", self.store)
         try:
             if backend == "gloo":
@@ -50,7 +67,9 @@ class WeightGroup:
             else:
                 raise ValueError(f"weights backend must be gloo or nccl, got {backend!r}")
         except RuntimeError as exc:
-            raise SyncError(f"weight group (generation {generation}): peers did not all join within {timeout_s} s: {exc}") from exc
+            raise SyncError(
+                f"weight group (generation {generation}): peers did not all join within {timeout_s} s: {exc}"
+            ) from exc
         self._closed = False
 
     def broadcast_async(self, tensor: torch.Tensor) -> Any:

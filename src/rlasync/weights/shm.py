@@ -106,7 +106,9 @@ class SharedWeights:
         deadline = time.monotonic() + timeout_s
         while (seen := self.version) != version:
             if seen > version:
-                raise SyncError(f"shared-memory weights: waited for version {version}, the trainer published {seen}")
+                raise SyncError(
+                    f"shared-memory weights: waited for version {version}, the trainer published {seen}"
+                )
             if time.monotonic() > deadline:
                 raise SyncError(
                     f"shared-memory weights: version {version} was not published within weights.timeout_s={timeout_s:g} s "
@@ -115,7 +117,9 @@ class SharedWeights:
             time.sleep(0.001)
         staging[: self.data.numel()].copy_(self.data)
         if self.version != version:
-            raise SyncError(f"shared-memory weights: the trainer changed the parameters while version {version} was copied")
+            raise SyncError(
+                f"shared-memory weights: the trainer changed the parameters while version {version} was copied"
+            )
 
     def close(self) -> None:
         """Unmap; the owner also removes the file (engines that mapped it keep their mapping)."""

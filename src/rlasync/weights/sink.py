@@ -36,7 +36,11 @@ class EngineWeights:
         self.engine = engine
         model = getattr(engine, "model", None)
         first = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
-        self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (first.device if first is not None else torch.device("cpu"))
+        )
         self.plan: BucketPlan | None = None
         self.transport: Transport = "broadcast"
         self._ring: StagingRing | None = None
@@ -62,12 +66,24 @@ class EngineWeights:
         self.transport = "shm" if self._shared is not None else "broadcast"
         return self.transport
 
-    async def join(self, host: str, port: int, rank: int, size: int, timeout_s: float, generation: int, backend: str = "gloo", local_host: str = "") -> None:
+    async def join(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        backend: str = "gloo",
+        local_host: str = "",
+    ) -> None:
         """Become ``rank`` of the weight group's ``generation`` (rank 0, the trainer, hosts its
         store at ``host:port``); ``local_host``: this process's address as the others reach it."""
         if self.plan is None or self._ring is None:
             raise SyncError("join before attach: the synchroniser sends the plan first")
-        if backend == "nccl" and self.device.type != "cuda":  # NCCL moves GPU memory: stage on this process's GPU
+        if (
+            backend == "nccl" and self.device.type != "cuda"
+        ):  # NCCL moves GPU memory: stage on this process's GPU
             self.device = torch.device("cuda", torch.cuda.current_device())
             self._ring = StagingRing(self.plan, device=self.device, depth=self._ring.depth)
         previous = self._group
@@ -75,7 +91,17 @@ class EngineWeights:
         self.close_group()
 
         def connect() -> WeightGroup:
-            return WeightGroup(host, port, rank, size, backend=backend, timeout_s=timeout_s, generation=generation, store=store, local_host=local_host)
+            return WeightGroup(
+                host,
+                port,
+                rank,
+                size,
+                backend=backend,
+                timeout_s=timeout_s,
+                generation=generation,
+                store=store,
+                local_host=local_host,
+            )
 
         self._group = await asyncio.to_thread(connect)
         self._receiver = WeightReceiver(self._group, self.plan, ring=self._ring)

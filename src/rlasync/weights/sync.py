@@ -17,7 +17,7 @@ versions: a sync that fails midway leaves the engine on its old version.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 import torch
@@ -35,7 +35,9 @@ class SyncStats(msgspec.Struct, kw_only=True):
 
 def _buffers(plan: BucketPlan, device: torch.device | str) -> list[torch.Tensor]:
     largest = max(plan.sizes, default=0)
-    return [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(2 if len(plan.sizes) > 1 else 1)]
+    return [
+        torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(2 if len(plan.sizes) > 1 else 1)
+    ]
 
 
 class WeightSender:
@@ -64,7 +66,12 @@ class WeightSender:
             works.append((index, self.group.broadcast_async(buffer[:size])))  # ops run in the order posted
         for index, work in works:
             self.group.wait(work, f"bucket {index}")
-        return SyncStats(version=version, bytes=plan.total_bytes, buckets=len(plan.sizes), seconds=time.perf_counter() - started)
+        return SyncStats(
+            version=version,
+            bytes=plan.total_bytes,
+            buckets=len(plan.sizes),
+            seconds=time.perf_counter() - started,
+        )
 
 
 class StagingRing:
@@ -102,7 +109,14 @@ class StagingRing:
 
 
 class WeightReceiver:
-    def __init__(self, group: WeightGroup, plan: BucketPlan, *, device: torch.device | str = "cpu", ring: StagingRing | None = None) -> None:
+    def __init__(
+        self,
+        group: WeightGroup,
+        plan: BucketPlan,
+        *,
+        device: torch.device | str = "cpu",
+        ring: StagingRing | None = None,
+    ) -> None:
         if group.rank == 0:
             raise ValueError("receivers are ranks 1.. of the weight group (rank 0 sends)")
         self.group, self.plan = group, plan
@@ -118,7 +132,9 @@ class WeightReceiver:
         version, digest, count = (int(v) for v in header)
         if digest != plan.digest or count != len(plan.sizes):
             self.group.close()  # the sender is mid-sync with a layout we cannot read
-            raise SyncError(f"weight sync v{version}: the sender's bucket plan differs from this engine's; exchange the plan again")
+            raise SyncError(
+                f"weight sync v{version}: the sender's bucket plan differs from this engine's; exchange the plan again"
+            )
         buckets = self.ring.buckets(self.ring.next())
         works = [self.group.broadcast_async(bucket) for bucket in buckets]  # posted in order, run in order
         if works:

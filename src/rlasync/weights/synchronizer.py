@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import msgspec
 
@@ -47,7 +48,16 @@ class WeightSource(Protocol):
     async def share_weights(self, directory: str, plan: bytes) -> Any: ...
     async def weight_backend(self) -> str: ...
     async def weight_store(self, host: str = "") -> tuple[str, int]: ...
-    async def join_weights(self, host: str, port: int, size: int, timeout_s: float, generation: int, plan: bytes, backend: str = "") -> None: ...
+    async def join_weights(
+        self,
+        host: str,
+        port: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        plan: bytes,
+        backend: str = "",
+    ) -> None: ...
     async def send_weights(self, version: int) -> float: ...
 
 
@@ -126,7 +136,9 @@ class _Sink:
 
 
 class ParameterSynchronizer:
-    def __init__(self, config: WeightsConfig, source: WeightSource, engines: Any, *, router: Rotation | None = None) -> None:
+    def __init__(
+        self, config: WeightsConfig, source: WeightSource, engines: Any, *, router: Rotation | None = None
+    ) -> None:
         self.config, self.source, self.router = config, source, router
         listed: Iterable[Any] = engines if isinstance(engines, (list, tuple)) else [engines]
         # A remote call may take the collective's deadline plus a little to answer: a stalled
@@ -162,9 +174,15 @@ class ParameterSynchronizer:
         self.plan_bytes = await self.source.weight_plan(bucket, int(cfg.alone_mb * (1 << 20)) or bucket)
         self.total_bytes = msgspec.msgpack.decode(self.plan_bytes, type=BucketPlan).total_bytes
         self.backend = cfg.backend if cfg.backend != "auto" else await self.source.weight_backend()
-        offer = await self.source.share_weights(cfg.shm_dir, self.plan_bytes) if cfg.transport != "broadcast" else None
+        offer = (
+            await self.source.share_weights(cfg.shm_dir, self.plan_bytes)
+            if cfg.transport != "broadcast"
+            else None
+        )
         self._offer = offer
-        await asyncio.gather(*[sink.attach(self.plan_bytes, offer, cfg.double_buffer) for sink in self._sinks])
+        await asyncio.gather(
+            *[sink.attach(self.plan_bytes, offer, cfg.double_buffer) for sink in self._sinks]
+        )
         if cfg.transport == "shm":
             far = [sink.name for sink in self._sinks if sink.transport != "shm"]
             if far:
@@ -187,10 +205,15 @@ class ParameterSynchronizer:
             size = len(far) + 1
             host, port = self._address
             results = await asyncio.gather(
-                self.source.join_weights(host, port, size, cfg.timeout_s, self.generation, self.plan_bytes, self.backend),
-                *[sink.join(host, port, rank, size, cfg.timeout_s, self.generation, self.backend) for rank, sink in enumerate(far, 1)],
+                self.source.join_weights(
+                    host, port, size, cfg.timeout_s, self.generation, self.plan_bytes, self.backend
+                ),
+                *[
+                    sink.join(host, port, rank, size, cfg.timeout_s, self.generation, self.backend)
+                    for rank, sink in enumerate(far, 1)
+                ],
                 return_exceptions=True,
-            )  # fmt: skip
+            )
             failed = {sink: r for sink, r in zip(far, results[1:]) if isinstance(r, BaseException)}
             if not failed and not isinstance(results[0], BaseException):
                 return
@@ -209,7 +232,9 @@ class ParameterSynchronizer:
             raise ValueError(f"engine {sink.name!r} is already synchronised")
         await sink.attach(self.plan_bytes, self._offer, self.config.double_buffer)
         if self.config.transport == "shm" and sink.transport != "shm":
-            raise SyncError(f"weights.transport=shm, but engine {sink.name!r} cannot map the trainer's shared memory; use weights.transport=auto")
+            raise SyncError(
+                f"weights.transport=shm, but engine {sink.name!r} cannot map the trainer's shared memory; use weights.transport=auto"
+            )
         sink.joining = True
         self._sinks.append(sink)
         self._regroup = sink.transport == "broadcast" or self._regroup
@@ -228,7 +253,10 @@ class ParameterSynchronizer:
         while True:
             attempts += 1
             sinks = list(self._sinks)
-            results = await _unless_sender_lost(self.source.send_weights(version), [sink.stage(version, self.config.timeout_s) for sink in sinks])
+            results = await _unless_sender_lost(
+                self.source.send_weights(version),
+                [sink.stage(version, self.config.timeout_s) for sink in sinks],
+            )
             failed = {sink: r for sink, r in zip(sinks, results[1:]) if isinstance(r, BaseException)}
             sent = results[0]
             if not failed and not isinstance(sent, BaseException):
@@ -244,7 +272,12 @@ class ParameterSynchronizer:
                 sender_failures += 1
                 if sender_failures > self.config.retries:
                     raise sent  # type: ignore[misc]
-            log.warning("weight sync v%d failed (attempt %d); forming generation %d and trying again", version, attempts, self.generation + 1)
+            log.warning(
+                "weight sync v%d failed (attempt %d); forming generation %d and trying again",
+                version,
+                attempts,
+                self.generation + 1,
+            )
             await self._join()
         transfer = time.perf_counter() - started
         sinks = list(self._sinks)
@@ -258,12 +291,24 @@ class ParameterSynchronizer:
                 if self.router is not None and sink.remote:
                     self.router.add_engine(sink.engine)
         return SyncReport(
-            version=version, bytes=self.total_bytes, transfer_s=transfer, attempts=attempts,
+            version=version,
+            bytes=self.total_bytes,
+            transfer_s=transfer,
+            attempts=attempts,
             pause_s=max((p for p in pauses if isinstance(p, float)), default=0.0),
-            engines=self.engines, transports={sink.name: sink.transport for sink in self._sinks}, removed=self.removed[removed_before:],
-        )  # fmt: skip
+            engines=self.engines,
+            transports={sink.name: sink.transport for sink in self._sinks},
+            removed=self.removed[removed_before:],
+        )
 
-    async def _drop(self, failed: dict[_Sink, BaseException], during: str, *, always: bool, failures: dict[_Sink, int] | None = None) -> None:
+    async def _drop(
+        self,
+        failed: dict[_Sink, BaseException],
+        during: str,
+        *,
+        always: bool,
+        failures: dict[_Sink, int] | None = None,
+    ) -> None:
         """Take failed engines out: those that no longer answer, those past ``weights.retries``
         failures, or all of them (``always``). ``on_engine_failure="stop"`` raises instead."""
         answers = await asyncio.gather(*[sink.alive(min(5.0, self.config.timeout_s)) for sink in failed])
@@ -279,13 +324,20 @@ class ParameterSynchronizer:
             out = [sink for sink in failed if failures is not None and failures[sink] > self.config.retries]
         if not out:
             return
-        reasons = "; ".join(f"{sink.name}: {str(failed[sink]).splitlines()[0][:200] if str(failed[sink]) else type(failed[sink]).__name__}" for sink in out)
+        reasons = "; ".join(
+            f"{sink.name}: {str(failed[sink]).splitlines()[0][:200] if str(failed[sink]) else type(failed[sink]).__name__}"
+            for sink in out
+        )
         if self.config.on_engine_failure == "stop":
-            raise SyncError(f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run") from failed[out[0]]
+            raise SyncError(
+                f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run"
+            ) from failed[out[0]]
         for sink in out:
             self._take_out(sink, f"it failed while {during}")
         if not self._sinks:
-            raise SyncError(f"weight sync failed while {during} and no engine is left ({reasons})") from failed[out[0]]
+            raise SyncError(
+                f"weight sync failed while {during} and no engine is left ({reasons})"
+            ) from failed[out[0]]
 
     def _take_out(self, sink: _Sink, why: str) -> None:
         if sink not in self._sinks:  # taken out already (replaced while a sync was failing on it)
@@ -339,7 +391,10 @@ def _is_sync_failure(error: BaseException) -> bool:
     type is SyncError; or the engine's node died or did not answer in time."""
     from ..runtime import ActorNotFound, CallTimeout, NodeLostError
 
-    return isinstance(error, (SyncError, CallTimeout, NodeLostError, ActorNotFound, TimeoutError)) or str(getattr(error, "remote_type", "")).rsplit(".", 1)[-1] in (
-        "SyncError", "DistBackendError", "DistNetworkError",
-    )  # fmt: skip
-
+    return isinstance(error, (SyncError, CallTimeout, NodeLostError, ActorNotFound, TimeoutError)) or str(
+        getattr(error, "remote_type", "")
+    ).rsplit(".", 1)[-1] in (
+        "SyncError",
+        "DistBackendError",
+        "DistNetworkError",
+    )
