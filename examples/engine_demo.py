@@ -1,4 +1,4 @@
-"""What `make demo` runs until the training demo lands: engines on two nodes answering chat prompts.
+"""Engines on two nodes answering chat prompts, before and after a warm-start.
 
     .venv/bin/python examples/engine_demo.py [--run-dir runs/demo] [--seed 0]
 
@@ -27,7 +27,7 @@ from rlasync.config import AgentConfig
 from rlasync.data import loop_reward, make_problems
 from rlasync.engines import EngineActor, EngineConfig, Router, SamplingParams
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
-from rlasync.models.warmstart import load_summary, warm_start
+from rlasync.modes.warmstart import load_summary, warm_start
 from rlasync.tools import build_tools
 
 QUESTIONS = 6  # shown in full

@@ -1,6 +1,6 @@
 """The runtime across real node processes: calls, streaming, tensors, a dead node.
 
-    make demo          # or: .venv/bin/python examples/runtime_demo.py
+    .venv/bin/python examples/runtime_demo.py
 
 Starts a 3-node local cluster (this process is the head), spawns actors on the other
 nodes, and shows typed calls, a stream, a tensor round trip, a remote error with its

@@ -11,7 +11,10 @@ if TYPE_CHECKING:
     from .config import Config, RuntimeConfig
 
 app = typer.Typer(
-    help="rlasync: asynchronous RL post-training without Ray.", no_args_is_help=True, add_completion=False
+    help="rlasync: asynchronous RL post-training without Ray.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",  # help text is Markdown: `code`, paragraphs rewrapped
 )
 
 
@@ -97,7 +100,7 @@ def train(
         False, "--resume", help="Continue from the newest checkpoint in train.run_dir."
     ),
 ) -> None:
-    """Train with the schedule ``train.mode`` names (sync, one_step_off, fully_async); ends
+    """Train with the schedule `train.mode` names (sync, one_step_off, fully_async); ends
     with one JSON line of the result."""
     from .config import ConfigError, load_config
 

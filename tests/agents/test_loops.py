@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from scripted import ScriptedEngine
+from waiting import wait_until
 
 from rlasync.agents import (
     Interaction,
@@ -278,8 +279,7 @@ async def _in_a_tool_call(tok: Any) -> tuple[Any, ToolAgentLoop, asyncio.Future[
     slow = SlowTool()
     loop = ToolAgentLoop(ScriptedEngine(tok, [CALL, "2146"]), tok, tools={"calculator": slow})
     task = asyncio.ensure_future(loop.run(PARAMS, **ROW))
-    while slow.calls == 0:
-        await asyncio.sleep(0.001)
+    await wait_until(lambda: slow.calls > 0, interval_s=0.001, what="the loop is inside its tool call")
     return whole, loop, task, slow
 
 
@@ -310,11 +310,17 @@ async def test_interrupted_mid_generation_resumes_to_the_same_trajectory(nano: A
             engine, tok, AgentConfig(stream=stream), trajectory_id="a"
         )  # the same trajectory, run again
         task = asyncio.ensure_future(loop.run(params, **ROW))
-        while not any(len(seq.tokens) >= 10 for seq in engine._by_id.values()):  # the turn is under way
-            await asyncio.sleep(0.001)
+        await wait_until(
+            lambda: any(len(seq.tokens) >= 10 for seq in engine._by_id.values()),
+            interval_s=0.001,
+            what="the turn is under way",
+        )
         if stream:
-            while len(loop.state.partial_ids) < 10:
-                await asyncio.sleep(0.001)
+            await wait_until(
+                lambda loop=loop: len(loop.state.partial_ids) >= 10,
+                interval_s=0.001,
+                what="10 tokens streamed in",
+            )
         task.cancel()  # mid-generation: the engine request is aborted
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -360,8 +366,11 @@ async def test_a_saved_loop_state_goes_on_in_a_fresh_loop(tok: Any, nano: Any) -
         engine, tok, AgentConfig(stream=True), trajectory_id="a"
     )  # streamed: the state grows as tokens come
     task = asyncio.ensure_future(loop.run(params, **ROW))
-    while not hasattr(loop, "state") or len(loop.state.partial_ids) < 10:
-        await asyncio.sleep(0.001)
+    await wait_until(
+        lambda: hasattr(loop, "state") and len(loop.state.partial_ids) >= 10,
+        interval_s=0.001,
+        what="10 tokens streamed in",
+    )
     state = saved(loop)  # mid-turn, as a worker's loop_states gives it
     task.cancel()
     assert 10 <= len(state.partial_ids) < 120

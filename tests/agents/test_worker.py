@@ -7,8 +7,10 @@ import os
 import signal
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
+from waiting import wait_until
 
 from rlasync import LocalCluster, RuntimeConfig
 from rlasync.agents import (
@@ -86,7 +88,16 @@ async def test_workers_on_two_nodes_roll_out_a_batch_and_a_lost_worker_loses_no_
         # Kill node-2 while its worker's loops generate: its rows run again on worker-1.
         long = SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=2)
         task = asyncio.ensure_future(manager.trajectories(rows, long))
-        await asyncio.sleep(0.5)
+
+        async def worker_2_generates() -> bool:
+            from rlasync.agents.loops import LoopState
+
+            states = msgspec.msgpack.decode(
+                await workers[1].loop_states([r["uid"] for r in rows]), type=dict[str, LoopState]
+            )
+            return any(s.state == "GENERATING" for s in states.values())
+
+        await wait_until(worker_2_generates, timeout_s=30, what="worker-2's loops generate")
         os.kill(cluster.pid(2), signal.SIGKILL)
         trajectories = await asyncio.wait_for(task, 120)
         assert len(trajectories) == 20 and all(len(t.response_ids) == 400 for t in trajectories)
@@ -114,9 +125,19 @@ async def test_a_trajectory_survives_its_engine_dying_mid_turn(model_dir: Path, 
             task = asyncio.ensure_future(
                 loop.run(params, messages=[{"role": "user", "content": "Reverse abc"}])
             )
-            while not any(e.outstanding for e in router.stats().engines):
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(0.3)  # a few dozen tokens into the turn
+            await wait_until(
+                lambda: any(e.outstanding for e in router.stats().engines),
+                interval_s=0.005,
+                what="the router sent the turn",
+            )
+
+            async def into_the_turn() -> bool:
+                if stream:  # a few dozen tokens streamed into the loop's state
+                    return len(loop.state.partial_ids) >= 24
+                # An engine reports running rows after the step that gave them their first token.
+                return any(s.running for s in await asyncio.gather(*[e.stats() for e in engines]))
+
+            await wait_until(into_the_turn, timeout_s=30, what="the engine is generating the turn")
             assert not stream or loop.state.partial_ids
             serving = next(e.node for e in router.stats().engines if e.outstanding)
             os.kill(cluster.pid(serving), signal.SIGKILL)

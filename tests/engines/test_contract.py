@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import torch
+from waiting import wait_until
 
 from rlasync.config import EngineConfig
 from rlasync.engines import Engine, EngineError, GenerateRequest, SamplingParams, build_engine
@@ -204,7 +205,9 @@ async def test_pause_abort_returns_partials_and_resume_serves_again(
 async def test_pause_wait_lets_in_flight_requests_finish(engine: Engine, reference: tuple[Any, Any]) -> None:
     _, tok = reference
     first = asyncio.ensure_future(engine.generate(_req("wait-0", tok.encode("hi"), 40)))
-    await asyncio.sleep(0.2)
+    await wait_until(
+        lambda: first.done() or engine.stats().running > 0, what="the request runs when the pause comes"
+    )
     assert await engine.pause("wait", timeout=60) == []
     assert first.done() and first.result().finish_reason == "length" and len(first.result().token_ids) == 40
     await engine.resume()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from waiting import wait_until
 
 from rlasync import ActorError, LocalCluster, RuntimeConfig
 from rlasync.engines import (
@@ -43,6 +44,13 @@ FAST = RuntimeConfig(
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
     return save_pretrained_dir(model, tok, tmp_path_factory.mktemp("nano"))
+
+
+async def _decoding(engines: list[object]) -> bool:
+    """Whether some engine runs a sequence (it reports running rows after the step that
+    admitted them, which gave each its first token)."""
+    states = await asyncio.gather(*[e.stats() for e in engines])  # type: ignore[attr-defined]
+    return any(s.running for s in states)
 
 
 def _req(rid: str, ids: list[int], n: int = 8) -> GenerateRequest:
@@ -118,16 +126,17 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
 
             # A caller that gives up stops the generation on the engine (no sequence decodes for nobody).
             long = asyncio.ensure_future(router.generate(_req("abandoned", prompt, 100_000)))
-            while not any(e.outstanding for e in router.stats().engines):
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)
+            await wait_until(
+                lambda: any(e.outstanding for e in router.stats().engines), what="the router sent the request"
+            )
+            await wait_until(lambda: _decoding(engines), what="an engine decodes the request")
             long.cancel()
-            for _ in range(200):
+
+            async def all_idle() -> bool:
                 states = await asyncio.gather(*[e.stats() for e in engines])  # type: ignore[attr-defined]
-                if all(s.running == 0 for s in states):
-                    break
-                await asyncio.sleep(0.05)
-            assert all(s.running == 0 and s.waiting == 0 for s in states)
+                return all(s.running == 0 and s.waiting == 0 for s in states)
+
+            await wait_until(all_idle, what="the engines stopped the abandoned generation")
 
             # One view of the cluster: load that another router (another node's agent loops)
             # put on engine-a counts here too, so this router steers around it.
@@ -136,11 +145,9 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
             hogs = [
                 asyncio.ensure_future(other.generate(_req(f"hog-{i}", prompt, 100_000))) for i in range(4)
             ]
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                if router.stats().engines[0].others == 4:
-                    break
-            assert router.stats().engines[0].others == 4
+            await wait_until(
+                lambda: router.stats().engines[0].others == 4, what="engine-a reported the other router's 4"
+            )
             spread = [await router.generate(_req(f"view-{i}", prompt)) for i in range(4)]
             assert {o.engine for o in spread} == {"engine-b", "engine-c"}
             for i in range(4):
@@ -151,7 +158,7 @@ async def test_balance_stickiness_and_streams_across_three_engines_on_two_nodes(
 
             # The router also aborts by request id, on whichever engine holds it.
             task = asyncio.ensure_future(router.generate(_req("to-abort", prompt, 100_000)))
-            await asyncio.sleep(0.3)
+            await wait_until(lambda: _decoding(engines), what="an engine decodes the request to abort")
             assert await router.abort("to-abort") is True
             out = await asyncio.wait_for(task, 30)
             assert out.finish_reason == "abort" and out.token_ids
@@ -167,7 +174,12 @@ async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(
         # Long enough (2 rows, 900 steps each) that engine-c (node-2) cannot finish even its
         # first two requests before it is killed.
         calls = [asyncio.ensure_future(router.generate(_req(f"r{i}", [5, 6, 7], 900))) for i in range(12)]
-        await asyncio.sleep(0.3)
+
+        async def all_decoding() -> bool:
+            states = await asyncio.gather(*[e.stats() for e in engines])  # type: ignore[attr-defined]
+            return all(s.running for s in states)
+
+        await wait_until(all_decoding, timeout_s=30, what="every engine decodes its first requests")
         assert [e.outstanding for e in router.stats().engines] == [4, 4, 4]
         os.kill(cluster.pid(2), signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=120)
@@ -221,7 +233,7 @@ async def test_cap_queue_lru_and_errors_on_one_node(model_dir: Path) -> None:
         # A request that finds no slot within the queue timeout fails, naming the setting.
         busy = Router([hosted], RouterConfig(max_inflight_per_engine=1, queue_timeout_s=0.3))
         first = asyncio.ensure_future(busy.generate(_req("hog", [5], 100_000)))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: busy.stats().engines[0].outstanding == 1, what="the hog holds the only slot")
         with pytest.raises(RouterBusyError, match="router.queue_timeout_s"):
             await busy.generate(_req("late", [5]))
         await busy.abort("hog")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from fake_sglang import ContinueGenerationReqInput, PauseGenerationReqInput, make_fake_sglang_engine
+from waiting import wait_until
 
 from rlasync.config import EngineConfig
 from rlasync.engines import EngineError, GenerateOutput, GenerateRequest, SamplingParams
@@ -55,12 +56,6 @@ def _fresh_logits(model: Any, prompt: list[int], tokens: list[int]) -> torch.Ten
     with torch.no_grad():
         logits: torch.Tensor = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
     return logits
-
-
-async def _wait_for(predicate: Any, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
@@ -202,7 +197,9 @@ async def test_pause_abort_returns_partials_keeps_the_queue_and_resume_continues
     engine = await make_fake_sglang_engine(str(model_dir), max_batch=2)
     ids = [tok.encode(p) for p in PROMPTS[:3]]
     tasks = [asyncio.ensure_future(engine.generate(_req(i, x, _greedy(300)))) for i, x in enumerate(ids)]
-    await _wait_for(lambda: engine.stats().running == 2)
+    await wait_until(
+        lambda: engine.stats().running == 2, timeout_s=30, interval_s=0.005, what="two requests have tokens"
+    )
     partials = await engine.pause("abort")
     assert sorted(p.request_id for p in partials) == ["0", "1"]
     assert all(
@@ -233,7 +230,9 @@ async def test_a_request_paused_before_its_first_token_is_requeued_unseen(
     scheduler = engine.engine.tokenizer_manager.auto_create_handle_loop()
     scheduler.pause(retract=False)  # SGLang's scheduler keeps it queued, not yet prefilled (a full KV pool)
     task = asyncio.ensure_future(engine.generate(_req("early", ids, _greedy(6))))
-    await _wait_for(lambda: len(scheduler.waiting) == 1)
+    await wait_until(
+        lambda: len(scheduler.waiting) == 1, timeout_s=30, interval_s=0.005, what="SGLang queued the request"
+    )
     assert await engine.pause("abort") == []  # nothing had a token: nothing to hand back
     assert engine.stats().waiting == 1 and not task.done()
     scheduler.resume()
@@ -248,7 +247,9 @@ async def test_pause_wait_lets_in_flight_requests_finish(model_dir: Path, refere
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     task = asyncio.ensure_future(engine.generate(_req("x", tok.encode("hi"), _greedy(30))))
-    await _wait_for(lambda: engine.stats().running == 1)
+    await wait_until(
+        lambda: engine.stats().running == 1, timeout_s=30, interval_s=0.005, what="the request has tokens"
+    )
     assert await engine.pause("wait", timeout=30) == []
     assert task.done() and task.result().finish_reason == "length"
     queued = asyncio.ensure_future(engine.generate(_req("y", tok.encode("hi"), _greedy(3))))
@@ -257,7 +258,9 @@ async def test_pause_wait_lets_in_flight_requests_finish(model_dir: Path, refere
     await engine.resume()
     assert (await queued).finish_reason == "length"
     long = asyncio.ensure_future(engine.generate(_req("z", tok.encode("hi"), _greedy(800))))
-    await _wait_for(lambda: engine.stats().running == 1)
+    await wait_until(
+        lambda: engine.stats().running == 1, timeout_s=30, interval_s=0.005, what="the request has tokens"
+    )
     with pytest.raises(TimeoutError):  # "wait" gives up at its timeout while a request runs on
         await engine.pause("wait", timeout=0.05)
     await engine.abort("z")
@@ -404,7 +407,9 @@ async def test_an_abort_sglang_decides_on_its_own_is_an_error(
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     task = asyncio.ensure_future(engine.generate(_req("victim", tok.encode("hello"), _greedy(500))))
-    await _wait_for(lambda: engine.stats().running == 1)
+    await wait_until(
+        lambda: engine.stats().running == 1, timeout_s=30, interval_s=0.005, what="the request has tokens"
+    )
     engine.engine.tokenizer_manager.abort_request("victim")  # as SGLang's own abort (memory, queue limits)
     with pytest.raises(EngineError, match="SGLang aborted request 'victim'"):
         await task
@@ -420,9 +425,16 @@ async def test_a_cancelled_caller_aborts_its_request_in_sglang(
     _, tok = reference
     engine = await make_fake_sglang_engine(str(model_dir))
     task = asyncio.ensure_future(engine.generate(_req("gone", tok.encode("hello"), _greedy(10_000))))
-    await _wait_for(lambda: engine.stats().running == 1)
+    await wait_until(
+        lambda: engine.stats().running == 1, timeout_s=30, interval_s=0.005, what="the request has tokens"
+    )
     task.cancel()
-    await _wait_for(lambda: engine.stats().running == 0 and not engine.engine.tokenizer_manager.rid_to_state)
+    await wait_until(
+        lambda: engine.stats().running == 0 and not engine.engine.tokenizer_manager.rid_to_state,
+        timeout_s=30,
+        interval_s=0.005,
+        what="SGLang dropped the cancelled request",
+    )
     assert engine.stats().finished == 1
     await engine.close()
 
@@ -433,7 +445,9 @@ async def test_close_ends_queued_and_running_requests(model_dir: Path, reference
     engine = await make_fake_sglang_engine(str(model_dir), max_batch=1)
     running = asyncio.ensure_future(engine.generate(_req("r", tok.encode("hello"), _greedy(10_000))))
     queued = asyncio.ensure_future(engine.generate(_req("q", tok.encode("hello"), _greedy(10_000))))
-    await _wait_for(lambda: engine.stats().running == 1)
+    await wait_until(
+        lambda: engine.stats().running == 1, timeout_s=30, interval_s=0.005, what="the request has tokens"
+    )
     await engine.close()
     assert (await running).finish_reason == "abort" and (await queued).finish_reason == "abort"
     assert engine.engine.tokenizer_manager.scheduler.stopped
@@ -463,7 +477,8 @@ async def test_the_fake_pauses_in_place_and_retracts_like_sglang(
             ):
                 paused = True
                 await tm.pause_generation(PauseGenerationReqInput(mode=mode))
-                await asyncio.sleep(0.05)  # a step under way when the pause came ends first
+                # A step under way when the pause came ends first (it holds the step lock).
+                await wait_until(lambda: not tm.scheduler.step_lock.locked(), what="the step under way ended")
                 held = len(tm.rid_to_state[mode].output_ids)
                 await asyncio.sleep(0.1)
                 assert len(tm.rid_to_state[mode].output_ids) == held < 40  # no step while paused
@@ -585,7 +600,12 @@ async def test_real_sglang_pause_update_weights_resume(tmp_path: Path) -> None:
         ids = tok.encode("Reverse abcd")
         before = await engine.generate(_req("before", ids, _greedy(24)))
         tasks = [asyncio.ensure_future(engine.generate(_req(f"p{i}", ids, _greedy(900)))) for i in range(3)]
-        await _wait_for(lambda: engine.stats().running == 3, timeout=120)
+        await wait_until(
+            lambda: engine.stats().running == 3,
+            timeout_s=120,
+            interval_s=0.005,
+            what="three requests have tokens",
+        )
         partials = await engine.pause("abort", timeout=60)
         assert len(partials) == 3 and all(p.token_ids and p.finish_reason == "abort" for p in partials)
         assert [o.finish_reason for o in await asyncio.gather(*tasks)] == ["abort"] * 3

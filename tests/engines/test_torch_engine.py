@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import torch
+from waiting import wait_until
 
 from rlasync.engines import EngineError, GenerateRequest, SamplingParams, TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm
@@ -133,9 +134,8 @@ async def test_pause_abort_returns_partials_and_resume_continues_them(nano) -> N
     long = _greedy(300)
     ids = [tok.encode(p) for p in PROMPTS[:3]]
     tasks = [asyncio.ensure_future(engine.generate(_req(i, x, long))) for i, x in enumerate(ids)]
-    while engine.stats().running < 2:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
+    # Rows count as running after the step that admitted them, which gave each its first token.
+    await wait_until(lambda: engine.stats().running >= 2, what="two requests are decoding")
     partials = await engine.pause("abort")
     assert len(partials) == 2 and all(p.finish_reason == "abort" and p.token_ids for p in partials)
     assert engine.stats().waiting == 1  # the third request waits, it is not lost
@@ -160,8 +160,7 @@ async def test_pause_wait_lets_in_flight_requests_finish(nano) -> None:  # type:
     model, tok = nano
     engine = TorchEngine(model)
     task = asyncio.ensure_future(engine.generate(_req("x", tok.encode("hi"), _greedy(30))))
-    while engine.stats().running < 1:
-        await asyncio.sleep(0.005)
+    await wait_until(lambda: engine.stats().running >= 1, interval_s=0.005, what="the request is decoding")
     assert await engine.pause("wait", timeout=30) == []
     assert task.done() and task.result().finish_reason == "length"
     await engine.resume()
@@ -283,13 +282,9 @@ async def test_a_cancelled_caller_frees_its_row(nano) -> None:  # type: ignore[n
     model, tok = nano
     engine = TorchEngine(model)
     task = asyncio.ensure_future(engine.generate(_req("gone", tok.encode("hello"), _greedy(10_000))))
-    while engine.stats().running < 1:
-        await asyncio.sleep(0.005)
+    await wait_until(lambda: engine.stats().running >= 1, interval_s=0.005, what="the request is decoding")
     task.cancel()
-    for _ in range(400):
-        await asyncio.sleep(0.005)
-        if engine.stats().running == 0:
-            break
+    await wait_until(lambda: engine.stats().running == 0, what="the cancelled request's row was freed")
     assert engine.stats().running == 0 and engine.stats().finished == 1
     await engine.close()
     with pytest.raises(EngineError, match="closed"):

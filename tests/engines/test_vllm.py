@@ -21,7 +21,7 @@ from rlasync.config import EngineConfig  # noqa: E402
 from rlasync.data import make_problems  # noqa: E402
 from rlasync.engines import EngineActor, Router  # noqa: E402
 from rlasync.models import load_pretrained_dir  # noqa: E402
-from rlasync.models.warmstart import run_episode  # noqa: E402
+from rlasync.modes.warmstart import run_episode  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
@@ -46,11 +46,13 @@ async def test_quickstart_rollout_on_vllm_matches_the_torch_engine(calc_model: P
             async with Router([engine]) as router:
                 episodes = await asyncio.gather(
                     *[
-                        run_episode(router, tokenizer, p, temperature=0, seed=0, request_id=f"{backend}-{i}")
+                        run_episode(
+                            router, tokenizer, p, temperature=0, seed=0, trajectory_id=f"{backend}-{i}"
+                        )
                         for i, p in enumerate(problems)
                     ]
                 )
-            answers[backend] = [(e.tool_calls, e.final, e.reward) for e in episodes]
+            answers[backend] = [(e.metrics.tool_calls, e.messages[-1]["content"], e.reward) for e in episodes]
         vllm, torch_ = answers["vllm"], answers["torch"]
         assert all(calls == 1 for calls, _, _ in vllm)  # every answer went through the calculator
         assert sum(r for _, _, r in vllm) >= 8  # the warm-start answers a good share right

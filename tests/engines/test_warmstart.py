@@ -10,11 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlasync.agents import ChatTurns
 from rlasync.data import make_problems
 from rlasync.engines import GenerateOutput, GenerateRequest
 from rlasync.models import build_tokenizer, load_pretrained_dir
-from rlasync.models import warmstart as ws
-from rlasync.models.warmstart import (
+from rlasync.modes import warmstart as ws
+from rlasync.modes.warmstart import (
     WarmStartSettings,
     encode_sft,
     load_summary,
@@ -62,19 +63,18 @@ class ReplayEngine:
 def test_sft_tokens_are_exactly_an_episode_of_the_solution(task: str) -> None:
     tok = build_tokenizer()
     problem = make_problems(task, 1)[0]
-    ids, mask = encode_sft(tok, problem)
+    ids, mask = encode_sft(ChatTurns(tok), problem)
     generated = str(tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False))
     if task == "calc":  # the tool's response is the environment's: no loss on it
         assert generated.count("<tool_call>") == 1 and "<tool_response>" not in generated
     assert generated.endswith(f"{problem.answer}<|im_end|>")
     episode = asyncio.run(
-        run_episode(ReplayEngine(ids, mask), tok, problem, temperature=1.0, seed=0, request_id="r")
+        run_episode(ReplayEngine(ids, mask), tok, problem, temperature=1.0, seed=0, trajectory_id="r")
     )
-    n = len(episode.prompt_ids)
-    assert episode.prompt_ids + episode.completion_ids == ids[: n + len(episode.completion_ids)]
-    assert episode.completion_mask == mask[n : n + len(episode.completion_mask)]
-    assert episode.reward == 1.0 and episode.tool_calls == (task == "calc")
-    assert all(m == 0 for m in mask[n + len(episode.completion_ids) :])  # only the template's last newline
+    assert episode.prompt_ids + episode.response_ids == ids  # the agent loop's episode, token for token
+    assert [0] * len(episode.prompt_ids) + episode.response_mask == mask
+    assert episode.reward == 1.0 and episode.metrics.tool_calls == (task == "calc")
+    assert episode.termination == "stop"
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
 The quickstart on its cluster placement learns in the sync and the fully async mode (real
 ``rlasync train`` processes). A killed engine node leaves rotation and every step is still
 trained, on the survivor, within the staleness bound, with no sample dropped; a killed node that
-holds a trainer rank stops the run with ``RankLostError`` within ``trainer.call_timeout_s``,
+holds a trainer rank stops the run with ``RankLostError`` within ``trainer.operation_timeout_s``,
 leaving no process and no task behind; with every engine node dead the run stops with a typed
 error.
 """
@@ -205,7 +205,7 @@ async def test_a_killed_node_holding_a_trainer_rank_stops_the_run_with_rank_lost
         nano_model_dir,
         f"train.mode={mode}",
         "train.steps=200",
-        "trainer.call_timeout_s=60",
+        "trainer.operation_timeout_s=60",
         "async_training.staleness_threshold=1",
     )
     killed: list[float] = []
@@ -219,7 +219,7 @@ async def test_a_killed_node_holding_a_trainer_rank_stops_the_run_with_rank_lost
         await _run(config, train_sync if mode == "sync" else train_fully_async, on_step)
     assert (
         time.monotonic() - killed[0] < 60
-    )  # trainer.call_timeout_s: here the node deadline (2 s), not a hang
+    )  # trainer.operation_timeout_s: here the node deadline (2 s), not a hang
     assert not _descendants(os.getpid())  # node-2, both rank processes: all gone
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not pending, pending  # the rollouter and its samples were stopped

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until_sync
 
 from rlasync.config import load_config
 from rlasync.data import RowSampler, synthetic_rows
@@ -88,26 +89,35 @@ def _kill_when(proc: subprocess.Popen[str], run_dir: Path, when: str, rng: rando
     after it, ``checkpoint`` while a later checkpoint is being written (its ``.partial`` folder
     exists). Returns what it saw at the kill."""
     checkpoints = run_dir / "checkpoints"
-    deadline = time.monotonic() + 90
-    while not (checkpoints / "step_000002").is_dir():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.01)
+
+    def checkpointed() -> bool:
+        if (checkpoints / "step_000002").is_dir():
+            return True
+        assert proc.poll() is None, proc.communicate()[0]
+        return False
+
+    wait_until_sync(checkpointed, timeout_s=90, what="the run wrote its first checkpoint")
     if when == "random":
         time.sleep(rng.uniform(0.0, 1.5))
     else:
-        while not list(checkpoints.glob("*.partial")):
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                "the run ended before a second checkpoint was written"
-            )
-            time.sleep(0.001)
+
+        def writing() -> bool:
+            if list(checkpoints.glob("*.partial")):
+                return True
+            assert proc.poll() is None, "the run ended before a second checkpoint was written"
+            return False
+
+        wait_until_sync(writing, timeout_s=90, interval_s=0.001, what="a second checkpoint is being written")
     family = _descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     seen = sorted(p.name for p in checkpoints.iterdir())
-    gone = time.monotonic() + 15
-    while _alive(family) and time.monotonic() < gone:  # the ranks and engine nodes follow their parent
-        time.sleep(0.1)
-    assert not _alive(family), f"processes left after the controller was killed: {_alive(family)}"
+    wait_until_sync(  # the ranks and engine nodes follow their parent
+        lambda: not _alive(family),
+        timeout_s=15,
+        interval_s=0.1,
+        what=f"no process of {sorted(family)} is left after the controller was killed",
+    )
     return f"killed with {seen}"
 
 
@@ -172,17 +182,25 @@ def test_a_run_killed_and_resumed_trains_every_sample_once(
 def _interrupt(proc: subprocess.Popen[str], run_dir: Path, *, after_steps: int) -> tuple[str, float]:
     """SIGINT once ``after_steps`` steps are in ``metrics.jsonl`` (0: now); (output, seconds to exit)."""
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while after_steps and not (metrics.is_file() and len(metrics.read_text().splitlines()) > after_steps):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.05)
+
+    def stepped() -> bool:
+        if not after_steps or (metrics.is_file() and len(metrics.read_text().splitlines()) > after_steps):
+            return True
+        assert proc.poll() is None, proc.communicate()[0]
+        return False
+
+    wait_until_sync(stepped, timeout_s=120, interval_s=0.05, what=f"{after_steps} steps are in metrics.jsonl")
     family = _descendants(proc.pid)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
     took = time.monotonic() - sent
-    time.sleep(1.0)
-    assert not _alive(family), f"processes left after the interrupt: {_alive(family)}\n{output}"
+    wait_until_sync(  # within a second of the controller's exit: it stops its processes itself
+        lambda: not _alive(family),
+        timeout_s=1.0,
+        interval_s=0.05,
+        what=f"no process of {sorted(family)} is left after the interrupt\n{output}",
+    )
     return output, took
 
 

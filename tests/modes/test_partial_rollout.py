@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from waiting import wait_until
 
 from rlasync.agents import SingleTurnAgentLoop, ToolAgentLoop
 from rlasync.config import AgentConfig, TrainerConfig, WeightsConfig
@@ -74,19 +75,27 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
         synchronizer = ParameterSynchronizer(WeightsConfig(), trainer, engine)
         await synchronizer.start()
         tasks = [asyncio.ensure_future(loop.run(greedy, **row)) for loop, row in zip(tool_loops, rows)]
-        while tool.running < len(rows):  # every trajectory is in the middle of its tool call
+
+        def in_tool_calls() -> bool:  # every trajectory is in the middle of its tool call
+            if tool.running >= len(rows):
+                return True
             assert not any(t.done() for t in tasks), [t.result().termination for t in tasks if t.done()]
-            await asyncio.sleep(0.01)
+            return False
+
+        await wait_until(in_tool_calls, timeout_s=120, what="every trajectory is inside its tool call")
         long_task = asyncio.ensure_future(
             long_loop.run(
                 SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=1), **rows[0]
             )
         )
-        while not any(
-            seq.request.request_id.startswith("long") and len(seq.tokens) >= 8
-            for seq in engine._by_id.values()
-        ):
-            await asyncio.sleep(0.001)
+        await wait_until(
+            lambda: any(
+                seq.request.request_id.startswith("long") and len(seq.tokens) >= 8
+                for seq in engine._by_id.values()
+            ),
+            interval_s=0.001,
+            what="the long turn has 8 tokens",
+        )
         await trainer.step(_a_step(tool_loops[0].state.prompt_ids + tool_loops[0].state.response_ids[:8]))
         started = time.monotonic()
         run = SimpleNamespace(
@@ -96,8 +105,11 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
         took = time.monotonic() - started
         assert engine.weight_version == 1 and not tool.release.is_set() and not any(t.done() for t in tasks)
         assert took < 10, took  # the tools are still running: the sync did not wait for them
-        while len(long_loop.state.partial_ids) < 8:  # the cut turn's output reaches its loop
-            await asyncio.sleep(0.001)
+        await wait_until(
+            lambda: len(long_loop.state.partial_ids) >= 8,
+            interval_s=0.001,
+            what="the cut turn's output reached its loop",
+        )
         cut = list(long_loop.state.partial_ids)  # the long turn's tokens so far, all version 0
         before = [(list(loop.state.response_ids), list(loop.state.versions)) for loop in tool_loops]
         tool.release.set()

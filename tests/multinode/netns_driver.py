@@ -21,6 +21,7 @@ def say(**fields: object) -> None:
 
 async def main(listen: str) -> None:
     from sample_actors import Counter, Slow, Streamer
+    from waiting import wait_until  # tests/ is on PYTHONPATH (the test passes its sys.path)
 
     config = rlasync.RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=1.5, join_timeout_s=30)
     async with rlasync.Node(0, listen, config=config, secret=os.environ[SECRET_ENV]) as head:
@@ -37,7 +38,11 @@ async def main(listen: str) -> None:
             hosts=[m.address for m in members],
         )
         pending = asyncio.ensure_future(slow.sleep(60))
-        await asyncio.sleep(0.2)
+
+        async def running() -> bool:
+            return (await slow.report())["running"] == 1
+
+        await wait_until(running, what="the call runs on node-1")
         say(phase="waiting")
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # the test kills node-1
         killed = time.monotonic()

@@ -7,11 +7,13 @@ beside it), ``rlasync node`` on host B (node 1 and, as needed, node 3).
   within the staleness bound, nothing dropped; the cut-off node rejoins once the link is back
   and its engine serves again (the late-join path); the head tells it when the run ends.
 - A node on host B holds trainer rank 1: killed, or cut off, the run stops with
-  ``RankLostError`` within ``trainer.call_timeout_s``, and nothing is left running on either host.
+  ``RankLostError`` within ``trainer.operation_timeout_s``, and nothing is left running on
+  either host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from hosts import Hosts
+from waiting import wait_until_sync
 
 from rlasync import new_secret
 from rlasync.runtime.types import SECRET_ENV
@@ -92,11 +95,18 @@ class Cluster:
         )
 
     def wait_for_step(self, step: int, timeout: float = 240) -> None:
-        ends = time.monotonic() + timeout
-        while not any(r["step"] >= step for r in self.records()):
-            assert self.processes[0].poll() is None, self.log(0)
-            assert time.monotonic() < ends, f"no step {step} within {timeout} s\n{self.log(0)}"
-            time.sleep(0.2)
+        def stepped() -> bool:
+            if any(r["step"] >= step for r in self.records()):
+                return True
+            assert self.processes[0].poll() is None, "the head exited"
+            return False
+
+        try:
+            wait_until_sync(
+                stepped, timeout_s=timeout, interval_s=0.2, what=f"step {step} is in metrics.jsonl"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log(0)}") from None
 
     def log(self, rank: int) -> str:
         return (self.run_dir.parent / ("head.log" if rank == 0 else f"node-{rank}.log")).read_text()[-4000:]
@@ -140,9 +150,11 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _gone(pids: list[int], timeout: float) -> list[int]:
-    ends = time.monotonic() + timeout
-    while time.monotonic() < ends and any(_alive(p) for p in pids):
-        time.sleep(0.2)
+    """The processes of ``pids`` still alive after waiting up to ``timeout`` s for all to end."""
+    with contextlib.suppress(AssertionError):  # the caller names what is left
+        wait_until_sync(
+            lambda: not any(_alive(p) for p in pids), timeout_s=timeout, interval_s=0.2, what="all ended"
+        )
     return [p for p in pids if _alive(p)]
 
 
@@ -209,7 +221,7 @@ def test_a_node_holding_a_trainer_rank_lost_stops_the_run_with_rank_lost(
             "train.steps=500",
             "cluster.engines=[1, 2]",
             "cluster.trainer=[0, 1]",
-            f"trainer.call_timeout_s={call_timeout}",
+            f"trainer.operation_timeout_s={call_timeout}",
         ],
         nodes={1: hosts.b, 2: hosts.a},
     )

@@ -13,6 +13,7 @@ exec {host}'``, as it would through ssh.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from hosts import Lan
+from waiting import wait_until_sync
 
 from rlasync import new_secret
 from rlasync.runtime.types import SECRET_ENV
@@ -89,11 +91,16 @@ def _records(tmp_path: Path) -> list[dict[str, object]]:
 def _wait_for_step(
     proc: subprocess.Popen[str], tmp_path: Path, log: Path, step: int, timeout: float = 240
 ) -> None:
-    ends = time.monotonic() + timeout
-    while not any(int(r["step"]) >= step for r in _records(tmp_path)):  # type: ignore[call-overload]
-        assert proc.poll() is None, log.read_text()[-4000:]
-        assert time.monotonic() < ends, log.read_text()[-4000:]
-        time.sleep(0.3)
+    def stepped() -> bool:
+        if any(int(r["step"]) >= step for r in _records(tmp_path)):  # type: ignore[call-overload]
+            return True
+        assert proc.poll() is None, "the launcher exited"
+        return False
+
+    try:
+        wait_until_sync(stepped, timeout_s=timeout, interval_s=0.3, what=f"step {step} is in metrics.jsonl")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{log.read_text()[-4000:]}") from None
 
 
 def _run_on_every_host(
@@ -116,9 +123,9 @@ def _run_on_every_host(
 
 
 def _gone(lan: Lan, timeout: float) -> list[int]:
-    ends = time.monotonic() + timeout
-    while lan.pids() and time.monotonic() < ends:
-        time.sleep(0.2)
+    """The LAN's processes still alive after waiting up to ``timeout`` s for all to end."""
+    with contextlib.suppress(AssertionError):  # the caller names what is left
+        wait_until_sync(lambda: not lan.pids(), timeout_s=timeout, interval_s=0.2, what="all ended")
     return lan.pids()
 
 

@@ -208,3 +208,12 @@ class Pumper(Actor):
                 await asyncio.sleep(0.005)
 
         self._task = asyncio.create_task(pump())
+
+
+class MemberView(Actor):
+    """What its node has heard of the cluster: tests wait on it instead of sleeping."""
+
+    @endpoint
+    async def sees(self, node_id: str) -> bool:
+        """Whether this node still counts ``node_id`` as a live member (it asks nobody)."""
+        return self.node.live_member(node_id) is not None

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 from sample_actors import Counter, Failer, Point, Slow, Streamer, Tasky
+from waiting import wait_until
 
 from rlasync import ActorError, ActorNotFound, CallTimeout, LocalCluster, NotAnEndpoint, RuntimeConfig
 
@@ -86,31 +87,39 @@ async def test_stream_backpressure_and_early_close(cluster: LocalCluster) -> Non
     streamer = await cluster.spawn(Streamer, node=1)
     stream = streamer.count(10_000)
     assert await stream.__anext__() == 0
-    await asyncio.sleep(0.3)
-    # The producer may run at most one window ahead of what we consumed.
+
+    async def window_full() -> bool:
+        return (await streamer.report())["produced"] >= window
+
+    # The producer fills its window, and may run at most one window ahead of what we consumed
+    # (unbounded, it would be thousands of items further by the time the window is full).
+    await wait_until(window_full, what=f"the producer filled its window of {window} items")
     assert (await streamer.report())["produced"] <= window + 1
     await stream.aclose()  # closing our end stops the generator on the other node
-    for _ in range(100):
-        if (await streamer.report())["closed"] == 1:
-            break
-        await asyncio.sleep(0.02)
-    assert (await streamer.report())["closed"] == 1
+
+    async def closed() -> bool:
+        return (await streamer.report())["closed"] == 1
+
+    await wait_until(closed, what="the generator on the other node was closed")
 
 
 async def test_cancelling_the_caller_cancels_the_remote_call(cluster: LocalCluster) -> None:
     slow = await cluster.spawn(Slow, node=1)
     task = asyncio.create_task(slow.sleep(30))
-    await asyncio.sleep(0.3)
-    assert (await slow.report())["running"] == 1
+
+    async def running() -> bool:
+        return (await slow.report())["running"] == 1
+
+    await wait_until(running, what="the call runs on node-1")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(100):
-        report = await slow.report()
-        if report["cancelled"] == 1:
-            break
-        await asyncio.sleep(0.02)
-    assert report == {"running": 0, "max_running": 1, "cancelled": 1, "finished": 0}
+
+    async def cancelled() -> bool:
+        return (await slow.report())["cancelled"] == 1
+
+    await wait_until(cancelled, what="the remote call was cancelled")
+    assert await slow.report() == {"running": 0, "max_running": 1, "cancelled": 1, "finished": 0}
 
 
 async def test_deadline_raises_call_timeout_naming_the_setting(cluster: LocalCluster) -> None:
@@ -119,11 +128,11 @@ async def test_deadline_raises_call_timeout_naming_the_setting(cluster: LocalClu
     with pytest.raises(CallTimeout, match=r"runtime.call_timeout_s or pass .options\(timeout=...\)"):
         await slow.sleep.options(timeout=0.3)(30)
     assert time.monotonic() - started < 10
-    for _ in range(100):  # the callee was told to stop
-        if (await slow.report())["cancelled"] == 1:
-            break
-        await asyncio.sleep(0.02)
-    assert (await slow.report())["cancelled"] == 1
+
+    async def cancelled() -> bool:
+        return (await slow.report())["cancelled"] == 1
+
+    await wait_until(cancelled, what="the callee was told to stop")
 
 
 async def test_backpressure_bounds_calls_in_flight() -> None:

@@ -13,6 +13,7 @@ import time
 import pytest
 import zmq
 from sample_actors import Counter, PingPong, Relay, Slow
+from waiting import wait_until
 
 from rlasync import JoinError, LocalCluster, Node, NodeLostError, RuntimeConfig
 
@@ -24,7 +25,11 @@ async def test_kill_9_raises_node_lost_within_the_deadline() -> None:
         slow = await cluster.spawn(Slow, node=1)
         survivor = await cluster.spawn(Counter, node=2)
         pending = [asyncio.ensure_future(slow.sleep(60)) for _ in range(5)]
-        await asyncio.sleep(0.2)
+
+        async def all_running() -> bool:
+            return (await slow.report())["running"] == 5
+
+        await wait_until(all_running, what="the 5 calls run on node-1")
         killed_at = time.monotonic()
         os.kill(cluster.pid(1), signal.SIGKILL)
         for call in pending:
@@ -44,11 +49,16 @@ async def test_node_to_node_calls_fail_when_the_callee_dies() -> None:
         slow = await cluster.spawn(Slow, node=2)
         relay = await cluster.spawn(Relay, node=1)
         call = asyncio.ensure_future(relay.relay(slow, 60))
-        await asyncio.sleep(0.3)
+
+        async def relayed() -> bool:
+            return (await slow.report())["running"] == 1
+
+        await wait_until(relayed, what="node-1's call runs on node-2")
         os.kill(cluster.pid(2), signal.SIGKILL)
         assert await asyncio.wait_for(call, 10) == "NodeLostError"
 
 
+@pytest.mark.serial
 async def test_garbage_frames_never_kill_a_node() -> None:
     async with LocalCluster(nodes=2, config=FAST) as cluster:
         counter = await cluster.spawn(Counter, node=1)
@@ -135,11 +145,11 @@ async def _head_and_node(tmp_path, runtime: str):  # type: ignore[no-untyped-def
     try:
         # A third node: when it sees node-1 as a member, node-1 has joined. It leaves again.
         async with Node(2, f"ipc://{tmp_path}/probe.sock", head=head_address) as probe:
-            for _ in range(200):
-                if len(await probe.members()) == 3:
-                    break
-                await asyncio.sleep(0.05)
-            assert len(await probe.members()) == 3
+
+            async def all_joined() -> bool:
+                return len(await probe.members()) == 3
+
+            await wait_until(all_joined, timeout_s=20, what="the probe sees 3 members")
         yield head, node
     finally:
         for proc in (head, node):
@@ -220,12 +230,12 @@ async def test_a_restarted_rank_replaces_its_dead_process(tmp_path) -> None:  # 
             env=env,
         )
         try:
-            for _ in range(200):
+
+            async def replaced() -> bool:
                 members = {m.node_id: m for m in await cluster.members()}
-                if "node-1" in members and members["node-1"].incarnation != old_incarnation:
-                    break
-                await asyncio.sleep(0.05)
-            assert members["node-1"].incarnation != old_incarnation
+                return "node-1" in members and members["node-1"].incarnation != old_incarnation
+
+            await wait_until(replaced, timeout_s=20, what="a new process joined as node-1")
             with pytest.raises(NodeLostError):
                 await old.add(1)
             new = await cluster.spawn(Counter, 100, node=1)
@@ -239,6 +249,7 @@ async def test_a_restarted_rank_replaces_its_dead_process(tmp_path) -> None:  # 
             new_process.wait(timeout=10)
 
 
+@pytest.mark.serial
 async def test_a_call_meant_for_a_dead_process_is_refused_by_its_successor(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A node that never heard of the old process's death calls it through a stored ref; the
     new process now listening at the same address must refuse (NodeLostError), not answer."""
@@ -274,11 +285,12 @@ async def test_a_call_meant_for_a_dead_process_is_refused_by_its_successor(tmp_p
             env=env,
         )
         try:
-            for _ in range(200):
+
+            async def replaced() -> bool:
                 members = {m.node_id: m for m in await cluster.members()}
-                if "node-1" in members and members["node-1"].incarnation != old_info.node.incarnation:
-                    break
-                await asyncio.sleep(0.05)
+                return "node-1" in members and members["node-1"].incarnation != old_info.node.incarnation
+
+            await wait_until(replaced, timeout_s=20, what="the successor joined as node-1")
             await cluster.spawn(Counter, 7, node=1, name="counter")  # same name, new process
             async with Node(5, f"ipc://{tmp_path}/late.sock", head=cluster.head.address, config=FAST) as late:
                 stale = ActorRef(late, old_info, Counter)

@@ -10,13 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import msgspec
 import pytest
 from hostile import RawPeer, rss_mb
-from sample_actors import Counter, PingPong, Pumper, Slow, Streamer, Ticker
+from sample_actors import Counter, MemberView, PingPong, Pumper, Slow, Streamer, Ticker
+from waiting import wait_until
 
 from rlasync import (
     ActorError,
@@ -145,7 +147,11 @@ async def test_calls_that_expire_in_the_queue_are_never_sent_and_the_queue_is_bo
         timed_out = [r for r in results if isinstance(r, CallTimeout)]
         assert len(refused) == 2000 - 104 and len(timed_out) == 104
         assert "runtime.max_queued_calls=100" in str(refused[0])
-        await asyncio.sleep(0.3)
+        # (Had the expired calls been sent instead, this would never come.)
+        await wait_until(
+            lambda: cluster.head.stats().calls_expired_unsent >= 96,
+            what="the head dropped the queued calls whose deadline passed",
+        )
         report = await slow.report()
         assert (
             report["running"] + report["cancelled"] + report["finished"] <= 8
@@ -178,22 +184,30 @@ async def test_one_caller_runs_a_bounded_number_of_calls_that_end_with_it() -> N
 
         answers = await asyncio.to_thread(flood)
         assert sum(isinstance(m, Error) and m.code == "busy" for m in answers) == 250
-        for _ in range(100):
-            report = await slow.report()
-            if report["running"] == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert report == {"running": 0, "max_running": 50, "cancelled": 50, "finished": 0}
+
+        async def none_running() -> bool:
+            return (await slow.report())["running"] == 0
+
+        await wait_until(none_running, what="the closed caller's calls ended")
+        assert await slow.report() == {"running": 0, "max_running": 50, "cancelled": 50, "finished": 0}
         assert (await cluster.head.node_stats(1)).calls_refused == 250
+
+        release = threading.Event()
 
         def overstay() -> None:  # connected and silent: never cancels, never reads
             with RawPeer(address, secret=cluster.secret) as peer:
                 peer.call("slow", "sleep", 60.0, timeout=0.5)
-                time.sleep(3.5)
+                release.wait(30)  # stays connected until the test has seen the callee give up
 
         staying = asyncio.ensure_future(asyncio.to_thread(overstay))
-        await asyncio.sleep(3.0)
-        assert (await slow.report())["cancelled"] == 51  # its deadline passed: the callee gave up too
+
+        async def gave_up() -> bool:
+            return (await slow.report())["cancelled"] == 51
+
+        try:  # its deadline passed (the caller is still connected): the callee gave up too
+            await wait_until(gave_up, what="the overstaying call was cancelled at its deadline")
+        finally:
+            release.set()
         await staying
 
 
@@ -268,6 +282,7 @@ async def test_outsiders_get_bounded_connections_time_and_memory() -> None:
             assert len(await cluster.members()) == 3  # a member still gets in
 
 
+@pytest.mark.serial
 async def test_big_bodies_are_refused_and_torch_loads_off_the_loop() -> None:
     """Defect 6: 80 MB of valid msgpack decoded on the loop stalled the head 5 s; the first
     tensor a node received imported torch on its loop (1.3-2.2 s)."""
@@ -320,16 +335,22 @@ async def test_a_process_declared_dead_gets_no_call_served_after() -> None:
     """Defect 8: a node stopped past the deadline had one more call served after its death."""
     async with LocalCluster(nodes=3, config=FAST) as cluster:
         counter = await cluster.spawn(Counter, node=2)
+        view = await cluster.spawn(MemberView, node=2)
         pumper = await cluster.spawn(Pumper, node=1)
         await pumper.start(counter)
-        await asyncio.sleep(0.3)
+
+        async def pumping() -> bool:
+            return await counter.add(0) > 0
+
+        await wait_until(pumping, what="node-1's calls reach node-2")
         os.kill(cluster.pid(1), signal.SIGSTOP)
         try:
-            for _ in range(100):
-                if "node-1" not in [m.node_id for m in await cluster.members()]:
-                    break
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(0.3)  # node-2 has heard of the death by now
+            await _wait_gone(cluster.head, "node-1")
+
+            async def heard() -> bool:
+                return not await view.sees("node-1")
+
+            await wait_until(heard, what="node-2 has heard of node-1's death")
             before = await counter.add(0)
         finally:
             os.kill(cluster.pid(1), signal.SIGCONT)
@@ -398,17 +419,20 @@ async def test_parameters_are_checked_and_calls_are_futures() -> None:
 
 
 async def _wait_for_member(node: Node, node_id: str, not_incarnation: str | None) -> NodeInfo:
-    for _ in range(300):
+    found: list[NodeInfo] = []
+
+    async def joined() -> bool:
         members = {m.node_id: m for m in await node.members()}
         if node_id in members and members[node_id].incarnation != not_incarnation:
-            return members[node_id]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{node_id} did not (re)join")
+            found.append(members[node_id])
+        return bool(found)
+
+    await wait_until(joined, timeout_s=20, what=f"{node_id} (re)joined")
+    return found[0]
 
 
 async def _wait_gone(node: Node, node_id: str) -> None:
-    for _ in range(300):
-        if node_id not in [m.node_id for m in await node.members()]:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{node_id} was not declared dead")
+    async def gone() -> bool:
+        return node_id not in [m.node_id for m in await node.members()]
+
+    await wait_until(gone, timeout_s=20, what=f"{node_id} was declared dead")

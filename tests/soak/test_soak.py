@@ -23,6 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 from hostile import Flooder, Fuzzer, Outsider, RawPeer, rss_mb  # noqa: E402
+from waiting import wait_until_sync  # noqa: E402
 
 from rlasync import new_secret  # noqa: E402
 from rlasync.runtime.types import SECRET_ENV  # noqa: E402
@@ -149,16 +150,15 @@ def test_attacks_on_a_training_cluster_cost_nothing(tmp_path: Path, nano_model_d
 
 
 def _wait_for_step(run_dir: Path, head: subprocess.Popen[bytes], step: int, tmp_path: Path) -> None:
-    deadline = time.monotonic() + 600
     metrics = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
+
+    def stepped() -> bool:
         assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
-        if metrics.is_file() and any(
+        return metrics.is_file() and any(
             json.loads(line)["step"] >= step for line in metrics.read_text().splitlines() if line.strip()
-        ):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no step {step} within 600 s")
+        )
+
+    wait_until_sync(stepped, timeout_s=600, interval_s=0.5, what=f"step {step} is in metrics.jsonl")
 
 
 def _free_port() -> int:

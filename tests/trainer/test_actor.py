@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from waiting import wait_until_sync
 
 from rlasync import LocalCluster
 from rlasync.config import RuntimeConfig, TrainerConfig
@@ -166,7 +167,7 @@ async def test_the_trainer_has_no_rpc_of_its_own() -> None:
 
 
 async def test_a_killed_rank_fails_the_call_at_once_not_at_the_deadline(model_dir: Path) -> None:
-    async with TrainerActor(TrainerConfig(world_size=2, call_timeout_s=600)) as trainer:
+    async with TrainerActor(TrainerConfig(world_size=2, operation_timeout_s=600)) as trainer:
         await trainer.start(model_dir)
         os.kill(trainer.info["pids"][1], signal.SIGKILL)
         started = time.monotonic()
@@ -185,7 +186,7 @@ async def test_ranks_on_two_nodes_take_the_step_and_a_lost_node_fails_the_call_w
     runtime = RuntimeConfig(heartbeat_interval_s=0.2, node_dead_after_s=2.0, join_timeout_s=60)
     async with LocalCluster(nodes=2, config=runtime) as cluster:
         trainer = TrainerActor(
-            TrainerConfig(world_size=2, call_timeout_s=60), node=cluster.head, hosts=[0, 1]
+            TrainerConfig(world_size=2, operation_timeout_s=60), node=cluster.head, hosts=[0, 1]
         )
         try:
             await trainer.start(model_dir)
@@ -222,17 +223,15 @@ async def test_ranks_meet_at_master_addr_and_port_when_they_are_set(
 
 
 def _wait_gone(pid: int, seconds: float) -> None:
-    ends = time.monotonic() + seconds
-    while time.monotonic() < ends:
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
+            return True
         with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its parent to reap it is gone too
-            if f.read().split(") ", 1)[1].startswith("Z"):
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"process {pid} is still running")
+            return f.read().split(") ", 1)[1].startswith("Z")
+
+    wait_until_sync(gone, timeout_s=seconds, interval_s=0.1, what=f"process {pid} is gone")
 
 
 async def test_ranks_that_cannot_start_fail_within_the_start_deadline(tmp_path: Path) -> None:

@@ -33,11 +33,18 @@ def test_yaml_and_dotted_overrides(tmp_path: Path) -> None:
         ("engine.max_batch=0", "engine.max_batch"),
         ("router.on_engine_lost=ignore", "router.on_engine_lost"),
         ("router.max_inflight=3", "max_inflight"),
+        ("trainer.call_timeout_s=60", "was renamed to `trainer.operation_timeout_s`"),
     ],
 )
 def test_bad_values_name_their_dotted_path(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+def test_one_default_for_max_new_tokens() -> None:
+    from rlasync.engines.types import SamplingParams
+
+    assert load_config().train.max_new_tokens == SamplingParams().max_new_tokens
 
 
 def test_shipped_configs_load() -> None:

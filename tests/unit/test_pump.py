@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import zmq
+from waiting import wait_until
 
 from rlasync.transport.zmq_io import BATCH_MARK, SocketPump
 
@@ -79,23 +80,22 @@ async def test_a_peer_that_reads_nothing_does_not_block_the_others() -> None:
         sock.send(b"hello")
     seen: list[bytes] = []
     server = SocketPump(router, lambda frames: seen.append(frames[0]), recheck_s=0.05, routed=True)
-    for _ in range(100):
-        if len(seen) == 2:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: len(seen) == 2, what="both peers' hellos arrived")
     big = bytes([2]) + b"x" * 20000  # large: never batched, so each is one ZeroMQ message
     for _ in range(50):
         server.send([b"stuck", big])  # far past what ZeroMQ holds for a peer that never reads
     for i in range(5):
         server.send([b"reader", bytes([2]) + bytes([i]) * 20000])
     got = []
-    for _ in range(200):
-        try:
-            got.append(reader.recv(zmq.NOBLOCK))
-        except zmq.Again:
-            if len(got) == 5:
-                break
-            await asyncio.sleep(0.01)
+
+    def five_read() -> bool:  # reads all that has arrived
+        while True:
+            try:
+                got.append(reader.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return len(got) >= 5
+
+    await wait_until(five_read, what="the reader got its 5 messages")
     assert [g[1] for g in got] == [0, 1, 2, 3, 4]
     for sock in (stuck, reader):
         sock.close(linger=0)
@@ -113,16 +113,13 @@ async def test_a_lost_wake_up_is_rescued_and_counted_and_a_fresh_arrival_is_not(
     await asyncio.sleep(0.01)
     pump.loop.remove_reader(pump._fd)  # the reader will never fire: every wake-up is lost
     push.send(b"one")
-    for _ in range(100):
-        if got:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: got, what="the timer rescued the message")
     assert got == [[b"one"]] and pump.rescued == 1  # rescued by the timer, and counted
     pump.loop.add_reader(pump._fd, pump._drain)  # the reader is back: arrivals are not lost ones
     for i in range(200):
         push.send(b"%d" % i)
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(0.2)
+        await asyncio.sleep(0.001)  # each a fresh arrival, over several of the timer's rechecks
+    await wait_until(lambda: len(got) == 201, what="all 200 arrived")
     assert len(got) == 201 and pump.rescued == 1
     pump.close()
     pull.close(0)

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from rlasync.tools import (
     PythonTool,
@@ -53,15 +54,6 @@ async def run(code: str, **settings: object) -> ToolResult:
     return await run_tool_call(
         {"python": tool}, ToolCall("python", {"code": textwrap.dedent(code)}), ToolContext()
     )
-
-
-async def wait_until(predicate: object, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 def marked(marker: str) -> list[int]:
@@ -249,21 +241,36 @@ async def test_no_network_unless_asked() -> None:
 async def test_cancellation_kills_the_script_and_removes_its_directory(marker: str) -> None:
     code = f"import os, sys\nopen({marker!r}, 'w').close()\nos.execv(sys.executable, {sleeper(marker)})\n"
     task = asyncio.create_task(run(code, wall_time_s=60))
-    assert await wait_until(lambda: marked(marker)), "the script never started"
+    await wait_until(lambda: marked(marker), interval_s=0.05, what="the script started")
     workdirs = [p.parent for p in Path(tempfile.gettempdir()).glob(f"rlasync-python-*/{marker}")]
     assert len(workdirs) == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await wait_until(lambda: not marked(marker), 5), "the script outlived the cancellation"
-    assert await wait_until(lambda: not workdirs[0].exists(), 5)
+    await wait_until(
+        lambda: not marked(marker),
+        timeout_s=5,
+        interval_s=0.05,
+        what="the script ended with the cancellation",
+    )
+    await wait_until(
+        lambda: not workdirs[0].exists(),
+        timeout_s=5,
+        interval_s=0.05,
+        what="the script's directory was removed",
+    )
 
 
 async def test_timeout_kills_children_of_the_script(marker: str) -> None:
     code = f"import subprocess, sys, time\nsubprocess.Popen({sleeper(marker)})\ntime.sleep(3600)\n"
     result = await run(code, wall_time_s=2.0)
     assert result.error_kind == "timeout"
-    assert await wait_until(lambda: not marked(marker), 5), "a child of the script survived the timeout"
+    await wait_until(
+        lambda: not marked(marker),
+        timeout_s=5,
+        interval_s=0.05,
+        what="the script's child ended at the timeout",
+    )
 
 
 async def test_concurrency_is_bounded_per_tool() -> None:
@@ -442,7 +449,9 @@ async def test_a_daemon_ends_with_the_script(marker: str, network: bool) -> None
     assert result.ok and result.error_kind is None and result.text == "main done", (
         result.text
     )  # not a timeout
-    assert await wait_until(lambda: not marked(marker), 5), "the daemon outlived the call"
+    await wait_until(
+        lambda: not marked(marker), timeout_s=5, interval_s=0.05, what="the daemon ended with the call"
+    )
 
 
 async def test_without_any_layer_a_daemon_holding_the_output_cannot_stall_the_call(

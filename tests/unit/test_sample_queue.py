@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rlasync.modes.queue import SampleQueue, StalenessError
+from rlasync.modes.queue import QueueClosed, SampleQueue, StalenessError
 
 
 async def _run(
@@ -90,8 +90,29 @@ async def test_misuse_is_an_error_not_a_silent_violation() -> None:
     with pytest.raises(ValueError, match="less than one batch"):
         SampleQueue(4, capacity=3)
     await queue.close()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(QueueClosed):
         await queue.admit()
+
+
+async def test_close_wakes_waiters_with_queue_closed_and_cancelling_still_cancels() -> None:
+    """Closing ends every wait with ``QueueClosed`` (no task was cancelled); cancelling a
+    waiting task is still a ``CancelledError``."""
+    queue: SampleQueue[int] = SampleQueue(1)
+    admitted = await queue.admit()
+    waiting = [asyncio.ensure_future(queue.admit()), asyncio.ensure_future(queue.take())]
+    cancelled = asyncio.ensure_future(queue.take())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await queue.close()
+    for task in waiting:
+        with pytest.raises(QueueClosed):
+            await task
+    with pytest.raises(QueueClosed):
+        await queue.take()
+    await queue.put(admitted, 0)
+    assert queue.take_nowait() is None
 
 
 async def test_a_restored_queue_keeps_every_ticket_and_its_deadline() -> None:

@@ -6,18 +6,10 @@ import itertools
 
 import pytest
 
-from rlasync.data import (
-    TASKS,
-    calculator,
-    get_task,
-    iter_problems,
-    make_problems,
-    parse_tool_call,
-    run_tool,
-    split_of,
-)
+from rlasync.data import TASKS, get_task, iter_problems, make_problems, split_of
 from rlasync.data.synthetic import REVERSE_ALPHABET
 from rlasync.models import build_tokenizer
+from rlasync.tools import HermesParser, calculator
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
@@ -78,10 +70,10 @@ def test_calc_target_renders_a_tool_call_its_response_and_the_answer() -> None:
     assert text.endswith(
         f"<tool_response>{problem.answer}</tool_response><|im_end|>\n<|im_start|>assistant\n{problem.answer}<|im_end|>\n"
     )
-    # The assistant turn parses back to the call, and running it gives the answer.
-    parsed = parse_tool_call(call)
-    assert parsed == ("calculator", {"expression": problem.key})
-    assert run_tool(*parsed) == problem.answer
+    # The assistant turn parses back to the call (the agent loops' parser), and the calculator answers it.
+    turn = HermesParser().parse(call.removesuffix("<|im_end|>"))
+    assert [(c.name, c.arguments) for c in turn.calls] == [("calculator", {"expression": problem.key})]
+    assert not turn.errors and calculator(problem.key) == problem.answer
 
 
 def test_reverse_letters_are_one_token_each() -> None:
@@ -89,14 +81,3 @@ def test_reverse_letters_are_one_token_each() -> None:
     tok = build_tokenizer()
     for a, b in itertools.product(REVERSE_ALPHABET, repeat=2):
         assert tok.convert_ids_to_tokens(tok.encode(f"Reverse {a}{b}{a}"))[-3:] == [a, b, a]
-
-
-def test_calculator_evaluates_arithmetic_and_nothing_else() -> None:
-    assert calculator("37*58") == "2146"
-    assert calculator("(1+2)*-3 - 7//2 % 2") == "-10"
-    for bad in ["__import__('os')", "2**99999", "1/2", "1//0", "x", "1" * 80, "3.5*2"]:
-        assert calculator(bad).startswith("error"), bad
-    assert parse_tool_call("no call") is None
-    assert parse_tool_call("<tool_call>{not json}</tool_call>") is None
-    assert parse_tool_call('<tool_call>{"name": "calculator"}</tool_call>') is None
-    assert run_tool("python", {"code": "1"}).startswith("error")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from rlasync.data.synthetic import CALCULATOR
 from rlasync.tools import (
+    CALCULATOR,
     CalculatorTool,
     PythonTool,
     Tool,
@@ -18,6 +18,7 @@ from rlasync.tools import (
     ToolError,
     base,
     build_tools,
+    calculator,
     error_result,
     get_tool,
     register_tool,
@@ -312,3 +313,10 @@ async def test_calculator(tools: dict[str, Tool], expression: str, ok: bool, tex
     result = await run_tool_call(tools, ToolCall("calculator", {"expression": expression}), ToolContext())
     assert (result.ok, result.text) == (ok, text)
     assert result.error_kind == (None if ok else "tool_error")
+
+
+def test_calculator_evaluates_arithmetic_and_nothing_else() -> None:
+    assert calculator("37*58") == "2146"
+    assert calculator("(1+2)*-3 - 7//2 % 2") == "-10"
+    for bad in ["__import__('os')", "2**99999", "1/2", "1//0", "x", "1" * 80, "3.5*2"]:
+        assert calculator(bad).startswith("error"), bad

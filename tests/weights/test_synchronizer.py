@@ -12,7 +12,7 @@ from rlasync.config import TrainerConfig, WeightsConfig
 from rlasync.engines import TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm
 from rlasync.trainer import TrainerActor
-from rlasync.weights import ParameterSynchronizer, SyncError
+from rlasync.weights import EngineWeights, ParameterSynchronizer, SyncError
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
@@ -67,8 +67,8 @@ async def test_a_failed_sync_forms_a_new_group_or_stops_with_the_engine_on_its_l
         )
         await sync.start()
         await sync.sync(1)
-        local = sync._sinks[0].local
-        assert local is not None
+        local = sync._targets[0].sink
+        assert isinstance(local, EngineWeights)
         local.close_group()  # this side drops out: the trainer's rank 0 waits for it until the deadline
         if retries:
             report = await sync.sync(2)
@@ -98,8 +98,8 @@ async def test_the_trainer_changing_its_parameters_mid_copy_is_an_error_not_a_mi
         await trainer.step(
             tiny_batch()
         )  # marks the shared parameters as changing; nobody publishes version 2
-        local = sync._sinks[0].local
-        assert local is not None
+        local = sync._targets[0].sink
+        assert isinstance(local, EngineWeights)
         with pytest.raises(SyncError, match="was not published within weights.timeout_s=1"):
             await local.stage(2, 1.0)
         assert engine.weight_version == 1

@@ -135,6 +135,7 @@ def test_a_killed_engine_is_an_error_within_the_deadline_and_a_new_generation_wo
     again.close()
 
 
+@pytest.mark.serial
 def test_a_stalled_engine_is_an_error_after_the_deadline_not_a_hang(tmp_path: Path) -> None:
     import msgspec
 

@@ -3,7 +3,8 @@
 Prompts are left-padded to the longest prompt, responses right-padded to the longest
 response, so ``input_ids = prompts ++ responses`` has every sequence's prompt ending at the
 same column. ``position_ids`` count real tokens only, as the engines' did when sampling
-(the logprobs a trainer recomputes must use the same positions; feasibility note gotcha 5).
+(the logprobs a trainer recomputes must use the same positions, or they differ from the
+engine's).
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ..engines.protocol import EngineError
-from ..engines.router import EngineLostError
+from ..engines.protocol import EngineError, EngineLostError
 from ..engines.types import GenerateRequest, SamplingParams
 from ..runtime import ActorError
 from ..tools.base import ToolCall

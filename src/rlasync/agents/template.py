@@ -99,6 +99,25 @@ class ChatTurns:
             i for i, token in added.items() if getattr(token, "special", False)
         }
 
+    def model_turn(
+        self,
+        conversation: list[dict[str, Any]],
+        message: dict[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The ids a model generates to say the assistant ``message`` after ``conversation``: the
+        template's rendering of it, up to and including the turn end (what supervised
+        fine-tuning trains a model to produce, ``rlasync.modes.warmstart``)."""
+        before = self.render(conversation, tools=tools, generation_prompt=True)
+        after = self.render([*conversation, message], tools=tools, generation_prompt=False)
+        end = after.find(self.turn_end, len(before))
+        if not after.startswith(before) or end < 0:
+            raise TemplateError(
+                "the chat template does not render an assistant turn as the prompt's continuation ending with "
+                f"the eos token {self.turn_end!r}"
+            )
+        return self.encode(after[len(before) : end + len(self.turn_end)])
+
     def after_model_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """What the template puts after a model turn that ended with its end token, then
         ``messages`` (tool or user turns), then the next assistant header.

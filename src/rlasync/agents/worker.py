@@ -324,7 +324,7 @@ class AgentLoopManager:
         wanted = list(uids)
         replies = await asyncio.gather(
             *[w.loop_states.options(timeout=timeout_s)(wanted) for w in self.workers], return_exceptions=True
-        )  # type: ignore[attr-defined]
+        )
         states: dict[str, LoopState] = {}
         for worker, reply in zip(self.workers, replies):
             if isinstance(reply, BaseException):
@@ -349,7 +349,7 @@ class AgentLoopManager:
         self.outstanding[worker.name] = self.outstanding.get(worker.name, 0) + len(rows)
         mine = {uid: states[uid] for row in rows if states and (uid := str(row["uid"])) in states} or None
         try:
-            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params, mine)  # type: ignore[attr-defined]
+            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params, mine)
         finally:
             self.outstanding[worker.name] -= len(rows)
         return [t if isinstance(t, Trajectory) else msgspec.convert(t, Trajectory) for t in reply]

@@ -28,6 +28,10 @@ class AsyncTrainingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     sync. False: the sync first waits for in-flight model turns to finish (``pause("wait")``).
     Either way it never waits for a tool call: a running tool goes on, and the trajectory's
     next turn queues in the engine until the sync is done."""
+    drain_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    """With ``partial_rollout`` false, how long a weight sync waits for in-flight model turns
+    to finish; those still running then are cut and continued under the new weights, as
+    ``partial_rollout`` does. The sync itself has ``weights.timeout_s``."""
     use_rollout_log_probs: bool = True
     """PPO's old logprobs are the engine's (behaviour) logprobs. False: the trainer recomputes
     them at the start of each step (the proximal policy) and the loss is AReaL's decoupled

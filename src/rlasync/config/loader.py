@@ -7,6 +7,7 @@ A bad value is rejected with its dotted path and what was expected.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +29,13 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config file or override is malformed; the message names the dotted path."""
+
+
+RENAMED = {"trainer.call_timeout_s": "trainer.operation_timeout_s"}
+"""Settings that have a new name (old dotted path: new one); the old name is an error that
+names the new one."""
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)` - at `([^`]*)`")
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -70,6 +78,11 @@ def convert(tree: Any, kind: type[T]) -> T:
     except msgspec.ValidationError as exc:
         # msgspec writes paths as `$.runtime.call_timeout_s`; users write them without `$.`.
         message = str(exc).replace("`$.", "`").replace("`$`", "`<top level>`")
+        unknown = _UNKNOWN_FIELD.search(message)
+        if unknown is not None and kind is Config:
+            old = f"{unknown[2]}.{unknown[1]}"
+            if old in RENAMED:
+                message = f"`{old}` was renamed to `{RENAMED[old]}`"
         raise ConfigError(f"invalid config: {message}") from None
 
 

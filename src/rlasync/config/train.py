@@ -11,13 +11,17 @@ PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
+DEFAULT_MAX_NEW_TOKENS = 48
+"""New tokens one model turn may sample unless told otherwise: ``train.max_new_tokens``'s
+default and ``SamplingParams.max_new_tokens``'s (the engines take it from here)."""
+
 
 class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The optimiser and the policy loss (``trainer.*``)."""
 
     lr: Annotated[float, msgspec.Meta(gt=0)] = 1e-3
     """AdamW learning rate (peak, after warm-up). On the 0.5M-parameter quickstart model 1e-3
-    learned and 2e-3 was unstable (feasibility notes §2)."""
+    learned and 2e-3 was unstable (measured on 2 cores)."""
     beta1: float = 0.9
     beta2: float = 0.99
     weight_decay: float = 0.0
@@ -72,8 +76,10 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """On GPU, run forward and backward under bf16 autocast (weights and AdamW state stay float32)."""
     start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     """Deadline for the ranks to start, load the model and join their process group."""
-    call_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 900.0
-    """Deadline for one trainer call (a step, logprobs, a checkpoint); raise it for big batches."""
+    operation_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 900.0
+    """Deadline of one trainer operation (a step, logprobs, a checkpoint save or load) on its
+    ranks, and of each collective among them; raise it for big batches. Other actor calls
+    have ``runtime.call_timeout_s``."""
 
 
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -98,7 +104,9 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     group_size: PositiveInt = 8
     """Samples per prompt (GRPO groups)."""
     temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    max_new_tokens: PositiveInt = 48
+    max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS
+    """New tokens one model turn may sample (a turn cut there ends with finish reason
+    ``length``); the whole response has its own budget, ``agent.response_length``."""
     warmstart_greedy_threshold: Fraction = 0.4
     """The warm-start stops once held-out greedy accuracy reaches this (or sampled accuracy
     0.15): RL then starts from a policy that emits the format but is often wrong."""

@@ -6,13 +6,10 @@ from .synthetic import (
     TASKS,
     Problem,
     Task,
-    calculator,
     get_task,
     iter_problems,
     loop_reward,
     make_problems,
-    parse_tool_call,
-    run_tool,
     split_of,
 )
 
@@ -23,14 +20,11 @@ __all__ = [
     "Row",
     "RowSampler",
     "Task",
-    "calculator",
     "get_task",
     "iter_problems",
     "load_rows",
     "loop_reward",
     "make_problems",
-    "parse_tool_call",
-    "run_tool",
     "split_of",
     "synthetic_rows",
 ]

@@ -8,7 +8,7 @@ repeats) for training. A problem carries its prompt (chat messages, and tool sch
 ``calc``), its answer, and the SFT ``target``: the messages of a correct solution after
 the prompt (one assistant turn, or for ``calc`` the tool call, the tool's reply, the answer).
 
-Why these tasks (measured, ``shared/reference/cpu_feasibility.md``): a 0.5 M-parameter model
+Why these tasks (measured on 2 cores): a 0.5 M-parameter model
 learns reversal and tool use in about a minute, and RL then improves them because a
 half-trained policy is *uncertain per problem*. Single-digit tables are memorised instead
 (every problem is confidently right or wrong, so a GRPO group has no variance), and 2-digit +
@@ -16,22 +16,20 @@ half-trained policy is *uncertain per problem*. Single-digit tables are memorise
 plus a 1-digit number, where the answer's tens digit depends on a carry (a rule shared by
 all problems rather than a per-problem fact), over 900 problems.
 
-No torch here: ``rlasync.models.warmstart`` trains on these, the RL loop rewards with them.
+No torch here: ``rlasync.modes.warmstart`` trains on these, the RL loop rewards with them.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import json
-import operator
 import random
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
+
+from ..tools.calculator import CALCULATOR
 
 Split = Literal["train", "val"]
 Message = dict[str, Any]
@@ -41,7 +39,7 @@ VAL_PERCENT = 10
 
 REVERSE_ALPHABET = "abcdefgh"
 """Letters of ``reverse`` payloads: none of them merge with another in the tiny models' BPE,
-so every letter is one token (merged payloads capped reversal accuracy, feasibility gotcha 3)."""
+so every letter is one token (measured: merged payloads capped reversal accuracy)."""
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,76 +108,6 @@ def _arith(rng: random.Random) -> Problem:
 
 
 # -- calc: the same question shape, but a product the model cannot compute: it calls a tool --
-CALCULATOR: Message = {
-    "type": "function",
-    "function": {
-        "name": "calculator",  # no description: every prompt token costs a tiny model's step time
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
-
-_OPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-
-
-def calculator(expression: str) -> str:
-    """The calculator tool: integers, + - * // % and parentheses; an ``error: …`` text otherwise."""
-
-    def value(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return int(_OPS[type(node.op)](value(node.left), value(node.right)))
-        raise ValueError("unsupported expression")
-
-    if len(expression) > 64:
-        return "error: expression too long"
-    try:
-        return str(value(ast.parse(expression, mode="eval").body))
-    except (SyntaxError, ValueError, ZeroDivisionError) as e:
-        return f"error: {e.__class__.__name__}"
-
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
-    """The first ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` in an assistant turn."""
-    match = _TOOL_CALL.search(text)
-    if match is None:
-        return None
-    try:
-        call = json.loads(match.group(1))
-    except json.JSONDecodeError:
-        return None
-    if (
-        not isinstance(call, dict)
-        or not isinstance(call.get("name"), str)
-        or not isinstance(call.get("arguments"), dict)
-    ):
-        return None
-    return call["name"], call["arguments"]
-
-
-def run_tool(name: str, arguments: dict[str, Any]) -> str:
-    """Execute a parsed tool call (only the calculator exists)."""
-    if name != "calculator":
-        return f"error: unknown tool {name}"
-    expression = arguments.get("expression")
-    return calculator(expression) if isinstance(expression, str) else "error: expression must be a string"
-
-
 def _calc(rng: random.Random) -> Problem:
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     expression, answer = f"{a}*{b}", str(a * b)

@@ -6,8 +6,8 @@
 from ..config.engine import EngineConfig, RouterConfig
 from .actor import EngineActor, build_engine, register_backend
 from .group import EngineGroup
-from .protocol import Engine, EngineError
-from .router import EngineLoad, EngineLostError, NoEngineError, Router, RouterBusyError, RouterStats
+from .protocol import Engine, EngineError, EngineLostError
+from .router import EngineLoad, NoEngineError, Router, RouterBusyError, RouterStats
 from .torch_engine import TorchEngine
 from .types import (
     EngineStats,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -21,6 +21,9 @@ from ..config.engine import EngineConfig
 from ..runtime import Actor, endpoint
 from .protocol import Engine, EngineError
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+
+if TYPE_CHECKING:
+    from ..weights.sink import EngineWeights  # imported when first used: the weights layer sits below
 
 EngineFactory = Callable[[EngineConfig], Awaitable[Engine]]
 _BACKENDS: dict[str, EngineFactory] = {}
@@ -123,7 +126,7 @@ class EngineActor(Actor):
         # Arguments of a remote spawn arrive as plain data: rebuild the Struct (and check it).
         self.config = msgspec.convert(config, EngineConfig) if isinstance(config, dict) else config
         self.engine: Engine | None = engine
-        self._weights: Any = None  # rlasync.weights.EngineWeights, on the first weight_attach
+        self._weights: EngineWeights | None = None  # on the first weight_attach
 
     async def on_start(self) -> None:
         if self.engine is None:
@@ -171,7 +174,7 @@ class EngineActor(Actor):
     async def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         await self._engine().update_weights(named_tensors, version)
 
-    # -- the receiving side of rlasync.weights.ParameterSynchronizer -----------------------------
+    # -- the receiving side of rlasync.weights.ParameterSynchronizer (a WeightSink: ActorSink) ---
     @endpoint
     async def weight_attach(self, plan: bytes, offer: Any = None, double_buffer: bool = True) -> str:
         """Take the bucket plan (once) and map the trainer's shared memory if it is on this
@@ -216,9 +219,9 @@ class EngineActor(Actor):
     async def weight_commit(self, version: int) -> float:
         return float(await self._weights_side().commit(version))
 
-    def _weights_side(self) -> Any:
+    def _weights_side(self) -> EngineWeights:
         if self._weights is None:
-            from ..weights.group import SyncError
+            from ..weights.errors import SyncError
 
             raise SyncError(
                 f"engine {self.name}: weight_attach first (the synchroniser sends the plan before anything else)"

@@ -11,13 +11,27 @@ trimmed. Runs in the engine's worker thread only.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:  # transformers (0.4 s to import) loads with the first prefill, not with the engines
     from transformers import DynamicCache
+
+
+class _KVLayer(Protocol):
+    """One layer of a ``DynamicCache`` as this batch uses it (transformers types its layers as a
+    union that also holds linear-attention layers, which the models served here do not have)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    is_initialized: bool
+
+
+def _layers(cache: DynamicCache) -> list[_KVLayer]:
+    layers: list[_KVLayer] = cache.layers  # type: ignore[assignment]
+    return layers
 
 
 class KVBatch:
@@ -36,7 +50,7 @@ class KVBatch:
         if self.cache is None:
             return 0
         return sum(
-            layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers if layer.is_initialized
+            layer.keys.nbytes + layer.values.nbytes for layer in _layers(self.cache) if layer.is_initialized
         )
 
     # -- model steps ------------------------------------------------------------------------
@@ -91,7 +105,7 @@ class KVBatch:
             return
         old, new = self.mask.shape[1], mask.shape[1]
         width = max(old, new)
-        for mine, theirs in zip(self.cache.layers, cache.layers):
+        for mine, theirs in zip(_layers(self.cache), _layers(cache)):
             mine.keys = torch.cat(
                 [_left_pad(mine.keys, width - old), _left_pad(theirs.keys, width - new)], dim=0
             )
@@ -116,7 +130,7 @@ class KVBatch:
         used = self.mask.any(dim=0).nonzero()
         first = int(used[0]) if len(used) else 0
         assert self.cache is not None
-        for layer in self.cache.layers:
+        for layer in _layers(self.cache):
             layer.keys = layer.keys[index.to(layer.keys.device), :, first:]
             layer.values = layer.values[index.to(layer.values.device), :, first:]
         self.mask = self.mask[:, first:]

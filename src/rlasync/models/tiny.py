@@ -4,9 +4,9 @@
     save_pretrained_dir(model, tokenizer, "runs/nano")
     model, tokenizer = load_pretrained_dir("runs/nano")     # any HF causal-LM folder works
 
-Sizes measured on our 2-core machines (``shared/reference/cpu_feasibility.md``): "nano"
-(0.5 M parameters) learns string reversal and calculator tool use in minutes; "micro"
-(~4 M) and "mini" (~20 M) are for engine and throughput work.
+Sizes, as measured on 2 cores: "nano" (0.5 M parameters) learns string reversal and
+calculator tool use in minutes; "micro" (~4 M) and "mini" (~20 M) are for engine and
+throughput work.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from .tokenizer import IM_END, PAD, build_tokenizer
+from .tokenizer import IM_END, build_tokenizer
 
 
 class TinyLMConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -101,7 +101,7 @@ def build_tiny_lm(config: TinyLMConfig | str = "nano") -> tuple[Any, Any]:
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+        pad_token_id=tokenizer.pad_token_id,  # PAD, as build_tokenizer sets it
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -164,6 +164,6 @@ def load_pretrained_dir(
         model = AutoModelForCausalLM.from_pretrained(
             folder, local_files_only=True, dtype=dtype or torch.float32
         )
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' wrapper of `to` is typed for its own arguments
     model.eval()
     return model, tokenizer

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from .fully_async import train_fully_async
     from .one_step_off import train_one_step_off
     from .parts import RunInterrupted, TrainResult
-    from .queue import SampleQueue, StalenessError
+    from .queue import QueueClosed, SampleQueue, StalenessError
     from .sync import train_sync
+    from .warmstart import warm_start
 
 # Loaded when first named (PEP 562): ``rlasync.modes.placement`` checks a config without the
 # schedules' torch and engines (``rlasync launch`` places a run before starting anything).
@@ -27,9 +28,11 @@ _LAZY = {
     "train_one_step_off": ".one_step_off",
     "TrainResult": ".parts",
     "RunInterrupted": ".parts",
+    "QueueClosed": ".queue",
     "SampleQueue": ".queue",
     "StalenessError": ".queue",
     "train_sync": ".sync",
+    "warm_start": ".warmstart",
 }
 
 
@@ -67,6 +70,7 @@ async def train(
 
 
 __all__ = [
+    "QueueClosed",
     "RunInterrupted",
     "SampleQueue",
     "StalenessError",
@@ -75,4 +79,5 @@ __all__ = [
     "train_fully_async",
     "train_one_step_off",
     "train_sync",
+    "warm_start",
 ]

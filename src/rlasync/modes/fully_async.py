@@ -46,9 +46,10 @@ import msgspec
 
 from ..agents import LoopState, Trajectory
 from ..config import Config
+from ..metrics import Processing, QueueStats, StepRecord, Weights
 from .offpolicy import train_step
-from .parts import OnStep, Run, TrainResult, checkpoint_to_resume
-from .queue import QueueState, SampleQueue, Ticket
+from .parts import OnStep, Run, Steps, TrainResult, checkpoint_to_resume
+from .queue import QueueClosed, QueueState, SampleQueue, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,10 @@ class Rollouter:
         while True:
             if self._limit is not None:
                 await self._limit.acquire()
-            ticket = await self.queue.admit()
+            try:
+                ticket = await self.queue.admit()
+            except QueueClosed:  # shutdown: admissions end
+                return
             # No await from admission to here: a checkpoint sees the ticket with its row and seed.
             (use,), (row,) = self.run.draw(1)
             sample = Admitted(index=ticket.index, use=use, row=row, seed=self.run.sampling().seed or 0)
@@ -223,25 +227,23 @@ async def train_fully_async(
     run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
     rollouter: Rollouter | None = None
 
-    async def save(step: int, record: dict[str, Any], *, stopping: bool) -> None:
-        """Checkpoint ``step`` if due: the trainer, and the samples in flight this instant."""
-        if not run.checkpoint_due(step, stopping=stopping):
-            return
+    async def save(record: StepRecord, version: int, stopping: bool) -> None:
+        """Checkpoint with the samples in flight this instant (``InFlight``)."""
         assert rollouter is not None
         started = time.perf_counter()
         in_flight, position = rollouter.capture()
-        state_now = {"weight_version": version, "initial_accuracy": initial, "accuracy": accuracy, **position}
         files = {
             IN_FLIGHT: asyncio.ensure_future(rollouter.fill_loops(in_flight))
         }  # written once the trainer's state is taken
-        record["checkpoint"] = await run.checkpoint(step, state_now, files, stopping=stopping)
-        record["checkpoint/in_flight"] = len(in_flight.samples)
-        record["checkpoint/s"] = time.perf_counter() - started
+        await steps.save(record, version, stopping, files=files, state=position)
+        record.checkpoint_in_flight = len(in_flight.samples)
+        record.checkpoint_s = time.perf_counter() - started
 
+    steps = Steps(run, state, on_step)
     try:
         rollouter = Rollouter(run, queue, max_concurrent=acfg.max_concurrent_samples)
+        await steps.begin(resume_from)
         if resume_from is not None:
-            initial, accuracy = await run.restore(resume_from, state)
             version = state["weight_version"]
             saved = msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlight)
             by_index = {sample.index: sample for sample in saved.samples}
@@ -258,74 +260,47 @@ async def train_fully_async(
                 queue.version,
             )
         else:
-            initial = accuracy = await run.validate()
-            run.write({"step": 0, "val_accuracy": initial})
             version = 0
             rollouter.start()
         waited_total, last = 0.0, time.perf_counter()
-        for step in range(state.get("step", 0) + 1, cfg.steps + 1):
+        for step in steps:
             t0 = time.perf_counter()
             # A batch that is ready goes to the ranks before the rollouter's admissions run.
             taken = queue.take_nowait() or await _first(queue.take(), rollouter.failed, run.stop)
             if taken is None:  # asked to stop while waiting for samples: the last step's end is saved
-                record = {"step": step - 1}
-                if cfg.checkpoint_on_interrupt:
-                    await save(step - 1, record, stopping=True)
-                raise run.stopped(step - 1, record)
+                record = StepRecord(step=step - 1)
+                if cfg.checkpoint_on_interrupt and run.checkpoint_due(step - 1, stopping=True):
+                    await save(record, version, True)
+                raise run.stopped(record)
             waited = time.perf_counter() - t0
             waited_total += waited
-            record: dict[str, Any] = {
-                "step": step,
-                **await train_step(run, [sample for _, sample in taken], version),
-            }
-            record.update(_processing_times([ticket for ticket, _ in taken]))
-            record["data/rows"] = rollouter.trained([ticket for ticket, _ in taken])
+            tickets = [ticket for ticket, _ in taken]
+            record = await train_step(run, step, [sample for _, sample in taken], version)
+            record.processing = Processing.of([t.finished_at - t.admitted_at for t in tickets])
+            record.data_rows = rollouter.trained(tickets)
             if step % per_version == 0 or step == cfg.steps:
                 report, pause = await _sync(
                     run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0
                 )
                 version += 1
-                record.update(
-                    {
-                        "weights/sync_s": report.transfer_s,
-                        "weights/swap_s": report.pause_s,
-                        "weights/pause_s": pause,
-                    }
-                )
+                record.weights = Weights(sync_s=report.transfer_s, swap_s=report.pause_s, pause_s=pause)
             now = time.perf_counter()
-            record.update(
-                {
-                    "rollout_s": waited,
-                    "train_s": now - t0 - waited,
-                    "trainer/idle_ratio": waited / max(now - t0, 1e-9),
-                    "trainer/idle_ratio_total": waited_total / max(now - run.started, 1e-9),
-                    "rollouter/idle_ratio": rollouter.idle_ratio(),
-                    "async/queue_capacity": queue.capacity,
-                    **queue.stats(),
-                    "step_s": now - last,
-                }
-            )
+            record.rollout_s, record.train_s, record.step_s = waited, now - t0 - waited, now - last
+            record.trainer_idle_ratio = waited / max(now - t0, 1e-9)
+            record.trainer_idle_ratio_total = waited_total / max(now - run.started, 1e-9)
+            record.rollouter_idle_ratio = rollouter.idle_ratio()
+            record.queue = QueueStats.from_dict({"async/queue_capacity": queue.capacity, **queue.stats()})
             last = now
-            if step % cfg.validate_every == 0 or step == cfg.steps:
-                accuracy = await run.validate()  # the engine serves this step's weights only after a sync
-                record["val_accuracy"] = accuracy
-                record["val_version"] = version
-            stopping = run.stopping()
-            await save(step, record, stopping=stopping)
-            run.write(record, on_step)
-            if stopping:
-                raise run.stopped(step, record)
+            if steps.validating(step):
+                await steps.validate(record)  # the engine serves this step's weights only after a sync
+                record.val_version = version
+            await steps.end(record, version, save=save)
     finally:
         if rollouter is not None:
             await rollouter.stop()
         await queue.close()
         await run.close()
-    return TrainResult(
-        initial_accuracy=initial,
-        final_accuracy=accuracy,
-        steps=cfg.steps,
-        wall_s=time.perf_counter() - run.started,
-    )
+    return steps.result()
 
 
 async def _sync(
@@ -337,11 +312,12 @@ async def _sync(
     if partial:
         await engine.pause("abort")  # cut turns return their tokens; their loops re-submit at once
     else:
-        try:
-            await engine.pause("wait", timeout=run.config.weights.timeout_s)  # in-flight turns finish first
+        try:  # in-flight turns finish first
+            await engine.pause("wait", timeout=run.config.async_training.drain_timeout_s)
         except TimeoutError:
             log.warning(
-                "in-flight turns did not finish within weights.timeout_s; cutting them (as partial_rollout does)"
+                "in-flight turns did not finish within async_training.drain_timeout_s; "
+                "cutting them (as partial_rollout does)"
             )
             await engine.pause("abort")
     try:
@@ -356,24 +332,6 @@ async def _sync(
 def _name(index: int) -> str:
     """The rollout name of the sample with ticket ``index``: its trajectories are ``<name>/<i>``."""
     return f"sample{index}"
-
-
-def _processing_times(tickets: list[Ticket]) -> dict[str, float]:
-    """Admission to finish of each sample: percentiles (verl's ``processing_time``)."""
-    times = sorted(t.finished_at - t.admitted_at for t in tickets)
-    if not times:
-        return {}
-
-    def pct(q: float) -> float:
-        return times[min(len(times) - 1, int(q * len(times)))]
-
-    return {
-        "async/processing_s_mean": sum(times) / len(times),
-        "async/processing_s_p50": pct(0.5),
-        "async/processing_s_p95": pct(0.95),
-        "async/processing_s_p99": pct(0.99),
-        "async/processing_s_max": times[-1],
-    }
 
 
 async def _first(work: Any, failed: asyncio.Future[None], stop: asyncio.Event) -> Any:

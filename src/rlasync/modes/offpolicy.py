@@ -17,12 +17,12 @@ import msgspec
 import torch
 
 from ..algorithms import offpolicy_metrics, tis_weights
-from ..trainer.types import reduce_metrics
+from ..metrics import Staleness, StepRecord, reduce_metrics
 from .parts import Run
 
 
-async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[str, Any]:
-    """Train on ``samples`` (each a group of trajectories) at ``version``; the step's metrics."""
+async def train_step(run: Run, step: int, samples: list[list[Any]], version: int) -> StepRecord:
+    """Train on ``samples`` (each a group of trajectories) at ``version``: step ``step``'s record."""
     config, acfg = run.config, run.config.async_training
     temperature = config.train.temperature
     per_update = config.train.prompts_per_step
@@ -59,47 +59,12 @@ async def train_step(run: Run, samples: list[list[Any]], version: int) -> dict[s
         tokens += int(batch.response_mask.sum())
         longest = max(longest, int(batch.response_mask.sum(-1).max()))
     merged = reduce_metrics(parts)
-    record: dict[str, Any] = {f"train/{k}": v for k, v in merged.items() if k != "tokens"}
-    record.update(
+    return StepRecord(
+        step=step,
+        train={k: v for k, v in merged.items() if k != "tokens"},
         reward=float(torch.cat(rewards).mean()),
         response_tokens=tokens,
         response_len_max=longest,
         updates=len(parts),
+        staleness=Staleness.of(samples, version),
     )
-    record.update(staleness(samples, version))
-    return record
-
-
-def staleness(samples: list[list[Any]], version: int) -> dict[str, Any]:
-    """How old the trained data was: per model token and per sample (``version`` minus the
-    oldest version of its tokens), as histograms (index = versions behind), plus the samples
-    whose tokens span several versions (partial rollouts) and the widest span."""
-    token_hist: dict[int, int] = {}
-    sample_hist: dict[int, int] = {}
-    partial, widest = 0, 0
-    for sample in samples:
-        versions = [
-            v for trajectory in sample for v, m in zip(trajectory.versions, trajectory.response_mask) if m
-        ]
-        if not versions:
-            continue
-        for v in versions:
-            token_hist[version - v] = token_hist.get(version - v, 0) + 1
-        oldest = version - min(versions)
-        sample_hist[oldest] = sample_hist.get(oldest, 0) + 1
-        span = max(versions) - min(versions)
-        partial += span > 0
-        widest = max(widest, span)
-
-    def dense(hist: dict[int, int]) -> list[int]:
-        return [hist.get(i, 0) for i in range(max(hist, default=-1) + 1)]
-
-    total = sum(token_hist.values()) or 1
-    return {
-        "async/staleness_token_hist": dense(token_hist),
-        "async/staleness_sample_hist": dense(sample_hist),
-        "async/staleness_token_mean": sum(k * n for k, n in token_hist.items()) / total,
-        "async/staleness_max": max(sample_hist, default=0),
-        "async/partial_samples": partial,
-        "async/partial_span_max": widest,
-    }

@@ -23,8 +23,9 @@ import msgspec
 
 from ..agents.trajectory import Trajectory
 from ..config import Config, ConfigError
+from ..metrics import StepRecord, Weights
 from .offpolicy import train_step
-from .parts import OnStep, Run, TrainResult, checkpoint_to_resume
+from .parts import OnStep, Run, Steps, TrainResult, checkpoint_to_resume
 
 IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its rows' uses and samples
 
@@ -62,9 +63,18 @@ async def train_one_step_off(
         uses, rows = run.draw(batch_rows)
         return asyncio.ensure_future(_groups(run, uses, rows, f"step{step}"))
 
+    async def save(record: StepRecord, version: int, stopping: bool) -> None:
+        """Checkpoint with the batch in flight, finished first: it is trained next on resume."""
+        files: dict[str, Any] = {}
+        if pending is not None:
+            await asyncio.wait([pending])
+            files[IN_FLIGHT] = msgspec.msgpack.encode(pending.result())
+        await steps.save(record, version, stopping, files=files)
+
+    steps = Steps(run, state, on_step)
     try:
+        await steps.begin(resume_from)
         if resume_from is not None:
-            initial, accuracy = await run.restore(resume_from, state)
             served = state["weight_version"]
             if (
                 resume_from / IN_FLIGHT
@@ -76,11 +86,9 @@ async def train_one_step_off(
             elif state["step"] < cfg.steps:  # the run's last checkpoint, and more steps asked for now
                 pending = generate(state["step"] + 1)
         else:
-            initial = accuracy = await run.validate()
-            run.write({"step": 0, "val_accuracy": initial})
             pending = generate(1)
             served = 0  # the version the engine serves
-        for step in range(state.get("step", 0) + 1, cfg.steps + 1):
+        for step in steps:
             t0 = time.perf_counter()
             assert pending is not None
             batch = await pending
@@ -90,47 +98,26 @@ async def train_one_step_off(
                 synced = await run.synchronizer.sync(step - 1)
                 served = step - 1
             pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
-            record: dict[str, Any] = {
-                "step": step,
-                **await train_step(run, batch.samples, version=step - 1),
-                "data/rows": batch.uses,
-            }
+            record = await train_step(run, step, batch.samples, version=step - 1)
+            record.data_rows = batch.uses
             took = time.perf_counter() - t0
-            record.update(
-                {"rollout_s": waited, "train_s": took - waited, "trainer/idle_ratio": waited / took}
-            )
+            record.rollout_s, record.train_s, record.trainer_idle_ratio = waited, took - waited, waited / took
             if synced is not None:
-                record.update({"weights/transfer_s": synced.transfer_s, "weights/pause_s": synced.pause_s})
-            if step % cfg.validate_every == 0 or step == cfg.steps:
+                record.weights = Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s)
+            if steps.validating(step):
                 if pending is not None:  # validate this step's weights: once the batch in flight is done
                     await asyncio.wait([pending])
                 await run.synchronizer.sync(step)
                 served = step
-                accuracy = await run.validate()
-                record["val_accuracy"] = accuracy
-            stopping = run.stopping()
-            if run.checkpoint_due(step, stopping=stopping):
-                files = {}
-                if pending is not None:  # the batch in flight is part of the checkpoint: finished first
-                    await asyncio.wait([pending])
-                    files[IN_FLIGHT] = msgspec.msgpack.encode(pending.result())
-                state_now = {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy}
-                record["checkpoint"] = await run.checkpoint(step, state_now, files, stopping=stopping)
-            run.write(record, on_step)
-            if stopping:
-                raise run.stopped(step, record)
+                await steps.validate(record)
+            await steps.end(record, version=step, save=save)
     finally:
         if pending is not None:
             pending.cancel()
             with contextlib.suppress(BaseException):
                 await pending
         await run.close()
-    return TrainResult(
-        initial_accuracy=initial,
-        final_accuracy=accuracy,
-        steps=cfg.steps,
-        wall_s=time.perf_counter() - run.started,
-    )
+    return steps.result()
 
 
 async def _groups(run: Run, uses: list[tuple[int, int]], rows: list[Any], name: str) -> InFlightBatch:

@@ -11,9 +11,9 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import torch
@@ -25,10 +25,16 @@ from ..config.cluster import NODE_MODULES
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
-from ..models.warmstart import DEFAULT_SETTINGS, warm_start
+from ..metrics import Stamp, StepRecord
 from ..runtime.node import rank_of
 from ..tools import SandboxUnavailable, build_tools
 from .placement import Placement
+from .warmstart import DEFAULT_SETTINGS, warm_start
+
+if TYPE_CHECKING:  # loaded when a run composes them (torch, the trainer's ranks)
+    from ..trainer import TrainerActor
+    from ..trainer.protocol import Trainer
+    from ..weights import ParameterSynchronizer, WeightSync
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +177,12 @@ class Simulated(Protocol):
     trainer and a weight sync of modelled durations, a tokenizer. The composition is the same."""
 
     engines: list[Any]
-    trainer: Any
     tokenizer: Any
 
-    def synchronizer(self, engines: EngineGroup) -> Any: ...
+    @property
+    def trainer(self) -> Trainer: ...
+
+    def synchronizer(self, engines: EngineGroup) -> WeightSync: ...
 
 
 class Run:
@@ -206,14 +214,16 @@ class Run:
     cluster: Any  # a LocalCluster or an ExternalCluster: ``cluster.head`` is this process's node
     engines: list[Any]  # EngineActor refs, one per replica
     router: Any  # the head's Router over every engine in rotation
-    engine: Any  # an EngineGroup over that router: pause and resume every engine at once
+    engine: EngineGroup  # over that router: pause and resume every engine at once
     rollouts: Any  # the AgentLoopManager
-    trainer: Any  # a TrainerActor
-    synchronizer: Any  # a ParameterSynchronizer
+    trainer: Trainer  # a TrainerActor, or the simulator's stand-in
+    synchronizer: WeightSync  # a ParameterSynchronizer, or the simulator's stand-in
+    _trainer_actor: TrainerActor | None  # the real one: checkpoints are saved from it (None: simulated)
+    _parameter_sync: ParameterSynchronizer | None  # the real one, started here (None: simulated)
     metrics: Any  # the open metrics.jsonl
     stop: asyncio.Event  # set: stop at the end of the step (``stopping``)
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, stop: asyncio.Event | None = None) -> None:
         cfg = config.train
         self.config = config
         self.placement = Placement.of(config)  # every placement mistake before anything starts
@@ -241,6 +251,8 @@ class Run:
         self.checkpointing = True  # every mode saves checkpoints (not with simulated parts)
         self.checkpoints: Any = None  # the run's Checkpoints, from the first save
         self.validating = True  # held-out validation (not with simulated parts)
+        self.stop = stop or asyncio.Event()
+        self._trainer_actor = self._parameter_sync = None
 
     @classmethod
     async def open(
@@ -255,29 +267,33 @@ class Run:
         ``simulated``: stand-ins for the engines, trainer and weight sync (the simulator's); the
         run then validates and checkpoints nothing. ``stop``: set, the schedule stops at the end
         of its step (``stopping``), with a checkpoint if ``train.checkpoint_on_interrupt``."""
-        run = cls(config)
-        run.stop = stop or asyncio.Event()
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
+        run = cls(config, stop=stop)
+        await run.start(metrics_upto=metrics_upto, simulated=simulated)
+        return run
+
+    async def start(self, *, metrics_upto: int | None = None, simulated: Simulated | None = None) -> None:
+        """Build and start everything, as ``open`` describes; closed again if that fails."""
+        config = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
         if simulated is None:
-            run.model_dir = await model_dir_for(config)
+            self.model_dir = await model_dir_for(config)
         else:
-            run.model_dir, run.tokenizer = run.run_dir, simulated.tokenizer
-            run.checkpointing = run.validating = False
+            self.model_dir, self.tokenizer = self.run_dir, simulated.tokenizer
+            self.checkpointing = self.validating = False
         try:
-            await run._compose(simulated)
-            run.metrics = open_metrics(run.run_dir / "metrics.jsonl", upto=metrics_upto)
-            run._closers.append(run.metrics.close)
-            if simulated is None:
-                await run.synchronizer.start()
+            await self._compose(simulated)
+            self.metrics = open_metrics(self.run_dir / "metrics.jsonl", upto=metrics_upto)
+            self._closers.append(self.metrics.close)
+            if self._parameter_sync is not None:
+                await self._parameter_sync.start()
         except BaseException:
-            await run.close()
+            await self.close()
             raise
         # What is alive now (modules, the dataset rows, the model: ~0.5 M objects) lives as long
         # as the run; frozen, the collector never scans it again. Unfrozen, each full collection
         # paused the controller 0.05-0.26 s, every ~30 steps of the quickstart.
         gc.freeze()
-        return run
 
     def _read_inputs(self, load_tokenizer: Callable[[Path], Any] | None) -> None:
         """The rows (the synthetic task's drawn now), their sampler, and the tokenizer (``None``:
@@ -304,15 +320,14 @@ class Run:
         head = self.cluster.head
         loading: asyncio.Future[None] | None = None
         if simulated is None:
-            self.trainer = TrainerActor(
+            trainer = TrainerActor(
                 config.trainer, node=head, hosts=placement.trainer, devices=placement.trainer_devices(config)
             )
-            self._closers.append(self.trainer.close)
-            await self.trainer.form()
+            self.trainer = self._trainer_actor = trainer
+            self._closers.append(trainer.close)
+            await trainer.form()
             loading = asyncio.ensure_future(
-                self.trainer.load_model(
-                    self.model_dir, total_steps=config.train.steps * _updates_per_step(config)
-                )
+                trainer.load_model(self.model_dir, total_steps=config.train.steps * _updates_per_step(config))
             )
             # The rows and the tokenizer are read now, in a thread: read before the cluster opened
             # (~0.8 s for the quickstart's 20 000 synthetic rows), they kept the nodes, which wait
@@ -331,15 +346,17 @@ class Run:
             raise
         if loading is not None:
             await loading
-            self.synchronizer = ParameterSynchronizer(
-                config.weights, self.trainer, list(self.engines), router=Rotation(self.router, self.rollouts)
+            synchronizer = ParameterSynchronizer(
+                config.weights, trainer, list(self.engines), router=Rotation(self.router, self.rollouts)
             )
-            self._closers.append(self.synchronizer.close)
+            self.synchronizer = self._parameter_sync = synchronizer
+            self._closers.append(synchronizer.close)
             if placement.nodes > 1:
-                self._take_back_rejoined()
+                self._take_back_rejoined(synchronizer)
         else:
-            self.trainer = simulated.trainer  # type: ignore[union-attr]
-            self.synchronizer = simulated.synchronizer(self.engine)  # type: ignore[union-attr]
+            assert simulated is not None  # no trainer is loading: the parts are simulated
+            self.trainer = simulated.trainer
+            self.synchronizer = simulated.synchronizer(self.engine)
 
     async def _compose_rollouts(self, simulated: Simulated | None, head: Any) -> None:
         """The engine replicas, the agent-loop workers beside them, the router over them."""
@@ -402,7 +419,7 @@ class Run:
             reward="" if synthetic else config.data.reward,
         )
 
-    def _take_back_rejoined(self) -> None:
+    def _take_back_rejoined(self, synchronizer: ParameterSynchronizer) -> None:
         """Watch for nodes that were lost and join again (``rlasync node`` rejoins after a
         partition, as a new process): their engines and agent-loop worker start there again."""
         head = self.cluster.head
@@ -412,7 +429,7 @@ class Run:
         def joined(info: Any) -> None:
             if "." in info.node_id:  # a supervised child (a trainer rank): the trainer decides
                 return
-            task = asyncio.ensure_future(self._take_back(rank_of(info.node_id)))
+            task = asyncio.ensure_future(self._take_back(rank_of(info.node_id), synchronizer))
             self._rejoining.add(task)
             task.add_done_callback(self._rejoining.discard)
 
@@ -427,7 +444,7 @@ class Run:
 
         self._closers.append(stop_watching)
 
-    async def _take_back(self, rank: int) -> None:
+    async def _take_back(self, rank: int, synchronizer: ParameterSynchronizer) -> None:
         """Node ``rank`` joined again: its engines start from their config, join the weight group
         and enter rotation at the next sync (the late-join path); its agent-loop worker starts
         again and takes rows. The run goes on without them if any of that fails."""
@@ -454,7 +471,7 @@ class Run:
                     await head.spawn(AgentLoopWorker, self._worker_spec(local), node=rank, name=name), local
                 )
             for ref in fresh:
-                await self.synchronizer.replace_engine(ref)
+                await synchronizer.replace_engine(ref)
         except Exception as exc:  # a node that rejoins badly is a node still lost
             log.warning(
                 "node-%d joined again, but its roles could not start there (%s); the run goes on without it",
@@ -515,7 +532,7 @@ class Run:
         """Resume from checkpoint ``folder`` (``state``: its ``state.json``): the trainer's
         parameters and optimizer, the engines at its weight version, the data position and the
         sampling RNG. (initial accuracy, accuracy so far)."""
-        await self.trainer.load(folder)
+        await self._saving_trainer().load(folder)
         await self.synchronizer.sync(state["weight_version"])
         self.sampler.load_state_dict(state["sampler"])
         self.rng.setstate(as_random_state(state["rng"]))
@@ -527,14 +544,12 @@ class Run:
         checkpoint (``checkpoint_due``) and ``stopped``."""
         return self.stop.is_set()
 
-    def stopped(self, step: int, record: dict[str, Any]) -> RunInterrupted:
-        """The error a schedule raises when ``stopping`` ended its step ``step`` (its record)."""
-        log.warning(
-            "stopped on request after step %d%s",
-            step,
-            f" (checkpoint {record['checkpoint']})" if record.get("checkpoint") else "",
-        )
-        return RunInterrupted(step, record.get("checkpoint"))
+    def stopped(self, record: StepRecord) -> RunInterrupted:
+        """The error a schedule raises when ``stopping`` ended its step (``record``)."""
+        saved = record.checkpoint
+        note = f" (checkpoint {saved})" if saved else ""
+        log.warning("stopped on request after step %d%s", record.step, note)
+        return RunInterrupted(record.step, saved)
 
     def checkpoint_due(self, step: int, *, stopping: bool = False) -> bool:
         """Whether step ``step`` ends with a checkpoint: every ``train.checkpoint_every`` steps,
@@ -576,9 +591,15 @@ class Run:
         # run, on any core. A crash before the seal leaves a `.partial` folder that
         # resuming skips.
         folder = await self.checkpoints.save(
-            step, self.trainer, full, model_source=self.model_dir, files=files, background=True
+            step, self._saving_trainer(), full, model_source=self.model_dir, files=files, background=True
         )
         return str(folder)
+
+    def _saving_trainer(self) -> TrainerActor:
+        """The trainer checkpoints are saved from and restored into (its ranks hold the state)."""
+        if self._trainer_actor is None:
+            raise RuntimeError("a run of simulated parts saves and restores no checkpoints")
+        return self._trainer_actor
 
     def _count_reward_errors(self, trajectories: list[Any]) -> None:
         """Failed rewards, counted (``reward/errors``); a batch of nothing but failed rewards
@@ -604,17 +625,21 @@ class Run:
         trajectories = await self.rollouts.trajectories(rows, greedy)
         return sum(t.reward for t in trajectories) / len(trajectories)
 
-    def write(self, record: dict[str, Any], on_step: OnStep = None) -> None:
-        """One line of ``metrics.jsonl``, stamped with the seconds since the run began
-        (``elapsed_s``) and the fleet's state, then handed to ``on_step`` (progress lines, tests)."""
-        record.setdefault("elapsed_s", round(time.perf_counter() - self.started, 3))
-        record.setdefault("cluster/engines", len(self.router.engines))
-        record.setdefault("cluster/rows_retried", self.rollouts.retried)
-        record.setdefault("cluster/rejoins", getattr(self, "rejoins", 0))
-        record.setdefault("reward/errors", self.reward_errors)
-        write_record(self.metrics, record)
+    def write(self, record: StepRecord, on_step: OnStep = None) -> None:
+        """One line of ``metrics.jsonl``: ``record`` stamped with the seconds since the run began
+        and the fleet's state (``Stamp``), flat, then handed to ``on_step`` (progress lines, tests)."""
+        if record.stamp is None:
+            record.stamp = Stamp(
+                elapsed_s=round(time.perf_counter() - self.started, 3),
+                engines=len(self.router.engines),
+                rows_retried=self.rollouts.retried,
+                rejoins=getattr(self, "rejoins", 0),
+                reward_errors=self.reward_errors,
+            )
+        line = record.as_dict()
+        write_record(self.metrics, line)
         if on_step is not None:
-            on_step(record)
+            on_step(line)
 
     async def close(self) -> None:
         """In reverse order of making: metrics file, weight group, trainer ranks, workers,
@@ -624,6 +649,87 @@ class Run:
             result = closer()
             if asyncio.iscoroutine(result):
                 await result
+
+
+# A schedule's own way to checkpoint a step (``Steps.end``): (record, weight version, stopping).
+Save = Callable[[StepRecord, int, bool], Awaitable[None]]
+
+
+class Steps:
+    """What every schedule does around its steps: the held-out accuracy at the start (step 0's
+    record), every ``train.validate_every`` steps and after the last; at the end of each step a
+    checkpoint when one is due, the record written (``Run.write``), and a stop asked for obeyed;
+    then the result.
+
+        steps = Steps(run, state, on_step)  # state: the checkpoint resumed from's, else {}
+        await steps.begin(resume_from)
+        for step in steps:
+            record = StepRecord(step=step, ...)
+            if steps.validating(step):
+                await steps.validate(record)
+            await steps.end(record, version=step)
+        return steps.result()
+    """
+
+    def __init__(self, run: Run, state: dict[str, Any], on_step: OnStep = None) -> None:
+        self.run, self.state, self.on_step = run, state, on_step
+        self.initial = self.accuracy = 0.0  # held-out accuracy: of the starting weights, the latest
+
+    async def begin(self, resume_from: Path | None) -> None:
+        """Restore the checkpoint ``resume_from``, or validate the starting weights (step 0)."""
+        if resume_from is not None:
+            self.initial, self.accuracy = await self.run.restore(resume_from, self.state)
+        else:
+            self.initial = self.accuracy = await self.run.validate()
+            self.run.write(StepRecord(step=0, val_accuracy=self.initial))
+
+    def __iter__(self) -> Iterator[int]:
+        """The steps still to run."""
+        return iter(range(self.state.get("step", 0) + 1, self.run.config.train.steps + 1))
+
+    def validating(self, step: int) -> bool:
+        """Whether step ``step`` ends with a validation: every ``train.validate_every``, and the last."""
+        cfg = self.run.config.train
+        return step % cfg.validate_every == 0 or step == cfg.steps
+
+    async def validate(self, record: StepRecord) -> None:
+        """The held-out accuracy of the weights the engines serve now, into ``record``."""
+        self.accuracy = record.val_accuracy = await self.run.validate()
+
+    async def save(
+        self,
+        record: StepRecord,
+        version: int,
+        stopping: bool,
+        *,
+        files: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        """Checkpoint step ``record.step`` if due, its folder into ``record``: weight ``version``,
+        the accuracies, and the schedule's own ``state`` and ``files`` (``Run.checkpoint``)."""
+        own = {"weight_version": version, "initial_accuracy": self.initial, "accuracy": self.accuracy}
+        saved = await self.run.checkpoint(record.step, {**own, **(state or {})}, files, stopping=stopping)
+        if saved:
+            record.checkpoint = saved
+
+    async def end(self, record: StepRecord, version: int, save: Save | None = None) -> None:
+        """End step ``record.step``, the engines at weight ``version``: checkpoint it if due (by
+        ``save``, the schedule's own way, else ``Steps.save``), write ``record``, and raise
+        ``RunInterrupted`` if the run was asked to stop."""
+        stopping = self.run.stopping()
+        if self.run.checkpoint_due(record.step, stopping=stopping):
+            await (save or self.save)(record, version, stopping)
+        self.run.write(record, self.on_step)
+        if stopping:
+            raise self.run.stopped(record)
+
+    def result(self) -> TrainResult:
+        return TrainResult(
+            initial_accuracy=self.initial,
+            final_accuracy=self.accuracy,
+            steps=self.run.config.train.steps,
+            wall_s=time.perf_counter() - self.run.started,
+        )
 
 
 class Rotation:

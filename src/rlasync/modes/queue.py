@@ -40,6 +40,12 @@ class StalenessError(RuntimeError):
     """A sample would be trained past its deadline: a bug in the schedule, never expected."""
 
 
+class QueueClosed(Exception):
+    """The queue was closed (``SampleQueue.close``, at shutdown): what ``admit`` and ``take``
+    raise, then or later, instead of waiting for ever. Not a ``CancelledError``: the task that
+    waited was not cancelled, and a real cancellation still propagates as one."""
+
+
 class Ticket:
     """One admitted sample: its order, the version it was admitted at and its deadline."""
 
@@ -117,11 +123,12 @@ class SampleQueue(Generic[T]):
 
     # -- the rollouter's side --------------------------------------------------------------------
     async def admit(self) -> Ticket:
-        """Wait until one more sample fits the bound, and admit it at the current version."""
+        """Wait until one more sample fits the bound, and admit it at the current version;
+        ``QueueClosed`` once the queue is closed."""
         started = time.monotonic()
         await self._wait_until(lambda: self._closed or self.can_admit())
         if self._closed:
-            raise asyncio.CancelledError("the sample queue was closed")
+            raise QueueClosed("the sample queue was closed")
         ticket = Ticket(self._next, self.version, self.version + self.max_staleness)
         self._next += 1
         self._open[ticket.index] = ticket
@@ -154,7 +161,8 @@ class SampleQueue(Generic[T]):
         )
 
     async def take(self) -> list[tuple[Ticket, T]]:
-        """The next step's batch (waits for samples to finish)."""
+        """The next step's batch (waits for samples to finish); ``QueueClosed`` once the queue
+        is closed."""
         chosen: list[int] | None = None
 
         def ready() -> bool:
@@ -164,7 +172,7 @@ class SampleQueue(Generic[T]):
 
         await self._wait_until(ready)
         if chosen is None:
-            raise asyncio.CancelledError("the sample queue was closed")
+            raise QueueClosed("the sample queue was closed")
         return self._remove(chosen)
 
     def take_nowait(self) -> list[tuple[Ticket, T]] | None:
@@ -198,7 +206,8 @@ class SampleQueue(Generic[T]):
         self._notify()
 
     async def close(self) -> None:
-        """Wake every waiter with ``CancelledError`` (shutdown)."""
+        """Wake every waiter with ``QueueClosed`` (shutdown); later ``admit`` and ``take`` calls
+        raise it at once, ``take_nowait`` returns None."""
         self._closed = True
         self._notify()
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from ..config import Config
-from .parts import OnStep, Run, RunInterrupted, TrainResult, checkpoint_to_resume
+from ..metrics import StepRecord, Weights
+from .parts import OnStep, Run, RunInterrupted, Steps, TrainResult, checkpoint_to_resume
 
 
 async def train_sync(
@@ -45,56 +45,35 @@ async def train_sync(
     cfg = config.train
     resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
     run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
-    trainer, synchronizer = run.trainer, run.synchronizer
+    steps = Steps(run, state, on_step)
     try:
-        if resume_from is not None:
-            initial, accuracy = await run.restore(resume_from, state)
-        else:
-            initial = accuracy = await run.validate()
-            run.write({"step": 0, "val_accuracy": initial})
-        for step in range(state.get("step", 0) + 1, cfg.steps + 1):
+        await steps.begin(resume_from)
+        for step in steps:
             t0 = time.perf_counter()
             uses, rows = run.draw(cfg.prompts_per_step)
             trajectories = await run.rollout(rows, name=f"step{step}")
             t1 = time.perf_counter()
             batch, train_batch = run.train_batch(trajectories)
-            train_metrics = await trainer.step(train_batch, temperature=cfg.temperature)
-            synced = await synchronizer.sync(step)
+            train_metrics = await run.trainer.step(train_batch, temperature=cfg.temperature)
+            synced = await run.synchronizer.sync(step)
             t2 = time.perf_counter()
-            record: dict[str, Any] = {
-                "step": step,
-                "reward": float(batch.rewards.mean()),
-                "rollout_s": t1 - t0,
-                "train_s": t2 - t1,
-                "response_tokens": int(batch.response_mask.sum()),
-                "response_len_max": int(batch.response_mask.sum(-1).max()),
-                **{f"train/{k}": v for k, v in train_metrics.items()},
-                "weights/transfer_s": synced.transfer_s,
-                "weights/pause_s": synced.pause_s,
-                "data/rows": uses,
-            }
-            if step % cfg.validate_every == 0 or step == cfg.steps:
-                accuracy = await run.validate()
-                record["val_accuracy"] = accuracy
-            stopping = run.stopping()
-            saved = await run.checkpoint(
-                step,
-                {"weight_version": step, "initial_accuracy": initial, "accuracy": accuracy},
-                stopping=stopping,
+            record = StepRecord(
+                step=step,
+                reward=float(batch.rewards.mean()),
+                rollout_s=t1 - t0,
+                train_s=t2 - t1,
+                response_tokens=int(batch.response_mask.sum()),
+                response_len_max=int(batch.response_mask.sum(-1).max()),
+                train=train_metrics,
+                weights=Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s),
+                data_rows=uses,
             )
-            if saved:
-                record["checkpoint"] = saved
-            run.write(record, on_step)
-            if stopping:
-                raise run.stopped(step, record)
+            if steps.validating(step):
+                await steps.validate(record)
+            await steps.end(record, version=step)
     finally:
         await run.close()
-    return TrainResult(
-        initial_accuracy=initial,
-        final_accuracy=accuracy,
-        steps=cfg.steps,
-        wall_s=time.perf_counter() - run.started,
-    )
+    return steps.result()
 
 
 __all__ = ["RunInterrupted", "TrainResult", "train_sync"]

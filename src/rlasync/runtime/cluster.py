@@ -39,8 +39,17 @@ C = TypeVar("C", bound="_Cluster")
 class _Cluster(abc.ABC):
     """A head in this process and the nodes it has: opened by ``async with``, closed on the way out."""
 
-    head: Node
     start_seconds = 0.0  # from __aenter__ until every node had joined
+
+    def __init__(self) -> None:
+        self._head: Node | None = None  # made by _open
+
+    @property
+    def head(self) -> Node:
+        """The head: this process's node, there once the cluster is opened (``async with``)."""
+        if self._head is None:
+            raise RuntimeError("the cluster is not open: use `async with` (its head starts then)")
+        return self._head
 
     @abc.abstractmethod
     async def _open(self) -> None:
@@ -89,6 +98,7 @@ class LocalCluster(_Cluster):
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least 1 node, got nodes={nodes}")
+        super().__init__()
         self.size = nodes
         self.config = config or RuntimeConfig()
         self.secret = secret or new_secret()
@@ -105,8 +115,8 @@ class LocalCluster(_Cluster):
 
     async def _open(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="rlasync-")  # mode 0700: only this user reaches the sockets
-        self.head = Node(0, self._address(0), config=self.config, secret=self.secret)
-        await self.head.start()
+        self._head = Node(0, self._address(0), config=self.config, secret=self.secret)
+        await self._head.start()
         await self._start_children()
 
     async def _start_children(self) -> None:
@@ -164,11 +174,11 @@ class LocalCluster(_Cluster):
         """Stop every node: ask the children, wait, kill stragglers, then stop the head."""
         self._closing = True
         timeout = self.config.shutdown_timeout_s
-        head = getattr(self, "head", None)
+        head = self._head
         running = [p for p in self.processes.values() if p.returncode is None]
-        if head is not None and head._started:
+        if head is not None:
             for node_id in list(self.processes):
-                info = head._members.get(node_id)
+                info = head.live_member(node_id)  # None before the head started: none to tell
                 if info is not None:
                     head.tell_service(info, "shutdown", [])
         if running:
@@ -203,6 +213,7 @@ class ExternalCluster(_Cluster):
     def __init__(
         self, nodes: int, listen: str, *, config: RuntimeConfig | None = None, secret: str | None = None
     ) -> None:
+        super().__init__()
         self.size = nodes
         self.listen = listen
         self.config = config or RuntimeConfig()
@@ -213,8 +224,8 @@ class ExternalCluster(_Cluster):
             raise ClusterStartError(
                 f"the nodes authenticate with a shared secret: export {SECRET_ENV} on every machine (make one with `rlasync secret`)"
             )
-        self.head = Node(0, self.listen, config=self.config, secret=self.secret or None)
-        await self.head.start()
+        self._head = Node(0, self.listen, config=self.config, secret=self.secret or None)
+        await self._head.start()
         emit("listening", node=self.head.node_id, address=self.head.address)
         await self._wait_for_nodes()
         emit("ready", nodes=self.size)
@@ -237,7 +248,7 @@ class ExternalCluster(_Cluster):
 
     async def close(self) -> None:
         """Ask every node to shut down (their children stop with them), then stop the head."""
-        head = getattr(self, "head", None)
+        head = self._head
         if head is None:
             return
         if head.is_running:

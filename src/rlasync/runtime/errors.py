@@ -4,9 +4,19 @@ Recoverable and unrecoverable failures are different types: ``ActorError`` (the 
 and raised; retrying may help) and ``CallTimeout`` (no answer in time) leave the peer
 usable, while ``NodeLostError`` means the node is gone and every call to it will fail.
 Each message names what to change.
+
+The helpers at the end turn exceptions into wire errors and back (``error_reply``,
+``remote_error``), wrap what an endpoint of this node raised (``actor_error``), and tell a
+cancellation of a call from an endpoint's own ``CancelledError`` (``cancelled_from_outside``).
 """
 
 from __future__ import annotations
+
+import asyncio
+import traceback as tb
+from typing import Any
+
+from ..transport import Error as ErrorMessage
 
 
 class RuntimeErrorBase(Exception):
@@ -31,7 +41,7 @@ class ActorError(RuntimeErrorBase):
             text += "\n\n--- remote traceback (" + where + ") ---\n" + traceback.rstrip()
         super().__init__(text)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (
             type(self),
             (self.actor, self.method, self.remote_type, self.message, self.remote_traceback, self.node),
@@ -79,3 +89,63 @@ class JoinError(RuntimeErrorBase):
 
 class ClusterStartError(RuntimeErrorBase):
     """A local cluster's node processes did not all start and join in time."""
+
+
+def missing_secret() -> ValueError:
+    """The error for TCP between nodes without a cluster secret."""
+    return ValueError(
+        "TCP between nodes is authenticated: give every node the same cluster secret "
+        "(secret=... or the RLASYNC_CLUSTER_SECRET environment variable)"
+    )
+
+
+def not_started(node_id: str) -> RuntimeError:
+    """The error for using a node before ``start`` (or ``async with``)."""
+    return RuntimeError(f"{node_id} has not started: await node.start() (or use `async with node`) first")
+
+
+def wire_name(kind: type) -> str:
+    """The name an exception type travels under: ``module.QualName`` (a builtin: ``QualName``)."""
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def error_reply(call_id: int, exc: BaseException) -> ErrorMessage:
+    """The wire error that answers call ``call_id`` whose endpoint raised ``exc``."""
+    return ErrorMessage(call_id, "raised", wire_name(type(exc)), str(exc), "".join(tb.format_exception(exc)))
+
+
+def actor_error(exc: BaseException, actor: str, method: str, node: str) -> ActorError:
+    """``exc``, raised by ``actor.method`` on this node, as the ``ActorError`` a remote caller gets."""
+    error = error_reply(0, exc)
+    return ActorError(actor, method, error.type, error.message, error.traceback, node)
+
+
+# Runtime errors that cross the wire keep their type (the rest arrive as ActorError).
+RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
+    wire_name(cls): cls for cls in (ActorNotFound, NotAnEndpoint, CallTimeout, CallRefused, Forbidden)
+}
+
+
+def remote_error(msg: ErrorMessage, actor: str, method: str, node: str) -> RuntimeErrorBase:
+    """The exception a call to ``actor.method`` on ``node`` raises for the wire error ``msg``:
+    ``NodeLostError`` when the process it meant is gone (code ``gone``), a runtime error as its
+    own type, anything else as ``ActorError``."""
+    if msg.code == "gone":
+        return NodeLostError(node, msg.message)
+    runtime_type = RUNTIME_ERRORS.get(msg.type)
+    if runtime_type is not None:
+        return runtime_type(msg.message)
+    return ActorError(actor, method, msg.type, msg.message, msg.traceback, node)
+
+
+def lost_again(error: NodeLostError) -> NodeLostError:
+    """A fresh ``NodeLostError`` like ``error``, for one more call to a lost peer (each call
+    raises its own). It does not carry ``graceful`` over."""
+    return NodeLostError(error.node, str(error).split(": ", 1)[-1])
+
+
+def cancelled_from_outside() -> bool:
+    """Whether the current task was cancelled by ``Task.cancel`` (a caller, or a stopping node),
+    rather than its code letting a ``CancelledError`` of its own out."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -301,7 +301,7 @@ class NodeService(Actor):
 
     def _only_from(self, node_ids: str | tuple[str, ...], action: str) -> None:
         allowed = (node_ids,) if isinstance(node_ids, str) else node_ids
-        members = [info for n in allowed if (info := self.node._members.get(n)) is not None]
+        members = [info for n in allowed if (info := self.node.live_member(n)) is not None]
         _refuse_unless(self.node, members, action, f"only {' or '.join(allowed)} may {action}")
 
 

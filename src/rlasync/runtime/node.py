@@ -3,6 +3,7 @@
 One node per process, all on one event loop. A node listens on one ROUTER socket for
 calls to its actors (``server.Server``) and keeps one DEALER per peer for its own calls
 (``peer.Peer``). Calls between actors of the same node skip sockets and serialisation.
+The server, the peers and the actor refs see the node only through its ``context.NodeContext``.
 
 Start-up is a handshake: a node binds, joins the head (``join_timeout_s``), then
 heartbeats. Shutdown order (``stop``): stop the processes it supervises; the head tells every
@@ -37,19 +38,23 @@ from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_even
 from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
 from .address import advertised, child_address
+from .context import NodeContext
 from .errors import (
-    ActorError,
     ActorNotFound,
     CallTimeout,
     JoinError,
     NodeLostError,
     NotAnEndpoint,
     RuntimeErrorBase,
+    actor_error,
+    cancelled_from_outside,
+    missing_secret,
+    not_started,
 )
 from .membership import Membership, NodeService, importing_script
 from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
-from .server import Caller, Server, _cancelled_from_outside, error_reply
+from .server import Caller, Server
 from .types import VERSION, ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
@@ -109,30 +114,62 @@ class Node:
         self._fenced = False  # the head declared this process dead: it must not speak for its rank
         self._known: dict[str, NodeInfo] = {}  # every process heard of, live or dead, by incarnation
         self._dead_callers: set[str] = set()  # keys (TCP) and claims (ipc) of processes declared dead
-        self.deferred: list[tuple[Any, list[Any]]] | None = None  # messages waiting for torch to load
+        # Made by ``start`` (None until then, and after a start that failed before them):
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ctx: zmq.Context[Any] | None = None  # this process's ZeroMQ context
+        self._info: NodeInfo | None = None  # this process: its address, incarnation, key
+        self._context: NodeContext | None = None  # what the peers, the server and the refs see of it
+        self._server: Server | None = None
+        self._membership: ActorRef | None = None  # the head's Membership (a local actor on the head)
         self.exit_code = 0  # for the process: 75 (EX_TEMPFAIL) when fenced or cut off from the head
         # On the head: called with each node that joins (a rejoining node is a new incarnation),
         # e.g. to place its roles on it again. Must not block.
         self.join_listeners: list[Any] = []
         self.stopped = asyncio.Event()
-        self.info: NodeInfo
         self.address = ""
 
     @property
     def is_running(self) -> bool:
         """Started (joined, for a node other than the head) and not stopping."""
-        return self._started and not self._stopping and hasattr(self, "_membership")
+        return self._started and not self._stopping and self._membership is not None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this node runs on (``start`` sets it)."""
+        if self._loop is None:
+            raise not_started(self.node_id)
+        return self._loop
+
+    @property
+    def info(self) -> NodeInfo:
+        """This process as the cluster knows it (``start`` makes it)."""
+        if self._info is None:
+            raise not_started(self.node_id)
+        return self._info
+
+    @property
+    def context(self) -> NodeContext:
+        """What this node's peers, server and actor refs see of it (``start`` makes it)."""
+        if self._context is None:
+            raise not_started(self.node_id)
+        return self._context
+
+    @property
+    def membership(self) -> ActorRef:
+        """A ref to the head's ``Membership`` (``_membership``): who is in the cluster, where each
+        named actor lives, and each node's status. ``start`` makes it."""
+        if self._membership is None:
+            raise not_started(self.node_id)
+        return self._membership
 
     @property
     def is_head(self) -> bool:
         return self.node_id == HEAD_ID
 
     def require_keys(self) -> CurveKeys:
+        """This node's CURVE keys; ``ValueError`` (how to set a secret) without them."""
         if self._keys is None:
-            raise ValueError(
-                "TCP between nodes is authenticated: give every node the same cluster secret "
-                "(secret=... or the RLASYNC_CLUSTER_SECRET environment variable)"
-            )
+            raise missing_secret()
         return self._keys
 
     # -- start ------------------------------------------------------------------------------
@@ -146,14 +183,14 @@ class Node:
                 f'{script} starts rlasync when imported: put its work under `if __name__ == "__main__":`'
             )
         self._started = True
-        self.loop = asyncio.get_running_loop()
-        accept_calls_as_tasks(self.loop)
+        loop = self._loop = asyncio.get_running_loop()
+        accept_calls_as_tasks(loop)
         for module in self.config.preload_modules:
             # Before joining, when nobody waits for our heartbeats: loading a large C
             # extension (torch) holds the GIL for seconds and would starve them later.
             importlib.import_module(module)
-        self.ctx: zmq.Context[Any] = zmq.Context()
-        router = self.ctx.socket(zmq.ROUTER)
+        sockets = self.ctx = zmq.Context()
+        router = sockets.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises instead of vanishing
         # No ROUTER_HANDOVER: a connection's routing id is never handed to another connection
@@ -165,7 +202,7 @@ class Node:
         keep_alive(router)
         keys = self.require_keys() if self.listen.startswith("tcp://") else self._keys
         if self.listen.startswith("tcp://"):
-            self._secure(router)
+            self._secure(sockets, router)
             _raise_descriptor_limit(self.config.max_connections)
         elif self.listen.startswith("ipc://"):
             _private_ipc_folder(self.listen)
@@ -178,22 +215,38 @@ class Node:
                 pump.close()
             self._pumps.clear()
             router.close(linger=0)
-            self.ctx.destroy(linger=0)
+            sockets.destroy(linger=0)
             self._stopping = True
             self.stopped.set()
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
         if self.listen.startswith("ipc://"):
             os.chmod(self.listen.removeprefix("ipc://"), 0o600)
         self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), self.head_address)
-        self._server = Server(self, router)
-        self._pumps.append(self._server.pump)
-        self._watch_connections(router)
         key = keys.identity if keys is not None else ""
-        self.info = NodeInfo(
+        info = self._info = NodeInfo(
             self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key, VERSION
         )
-        self._known[self.info.incarnation] = self.info
-        self._members[self.node_id] = self.info
+        context = self._context = NodeContext(
+            node_id=self.node_id,
+            incarnation=info.incarnation,
+            loop=loop,
+            config=self.config,
+            codec=self.codec,
+            stats=self.stats_,
+            sockets=sockets,
+            keys=self._keys,
+            actors=self._actors,
+            dead_callers=self._dead_callers,
+            on_node_dead=self.on_node_dead,
+            call=self._call,
+            stream=self._stream,
+            tasks=self._tasks,
+        )
+        server = self._server = Server(context, router)
+        self._pumps.append(server.pump)
+        self._watch_connections(router, server)
+        self._known[info.incarnation] = info
+        self._members[self.node_id] = info
         await self.spawn_here(NodeService, [], {}, "_node")
         if self.is_head:
             self._membership = await self.spawn_here(Membership, [], {}, "_membership")
@@ -204,9 +257,9 @@ class Node:
                 await self._join()
         return self
 
-    def _secure(self, router: zmq.Socket[Any]) -> None:
+    def _secure(self, sockets: zmq.Context[Any], router: zmq.Socket[Any]) -> None:
         keys = self.require_keys()
-        zap = self.ctx.socket(zmq.REP)
+        zap = sockets.socket(zmq.REP)
         zap.setsockopt(zmq.LINGER, 0)
         zap.bind(ZAP_ENDPOINT)
 
@@ -217,7 +270,7 @@ class Node:
         self._pumps.append(zap_pump)
         keys.make_server(router)
 
-    def _watch_connections(self, router: zmq.Socket[Any]) -> None:
+    def _watch_connections(self, router: zmq.Socket[Any], server: Server) -> None:
         """Count connections, close those past ``runtime.max_connections``, and tell the server
         when one closes (its callers' calls stop) and when a handshake fails (counted)."""
         monitor = router.get_monitor_socket(monitor_events() | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
@@ -235,7 +288,7 @@ class Node:
                 open_fds.add(fd)
             elif event == zmq.EVENT_DISCONNECTED:
                 open_fds.discard(fd)
-                self._server.disconnected(fd)
+                server.disconnected(fd)
             stats.connections = len(open_fds)
 
         self._pumps.append(
@@ -247,7 +300,7 @@ class Node:
         deadline = self.loop.time() + timeout
         try:
             while True:
-                reply: JoinReply = await self._membership.join.options(
+                reply: JoinReply = await self.membership.join.options(
                     timeout=max(deadline - self.loop.time(), 0.1)
                 )(self.info)
                 if not reply.retry:
@@ -281,7 +334,7 @@ class Node:
 
     async def _heartbeat(self) -> None:
         config = self.config
-        beat = self._membership.heartbeat.options(timeout=config.node_dead_after_s)
+        beat = self.membership.heartbeat.options(timeout=config.node_dead_after_s)
         while True:
             try:
                 reply = await beat(self.node_id, self.info.incarnation, self._epoch)
@@ -361,7 +414,7 @@ class Node:
         try:
             await actor.on_start()
             if not name.startswith("_"):
-                await self._membership.register(info)
+                await self.membership.register(info)
         except BaseException:
             del self._actors[name]
             raise
@@ -370,13 +423,13 @@ class Node:
 
     async def lookup(self, name: str, cls: type[A] | None = None, *, timeout: float = 0.0) -> A:
         """A ref to the actor named ``name``, waiting up to ``timeout`` s for it to appear."""
-        call = self._membership.lookup.options(timeout=timeout + self.config.call_timeout_s)
+        call = self.membership.lookup.options(timeout=timeout + self.config.call_timeout_s)
         info: ActorInfo = await call(name, timeout)
         return ActorRef(self, info, cls)  # type: ignore[return-value]
 
     async def members(self) -> list[NodeInfo]:
         """The live nodes, as the head knows them now."""
-        members: list[NodeInfo] = await self._membership.members_list()
+        members: list[NodeInfo] = await self.membership.members_list()
         return members
 
     # -- supervised child processes ------------------------------------------------------------
@@ -416,7 +469,7 @@ class Node:
         self._tasks.append(self.loop.create_task(self._reap(child_id, proc), name=f"rlasync-reap-{child_id}"))
         timeout = self.config.join_timeout_s
         joined = asyncio.ensure_future(
-            self._membership.wait_node.options(timeout=timeout + 5)(child_id, timeout)
+            self.membership.wait_node.options(timeout=timeout + 5)(child_id, timeout)
         )
         exited = asyncio.ensure_future(proc.wait())
         try:
@@ -424,7 +477,7 @@ class Node:
         finally:
             exited.cancel()
         if joined.done() and joined.exception() is None:
-            return joined.result()  # type: ignore[no-any-return]
+            return joined.result()
         joined.cancel()
         if proc.returncode is None:
             proc.kill()
@@ -452,13 +505,13 @@ class Node:
             if not self.is_head:
                 with contextlib.suppress(RuntimeErrorBase):
                     self._apply_members(
-                        self._epoch, await self._membership.members_list.options(timeout=1.0)(), []
+                        self._epoch, await self.membership.members_list.options(timeout=1.0)(), []
                     )
 
     async def _member(self, node_id: str) -> NodeInfo:
         info = self._members.get(node_id)
         if info is None:
-            self._apply_members(self._epoch, await self._membership.members_list(), [])
+            self._apply_members(self._epoch, await self.membership.members_list(), [])
             info = self._members.get(node_id)
             if info is None:
                 known = ", ".join(sorted(self._members))
@@ -516,7 +569,12 @@ class Node:
         ).stats()
         return stats
 
+    def live_member(self, node_id: str) -> NodeInfo | None:
+        """The live member ``node_id`` as this node last heard of it (None: not one); asks nobody."""
+        return self._members.get(node_id)
+
     def local_actor(self, name: str) -> Actor:
+        """The actor named ``name`` on this node; ``ActorNotFound`` if none is."""
         actor = self._actors.get(name)
         if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on {self.node_id}")
@@ -529,7 +587,7 @@ class Node:
         stats.lost_wakeups = sum(p.rescued for p in self._pumps) + sum(
             p.pump.rescued for p in self._peers.values()
         )
-        stats.unroutable_replies = self._server.pump.unroutable if hasattr(self, "_server") else 0
+        stats.unroutable_replies = self._server.pump.unroutable if self._server is not None else 0
         stats.dropped_messages = sum(p.dropped for p in self._pumps) + sum(
             p.pump.dropped for p in self._peers.values()
         )
@@ -555,43 +613,45 @@ class Node:
             return peer
         if self._stopping:
             raise NodeLostError(self.node_id, "this node is stopping")
-        peer = self._peers[info.incarnation] = Peer(self, info)
+        peer = self._peers[info.incarnation] = Peer(self.context, info)
         return peer
 
     def _call(
         self,
-        ref: ActorRef,
+        actor: ActorInfo,
         method: str,
         args: list[Any],
         kwargs: dict[str, Any],
         timeout: float | None,
         convert: Any,
     ) -> asyncio.Future[Any]:
+        """Route a unary call (``NodeContext.call``): to an actor here, or through its node's peer."""
         timeout = timeout or self.config.call_timeout_s
-        where = ref.info.node
+        where = actor.node
         if where.node_id == self.node_id:
-            return CallTask(self._call_local(ref.info.name, method, args, kwargs, timeout), loop=self.loop)
+            return CallTask(self._call_local(actor.name, method, args, kwargs, timeout), loop=self.loop)
         try:
             peer = self._peer(where)
         except NodeLostError as exc:
             task = CallTask(_raise(exc), loop=self.loop)
             return task
-        return peer.call(ref.info.name, method, args, kwargs, timeout, convert)
+        return peer.call(actor.name, method, args, kwargs, timeout, convert)
 
     def _stream(
         self,
-        ref: ActorRef,
+        actor: ActorInfo,
         method: str,
         args: list[Any],
         kwargs: dict[str, Any],
         timeout: float | None,
         convert: Any,
     ) -> AsyncIterator[Any]:
+        """Open a streaming call (``NodeContext.stream``): to an actor here, or through a peer."""
         timeout = timeout or self.config.call_timeout_s
-        where = ref.info.node
+        where = actor.node
         if where.node_id == self.node_id:
-            return self._stream_local(ref.info.name, method, args, kwargs, timeout)
-        return self._peer(where).stream(ref.info.name, method, args, kwargs, timeout, convert)
+            return self._stream_local(actor.name, method, args, kwargs, timeout)
+        return self._peer(where).stream(actor.name, method, args, kwargs, timeout, convert)
 
     async def _call_local(
         self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float
@@ -606,17 +666,17 @@ class Node:
                 # the same error wherever the actor lives (and the callee gets what it annotated).
                 args, kwargs = ep.convert_args(args, kwargs)
                 return await ep.fn(actor, *args, **kwargs)
-        except TimeoutError:
+        except TimeoutError as exc:
             if deadline.expired():
                 raise CallTimeout(
                     f"call to {name}.{method} on {self.node_id} got no answer within {timeout:.3g}s; "
                     "raise runtime.call_timeout_s or pass .options(timeout=...)"
                 ) from None
-            raise _wrap(name, method, self.node_id) from None
+            raise actor_error(exc, name, method, self.node_id) from None
         except RuntimeErrorBase:
             raise
         except Exception as exc:
-            raise _wrap(name, method, self.node_id) from exc
+            raise actor_error(exc, name, method, self.node_id) from exc
 
     async def _stream_local(
         self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float
@@ -628,7 +688,7 @@ class Node:
         try:
             args, kwargs = ep.convert_args(args, kwargs)  # as a remote stream's arguments are checked
         except Exception as exc:
-            raise _wrap(name, method, self.node_id) from exc
+            raise actor_error(exc, name, method, self.node_id) from exc
         items = ep.fn(actor, *args, **kwargs)
         try:
             while True:
@@ -644,7 +704,7 @@ class Node:
                 except RuntimeErrorBase:
                     raise
                 except Exception as exc:
-                    raise _wrap(name, method, self.node_id) from exc
+                    raise actor_error(exc, name, method, self.node_id) from exc
                 yield item
         finally:
             await items.aclose()
@@ -678,7 +738,7 @@ class Node:
             info = self._known.get(incarnation)
             if info is not None:
                 self._dead_callers.add(info.key or f"{info.node_id}:{info.incarnation}")
-                if hasattr(self, "_server"):
+                if self._server is not None:
                     self._server.forget(info)
         member = self._members.get(node_id)
         if member is not None and incarnation in (None, member.incarnation):
@@ -693,38 +753,6 @@ class Node:
     def is_dead_caller(self, caller: Caller) -> bool:
         """Whether ``caller`` is a process the head declared dead (it is served no more)."""
         return bool(self._dead_callers) and (caller.key or caller.claim) in self._dead_callers
-
-    def defer_until_torch(self, handler: Any, frames: list[Any]) -> None:
-        """Hold ``frames`` (they carry a tensor) and every later message until torch is
-        imported, in a thread: importing it takes seconds that the loop (heartbeats) cannot
-        spare. Then hand them to their handlers in the order they came."""
-        self.stats_.held_for_torch += 1
-        if self.deferred is not None:
-            self.deferred.append((handler, frames))
-            return
-        self.deferred = [(handler, frames)]
-
-        async def load() -> None:
-            try:
-                await asyncio.to_thread(importlib.import_module, "torch")
-            except ImportError as exc:  # without torch, a tensor cannot be decoded here: drop them
-                log.error(
-                    "messages carry tensors and torch cannot be imported on %s (%s): %d dropped",
-                    self.node_id,
-                    exc,
-                    len(self.deferred or []),
-                )
-                self.stats_.malformed_frames += len(self.deferred or [])
-                self.deferred = None
-                return
-            waiting, self.deferred = self.deferred or [], None
-            for handle, held in waiting:  # torch is loaded now: none of them is held again
-                try:
-                    handle(held)
-                except Exception:
-                    log.exception("message handler failed; message dropped")
-
-        self._tasks.append(self.loop.create_task(load(), name="rlasync-import-torch"))
 
     def request_stop(self) -> None:
         """Start ``stop`` in the background (from inside a callback or an endpoint)."""
@@ -749,20 +777,20 @@ class Node:
                 peer.mark_lost(NodeLostError(peer.info.node_id, f"{self.node_id} stopped", graceful=True))
             for pump in self._pumps:
                 pump.close()
-            if hasattr(self, "ctx"):
+            if self.ctx is not None:
                 self.ctx.destroy(linger=0)
             self._actors.clear()
             self.stopped.set()
 
     async def _stop_politely(self, timeout: float) -> None:
         await self._stop_children(timeout)
-        if self.is_head and hasattr(self, "_membership"):
+        if self.is_head and self._membership is not None:
             await self._tell_members_the_cluster_ends(min(timeout, 2.0))
         if not self.is_head and self._epoch >= 0 and HEAD_ID not in self._dead and not self._fenced:
             # A call, not a one-way message: closing with linger 0 could drop the message,
             # and the head would then wait node_dead_after_s to notice the departure.
             try:
-                await self._membership.leave.options(timeout=min(timeout, 1.0))(
+                await self.membership.leave.options(timeout=min(timeout, 1.0))(
                     self.node_id, self.info.incarnation
                 )
             except RuntimeErrorBase as exc:
@@ -772,10 +800,10 @@ class Node:
                 async with asyncio.timeout(timeout):
                     await actor.on_stop()
             except (Exception, asyncio.CancelledError) as exc:
-                if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
+                if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
                     raise  # stop() itself is being cancelled: the finally above still closes
                 log.exception("on_stop of actor %s failed", name)
-        if hasattr(self, "_server"):
+        if self._server is not None:
             await self._server.stop(timeout)
 
     async def _tell_members_the_cluster_ends(self, timeout: float) -> None:
@@ -880,10 +908,3 @@ def _loaded_class(path: str) -> type | None:
 def _service_info(name: str, cls: type[Actor], node: NodeInfo) -> ActorInfo:
     endpoints = {n: ep.streaming for n, ep in endpoints_of(cls).items()}
     return ActorInfo(name, node, endpoints, f"{cls.__module__}:{cls.__qualname__}")
-
-
-def _wrap(actor: str, method: str, node: str) -> ActorError:
-    exc = sys.exc_info()[1]
-    assert exc is not None
-    error = error_reply(0, exc)
-    return ActorError(actor, method, error.type, error.message, error.traceback, node)

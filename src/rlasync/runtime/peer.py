@@ -12,37 +12,20 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
 from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump, keep_alive
-from .errors import (
-    ActorError,
-    ActorNotFound,
-    CallRefused,
-    CallTimeout,
-    Forbidden,
-    NodeLostError,
-    NotAnEndpoint,
-    RuntimeErrorBase,
-)
+from .context import NodeContext
+from .errors import CallRefused, CallTimeout, NodeLostError, lost_again, remote_error
 from .types import NodeInfo
-
-if TYPE_CHECKING:
-    from .node import Node
 
 log = logging.getLogger(__name__)
 
 _ITEM, _END, _FAIL = 0, 1, 2
-
-# Runtime errors that cross the wire keep their type (the rest arrive as ActorError).
-_RUNTIME_ERRORS: dict[str, type[RuntimeErrorBase]] = {
-    f"{cls.__module__}.{cls.__qualname__}": cls
-    for cls in (ActorNotFound, NotAnEndpoint, CallTimeout, CallRefused, Forbidden)
-}
 
 
 class CallTask(asyncio.Task):
@@ -63,7 +46,7 @@ class CallFuture(asyncio.Future):
     def cancel(self, msg: Any = None) -> bool:
         if not asyncio.Future.cancel(self, msg):
             return False
-        self.peer._end(self.call_id, tell_callee=True)
+        self.peer.cancel_call(self.call_id)
         return True
 
 
@@ -86,38 +69,40 @@ class _Pending:
 
 
 class Peer:
-    """Outgoing calls from this node to one other node."""
+    """Outgoing calls from this node (``context``) to one other node's process (``info``)."""
 
-    def __init__(self, node: Node, info: NodeInfo) -> None:
-        self.node = node
+    def __init__(self, context: NodeContext, info: NodeInfo) -> None:
+        self.context = context
         self.info = info
-        self.loop = node.loop
-        self.codec = node.codec
-        self.max_inflight = node.config.max_inflight_per_peer
-        sock = node.ctx.socket(zmq.DEALER)
+        self.loop = context.loop
+        self.codec = context.codec
+        self.stats = context.stats
+        config = context.config
+        self.max_inflight = config.max_inflight_per_peer
+        sock = context.sockets.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, node.config.max_frame_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
         if info.address.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)  # ZeroMQ dials IPv6 only when told
         keep_alive(sock)
         if info.address.startswith("tcp://"):
             # Over TCP this process is its CURVE key (server.Caller); the callee names the
             # connection itself, so no peer can pick another's routing id and take its replies.
-            node.require_keys().make_client(sock)
+            context.require_keys().make_client(sock)
         else:
             # Over ipc (a folder only this user can enter) the identity names this process, not
             # just its rank: a restarted rank is never taken for its dead predecessor.
-            sock.setsockopt(zmq.IDENTITY, f"{node.node_id}:{node.info.incarnation}".encode())
+            sock.setsockopt(zmq.IDENTITY, f"{context.node_id}:{context.incarnation}".encode())
         sock.connect(info.address)
         self.pump = SocketPump(
             sock,
             self._on_message,
-            recheck_s=node.config.io_recheck_s,
+            recheck_s=config.io_recheck_s,
             loop=self.loop,
-            max_outbox_bytes=node.config.max_outbox_bytes,
+            max_outbox_bytes=config.max_outbox_bytes,
         )
-        self.pump.max_batch_bytes = node.config.max_body_bytes
-        self.max_queued = node.config.max_queued_calls
+        self.pump.max_batch_bytes = config.max_body_bytes
+        self.max_queued = config.max_queued_calls
         self.pending: dict[int, _Pending] = {}
         self.streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], str, str]] = {}
         self.waiting: collections.deque[int] = collections.deque()  # queued call ids, oldest first
@@ -139,11 +124,11 @@ class Peer:
         call_id = self.next_id
         future = CallFuture(self, call_id, self.loop)
         if self.lost is not None:
-            future.set_exception(self._lost_error())
+            future.set_exception(lost_again(self.lost))
             return future
         send_now = (self.inflight < self.max_inflight and not self.waiting) or actor[:1] == "_"
         if not send_now and len(self.waiting) >= self.max_queued:
-            self.node.stats_.calls_refused += 1
+            self.stats.calls_refused += 1
             future.set_exception(
                 CallRefused(
                     f"call to {actor}.{method} on {self.info.node_id}: {len(self.waiting)} calls already wait for one of "
@@ -171,7 +156,7 @@ class Peer:
     def _send_call(self, frames: list[Any]) -> None:
         self.inflight += 1
         self.pump.send(frames, copy=False)
-        self.node.stats_.calls_sent += 1
+        self.stats.calls_sent += 1
 
     def _send_waiting(self) -> None:
         now = self.loop.time()
@@ -181,7 +166,7 @@ class Peer:
             if pending is None or pending.frames is None:  # it timed out or was cancelled
                 continue
             if pending.deadline <= now:  # expired while it waited: fail it here, never send it
-                self.node.stats_.calls_expired_unsent += 1
+                self.stats.calls_expired_unsent += 1
                 self._expire(call_id)
                 continue
             frames, pending.frames = pending.frames, None
@@ -210,6 +195,10 @@ class Peer:
             message = f"{where} got no answer within {pending.timeout:.3g}s; raise runtime.call_timeout_s or pass .options(timeout=...)"
         pending.future.set_exception(CallTimeout(message))
 
+    def cancel_call(self, call_id: int) -> None:
+        """The caller cancelled call ``call_id``: forget it, tell the callee, free its slot."""
+        self._end(call_id, tell_callee=True)
+
     def _end(self, call_id: int, tell_callee: bool = False) -> _Pending | None:
         """Forget a call (answered, timed out or cancelled); if it was sent, free its slot."""
         pending = self.pending.pop(call_id, None)
@@ -227,7 +216,7 @@ class Peer:
         self, actor: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float, convert: Any
     ) -> AsyncIterator[Any]:
         if self.lost is not None:
-            raise self._lost_error()
+            raise lost_again(self.lost)
         self.next_id += 1
         call_id = self.next_id
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -238,8 +227,8 @@ class Peer:
             ),
             copy=False,
         )
-        self.node.stats_.calls_sent += 1
-        ack_every = max(1, self.node.config.stream_window // 2)
+        self.stats.calls_sent += 1
+        ack_every = max(1, self.context.config.stream_window // 2)
         unacked = 0
         finished = False
         try:
@@ -271,27 +260,26 @@ class Peer:
 
     # -- input ------------------------------------------------------------------------------
     def _on_message(self, frames: list[Any]) -> None:
-        if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
-            self.node.defer_until_torch(self._on_message, frames)
+        if self.context.deferred is not None:  # torch is loading for an earlier message: keep order
+            self.context.defer_until_torch(self._on_message, frames)
             return
         try:
             msg = self.codec.decode(frames)
         except NeedsTorch:
-            self.node.defer_until_torch(self._on_message, frames)
+            self.context.defer_until_torch(self._on_message, frames)
             return
         except OversizedBody as exc:
-            self.node.stats_.oversized_bodies += 1
+            self.stats.oversized_bodies += 1
             log.warning("refused a message from %s: %s", self.info.node_id, exc)
             return
         except DecodeError as exc:
-            self.node.stats_.malformed_frames += 1
+            self.stats.malformed_frames += 1
             log.debug("dropped malformed message from %s: %s", self.info.node_id, exc)
             return
-        kind = type(msg)
-        if kind is Reply:
+        if isinstance(msg, Reply):
             pending = self._end(msg.id)
             if pending is None:
-                self.node.stats_.unknown_replies += 1
+                self.stats.unknown_replies += 1
             elif not pending.future.done():
                 value = msg.value
                 if pending.convert is not None:
@@ -303,15 +291,15 @@ class Peer:
                         )
                         return
                 pending.future.set_result(value)
-        elif kind is StreamItem:
+        elif isinstance(msg, StreamItem):
             entry = self.streams.get(msg.id)
             if entry is not None:
                 entry[0].put_nowait((_ITEM, msg.value))
-        elif kind is StreamEnd:
+        elif isinstance(msg, StreamEnd):
             entry = self.streams.get(msg.id)
             if entry is not None:
                 entry[0].put_nowait((_END, None))
-        elif kind is Error:
+        elif isinstance(msg, Error):
             pending = self._end(msg.id)
             if pending is not None:
                 if not pending.future.done():
@@ -321,9 +309,9 @@ class Peer:
             if entry is not None:
                 entry[0].put_nowait((_FAIL, self._remote_error(msg, entry[1], entry[2])))
             else:
-                self.node.stats_.unknown_replies += 1
+                self.stats.unknown_replies += 1
         else:  # a Call, Cancel or StreamAck has no business on a DEALER
-            self.node.stats_.malformed_frames += 1
+            self.stats.malformed_frames += 1
 
     @property
     def to(self) -> str:
@@ -332,20 +320,14 @@ class Peer:
         return "" if incarnation == "unknown" else incarnation
 
     def _remote_error(self, msg: Error, actor: str, method: str) -> Exception:
+        error = remote_error(msg, actor, method, self.info.node_id)
         if msg.code == "gone":  # the process we meant no longer listens there: all its calls are lost
-            error = NodeLostError(self.info.node_id, msg.message)
-            self.loop.call_soon(self.node.on_node_dead, self.info.node_id, msg.message, self.info.incarnation)
-            return error
-        runtime_type = _RUNTIME_ERRORS.get(msg.type)
-        if runtime_type is not None:
-            return runtime_type(msg.message)
-        return ActorError(actor, method, msg.type, msg.message, msg.traceback, self.info.node_id)
+            self.loop.call_soon(
+                self.context.on_node_dead, self.info.node_id, msg.message, self.info.incarnation
+            )
+        return error
 
     # -- failure ----------------------------------------------------------------------------
-    def _lost_error(self) -> NodeLostError:
-        assert self.lost is not None
-        return NodeLostError(self.lost.node, str(self.lost).split(": ", 1)[-1])
-
     def mark_lost(self, error: NodeLostError) -> None:
         """Fail every pending call and stream with ``error``, refuse new ones, close the socket."""
         if self.lost is not None:
@@ -357,9 +339,9 @@ class Peer:
         for call_id in list(self.pending):
             pending = self._end(call_id)
             if pending is not None and not pending.future.done():
-                pending.future.set_exception(self._lost_error())
+                pending.future.set_exception(lost_again(error))
         for queue, _, _ in list(self.streams.values()):
-            queue.put_nowait((_FAIL, self._lost_error()))
+            queue.put_nowait((_FAIL, lost_again(error)))
         self.pump.close()
 
     def send_oneway(self, actor: str, method: str, args: list[Any]) -> None:

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .actor import endpoints_of
+from .context import HasContext, NodeContext
 from .errors import NotAnEndpoint
 from .types import ActorInfo
 
-if TYPE_CHECKING:
-    from .node import Node
-
 
 class ActorRef:
-    """A handle to one actor. Cheap to copy, and can be sent to other actors as an argument."""
+    """A handle to one actor. Cheap to copy, and can be sent to other actors as an argument.
 
-    __slots__ = ("_node", "info", "_cls", "_bound")
+    ``node``: the (started) node whose calls it makes, or that node's ``NodeContext``.
+    """
 
-    def __init__(self, node: Node, info: ActorInfo, cls: type | None = None) -> None:
-        self._node = node
+    __slots__ = ("_context", "info", "_cls", "_bound")
+
+    def __init__(self, node: NodeContext | HasContext, info: ActorInfo, cls: type | None = None) -> None:
+        self._context = node if isinstance(node, NodeContext) else node.context
         self.info = info
         self._cls = cls
         self._bound: dict[str, Any] = {}
@@ -54,11 +56,12 @@ class ActorRef:
             )
         convert = None
         if self._cls is not None:
-            from .actor import endpoints_of
-
             ep = endpoints_of(self._cls).get(attr)
             convert = ep.result_converter() if ep is not None else None
-        bound = (RemoteStream if streaming else RemoteEndpoint)(self, attr, None, convert)
+        if streaming:
+            bound = RemoteStream(self, attr, None, convert, self._context.stream)
+        else:
+            bound = RemoteEndpoint(self, attr, None, convert, self._context.call)
         self._bound[attr] = bound
         return bound
 
@@ -73,33 +76,39 @@ class ActorRef:
 
 
 class RemoteEndpoint:
-    """A unary endpoint of a remote (or local) actor."""
+    """A unary endpoint of a remote (or local) actor; ``route`` sends its calls (``NodeContext.call``)."""
 
-    __slots__ = ("ref", "method", "timeout", "convert")
+    __slots__ = ("ref", "method", "timeout", "convert", "route")
 
     def __init__(
-        self, ref: ActorRef, method: str, timeout: float | None, convert: Callable[[Any], Any] | None
+        self,
+        ref: ActorRef,
+        method: str,
+        timeout: float | None,
+        convert: Callable[[Any], Any] | None,
+        route: Callable[..., Any],
     ) -> None:
         self.ref = ref
         self.method = method
         self.timeout = timeout
         self.convert = convert
+        self.route = route
 
     def __call__(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        return self.ref._node._call(self.ref, self.method, list(args), kwargs, self.timeout, self.convert)
+        return self.route(self.ref.info, self.method, list(args), kwargs, self.timeout, self.convert)
 
     def options(self, *, timeout: float | None = None) -> RemoteEndpoint:
         """The same endpoint with its own deadline (seconds) for the calls made through it."""
-        return type(self)(self.ref, self.method, timeout, self.convert)
+        return type(self)(self.ref, self.method, timeout, self.convert, self.route)
 
     def __repr__(self) -> str:
         return f"<endpoint {self.ref.name}.{self.method}>"
 
 
 class RemoteStream(RemoteEndpoint):
-    """A streaming endpoint; ``timeout`` bounds the wait for each item."""
+    """A streaming endpoint; ``timeout`` bounds the wait for each item; ``route``: ``NodeContext.stream``."""
 
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-        return self.ref._node._stream(self.ref, self.method, list(args), kwargs, self.timeout, self.convert)
+        return self.route(self.ref.info, self.method, list(args), kwargs, self.timeout, self.convert)

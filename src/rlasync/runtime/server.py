@@ -15,7 +15,7 @@ import contextvars
 import logging
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
@@ -23,11 +23,18 @@ from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, Stre
 from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump
 from .actor import Actor, endpoints_of
-from .errors import ActorNotFound, CallRefused, CallTimeout, NodeLostError, NotAnEndpoint
+from .context import NodeContext
+from .errors import (
+    ActorNotFound,
+    CallRefused,
+    CallTimeout,
+    NodeLostError,
+    NotAnEndpoint,
+    cancelled_from_outside,
+    error_reply,
+    wire_name,
+)
 from .types import NodeInfo
-
-if TYPE_CHECKING:
-    from .node import Node
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +87,14 @@ _SWEEP_S = 1.0  # calls past their caller's deadline are cancelled by a sweep th
 
 
 class Server:
-    """Serves the calls that reach this node's ROUTER socket."""
+    """Serves the calls that reach the ROUTER socket of the node ``context`` describes."""
 
-    def __init__(self, node: Node, router: zmq.Socket[Any]) -> None:
-        self.node = node
-        self.loop = node.loop
-        self.codec = node.codec
-        self.config = node.config
+    def __init__(self, context: NodeContext, router: zmq.Socket[Any]) -> None:
+        self.context = context
+        self.loop = context.loop
+        self.codec = context.codec
+        self.config = context.config
+        self.stats = context.stats
         self.serving: dict[tuple[bytes, int], _Serving] = {}
         self.oneway: set[asyncio.Task[None]] = set()
         self.callers: dict[bytes, Caller] = {}  # routing id (one per connection over TCP) -> who it is
@@ -95,14 +103,14 @@ class Server:
         self.pump = SocketPump(
             router,
             self._on_request,
-            recheck_s=node.config.io_recheck_s,
+            recheck_s=self.config.io_recheck_s,
             loop=self.loop,
             routed=True,
             peers=self.callers,
             new_peer=self._identify,
-            max_outbox_bytes=node.config.max_outbox_bytes,
+            max_outbox_bytes=self.config.max_outbox_bytes,
         )
-        self.pump.max_batch_bytes = node.config.max_body_bytes
+        self.pump.max_batch_bytes = self.config.max_body_bytes
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
 
     # -- who calls ------------------------------------------------------------------------
@@ -119,7 +127,8 @@ class Server:
         caller = self._principals.get(key or claim)
         if caller is None:  # its first connection (a member opening many shares one limit)
             caller = self._principals[key or claim] = Caller(key, claim)
-            caller.dead = self.node.is_dead_caller(caller)
+            dead = self.context.dead_callers
+            caller.dead = bool(dead) and (key or claim) in dead
         caller.connections += 1
         self.callers[ident] = caller
         if fd >= 0:
@@ -168,18 +177,18 @@ class Server:
 
     # -- input ----------------------------------------------------------------------------
     def _on_request(self, frames: list[Any]) -> None:
-        stats = self.node.stats_
+        stats = self.stats
         if len(frames) < 2:
             stats.malformed_frames += 1
             return
         ident = frames[0]
-        if self.node.deferred is not None:  # torch is loading for an earlier message: keep order
-            self.node.defer_until_torch(self._on_request, frames)
+        if self.context.deferred is not None:  # torch is loading for an earlier message: keep order
+            self.context.defer_until_torch(self._on_request, frames)
             return
         try:
             msg = self.codec.decode(frames[1:])
         except NeedsTorch:
-            self.node.defer_until_torch(self._on_request, frames)
+            self.context.defer_until_torch(self._on_request, frames)
             return
         except OversizedBody as exc:
             stats.oversized_bodies += 1
@@ -189,13 +198,12 @@ class Server:
             stats.malformed_frames += 1
             log.debug("dropped malformed request from %r: %s", ident[:32], exc)
             return
-        kind = type(msg)
         caller = self.callers.get(ident)
         if caller is None:  # its connection closed while torch loaded for this message: nobody to answer
             return
-        if kind is Call:
+        if isinstance(msg, Call):
             self._serve(ident, caller, msg)
-        elif kind is Cancel:
+        elif isinstance(msg, Cancel):
             serving = self.serving.get((ident, msg.id))
             if serving is not None and serving.task is not None:
                 serving.task.cancel()
@@ -212,26 +220,26 @@ class Server:
             stats.malformed_frames += 1
 
     def _serve(self, ident: bytes, caller: Caller, call: Call) -> None:
-        stats = self.node.stats_
+        stats = self.stats
         if caller.dead:
             stats.calls_fenced += 1
             message = (
-                f"{self.node.node_id} serves no calls from {caller}: the head declared that process dead"
+                f"{self.context.node_id} serves no calls from {caller}: the head declared that process dead"
             )
             return self._fail(ident, call.id, "gone", NodeLostError, message)
-        if call.to and call.to != self.node.info.incarnation:
+        if call.to and call.to != self.context.incarnation:
             # The caller means a process that used to listen at this address (same rank,
             # restarted): that process is gone, whatever actor of the same name lives here now.
-            message = f"the process of {self.node.node_id} that was called ({call.to}) is gone; {self.node.info.incarnation} listens there now"
+            message = f"the process of {self.context.node_id} that was called ({call.to}) is gone; {self.context.incarnation} listens there now"
             return self._fail(ident, call.id, "gone", NodeLostError, message)
         if caller.running >= self.config.max_calls_per_caller:
             stats.calls_refused += 1
             message = (
-                f"{self.node.node_id} is already running runtime.max_calls_per_caller={self.config.max_calls_per_caller} "
+                f"{self.context.node_id} is already running runtime.max_calls_per_caller={self.config.max_calls_per_caller} "
                 f"calls for this caller; keep runtime.max_inflight_per_peer below it"
             )
             return self._fail(ident, call.id, "busy", CallRefused, message)
-        actor = self.node._actors.get(call.actor)
+        actor = self.context.actors.get(call.actor)
         if actor is None:
             detail = "it was never spawned here, or it stopped"
             return self._fail(
@@ -239,7 +247,7 @@ class Server:
                 call.id,
                 "no_actor",
                 ActorNotFound,
-                f"no actor named {call.actor!r} on {self.node.node_id} ({detail})",
+                f"no actor named {call.actor!r} on {self.context.node_id} ({detail})",
             )
         ep = endpoints_of(type(actor)).get(call.method)
         if ep is None or ep.streaming != call.stream:
@@ -276,7 +284,7 @@ class Server:
 
     def _fail(self, ident: bytes, call_id: int, code: str, kind: type, message: str) -> None:
         if call_id:
-            self._send(ident, Error(call_id, code, f"{kind.__module__}.{kind.__qualname__}", message))
+            self._send(ident, Error(call_id, code, wire_name(kind), message))
 
     def _send(self, ident: bytes, msg: Any) -> bool:
         """Send ``msg``; if it cannot be encoded, send that error instead and return False."""
@@ -298,7 +306,7 @@ class Server:
             args, kwargs = ep.convert_args(call.args, call.kwargs)
             result = await ep.fn(actor, *args, **kwargs)
         except asyncio.CancelledError as exc:
-            if _cancelled_from_outside():
+            if cancelled_from_outside():
                 return  # the caller cancelled or timed out, or this node is stopping: no reply wanted
             if call_id:  # the endpoint itself let a CancelledError out: that is its answer
                 self._send(ident, error_reply(call_id, exc))
@@ -316,7 +324,7 @@ class Server:
 
     async def _run_stream(self, ident: bytes, call: Call, ep: Any, actor: Actor, serving: _Serving) -> None:
         key = (ident, call.id)
-        timeout = self.node.config.call_timeout_s
+        timeout = self.config.call_timeout_s
         try:
             args, kwargs = ep.convert_args(call.args, call.kwargs)
             items = ep.fn(actor, *args, **kwargs)
@@ -337,7 +345,7 @@ class Server:
             finally:
                 await items.aclose()
         except asyncio.CancelledError as exc:
-            if not _cancelled_from_outside():
+            if not cancelled_from_outside():
                 self._send(ident, error_reply(call.id, exc))
             return
         except Exception as exc:
@@ -362,7 +370,7 @@ def _task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[None]:
     return _EagerTask(coro, loop)
 
 
-class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[misc,name-defined]
+class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[name-defined]
     """Python 3.11's pure-Python Task, started as 3.12's ``eager_start=True`` does.
 
     (Being the pure-Python class, it is not an instance of the C ``asyncio.Task`` that
@@ -385,15 +393,3 @@ class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[misc,name-defined]
         self._context.run(self._Task__step)
         if not self.done():
             asyncio.tasks._register_task(self)
-
-
-def _cancelled_from_outside() -> bool:
-    """Whether this task was cancelled by ``Task.cancel`` (the caller or a stopping node)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def error_reply(call_id: int, exc: BaseException) -> Error:
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return Error(call_id, "raised", name, str(exc), "".join(traceback.format_exception(exc)))

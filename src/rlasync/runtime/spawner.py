@@ -55,7 +55,8 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._exited = asyncio.get_running_loop().create_future()
 
-    def _exit(self, code: int) -> None:
+    def exited(self, code: int) -> None:
+        """The spawner reaped it: it exited with ``code`` (-N: killed by signal N). Wakes ``wait``."""
         if self.returncode is None:
             self.returncode = code
             if not self._exited.get_loop().is_closed():  # a waiter from a loop that ended (a test's)
@@ -129,7 +130,7 @@ class Spawner:
             raise OSError(f"the spawner could not fork: {report.error}")
         proc = self._children[report.pid] = ForkedProcess(report.pid)
         if report.pid in self._early:
-            proc._exit(self._early.pop(report.pid))
+            proc.exited(self._early.pop(report.pid))
         return proc
 
     def _on_readable(self) -> None:
@@ -151,7 +152,7 @@ class Spawner:
                 if future is not None and not future.done():
                     future.set_result(report)
             elif report.pid in self._children:
-                self._children.pop(report.pid)._exit(report.code)
+                self._children.pop(report.pid).exited(report.code)
             else:
                 self._early[report.pid] = report.code
 
@@ -164,7 +165,7 @@ class Spawner:
             if not future.done():
                 future.set_result(_Report(error="the spawner process is gone"))
         for proc in self._children.values():
-            proc._exit(-signal.SIGKILL)
+            proc.exited(-signal.SIGKILL)
         self._children.clear()
 
 

@@ -35,7 +35,8 @@ from .base import (
     truncate_text,
     validate_arguments,
 )
-from .builtin import CalculatorTool, PythonRun, PythonTool, SandboxUnavailable, run_python, sandbox_layers
+from .builtin import PythonRun, PythonTool, SandboxUnavailable, run_python, sandbox_layers
+from .calculator import CALCULATOR, CalculatorTool, calculator
 from .parsers import (
     HarmonyParser,
     HermesParser,
@@ -47,6 +48,7 @@ from .parsers import (
 )
 
 __all__ = [
+    "CALCULATOR",
     "CalculatorTool",
     "ErrorKind",
     "HarmonyParser",
@@ -63,6 +65,7 @@ __all__ = [
     "ToolResult",
     "TruncateSide",
     "build_tools",
+    "calculator",
     "error_result",
     "get_parser",
     "get_tool",

@@ -1,4 +1,4 @@
-"""Built-in tools: ``calculator`` (safe integer arithmetic) and ``python`` (a script in a sandbox).
+"""The built-in ``python`` tool: a script in a sandbox (the ``calculator`` is in ``calculator.py``).
 
 The python sandbox has to hold against the code it runs, also when rlasync itself runs as root
 (CI, most containers). Layer by layer, and what each is for:
@@ -87,29 +87,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from rlasync.data.synthetic import CALCULATOR, calculator
-
 from .base import Tool, ToolContext, ToolError, register_tool
 
 logger = logging.getLogger(__name__)
-
-
-@register_tool
-class CalculatorTool(Tool):
-    """The calc task's calculator (``rlasync.data.synthetic.calculator``: an AST walk, no eval)."""
-
-    name = "calculator"
-    description = ""  # the calc task's schema has none (prompt tokens cost a tiny model): keep them identical
-    parameters = CALCULATOR["function"]["parameters"]
-    timeout_s = 1.0
-
-    async def call(self, arguments: dict[str, Any], context: ToolContext) -> str:
-        result = calculator(arguments["expression"])  # at most 64 characters: microseconds, fine on the loop
-        if result.startswith("error: "):
-            raise ToolError(
-                result.removeprefix("error: ")
-            )  # same text as the calc task's, counted as an error
-        return result
 
 
 # -- python ----------------------------------------------------------------------------------

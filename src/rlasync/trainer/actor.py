@@ -14,12 +14,11 @@ by the whole batch's denominator, so the summed gradients, hence the step, do no
 over torch.distributed (gloo on CPU, NCCL on GPU), meeting at a TCP store this driver hosts at
 the head's address (or at ``MASTER_ADDR:MASTER_PORT`` when those are set, as under torchrun).
 
-Nothing waits without a deadline: starting has ``trainer.start_timeout_s``, each call
-``trainer.call_timeout_s`` (the runtime's call deadline). A rank whose node is lost, or whose
-group broke in a collective, fails the call with ``RankLostError`` as soon as the runtime
-knows; a rank that fails while its peers stay in a collective marks the trainer unusable
-after 5 s. Shutdown: every rank leaves its group, then their processes stop; ``close()`` is
-idempotent.
+Nothing waits without a deadline: starting has ``trainer.start_timeout_s``, each call to the
+ranks ``trainer.operation_timeout_s``. A rank whose node is lost, or whose group broke in a
+collective, fails the call with ``RankLostError`` as soon as the runtime knows; a rank that
+fails while its peers stay in a collective marks the trainer unusable after 5 s. Shutdown:
+every rank leaves its group, then their processes stop; ``close()`` is idempotent.
 """
 
 from __future__ import annotations
@@ -33,12 +32,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from ..config.train import TrainerConfig
-from ..runtime import ActorError, ActorNotFound, ActorRef, CallTimeout, LocalCluster, Node, NodeLostError
+from ..runtime import ActorNotFound, CallTimeout, LocalCluster, Node, NodeLostError
 from ..runtime.address import host_of
 from ..runtime.events import emit
 from ..runtime.rendezvous import master_address, master_store
-from .rank import RankSpec, TrainerRank
+from ..weights.errors import raised_remotely
+from .rank import GroupBroken, RankSpec, TrainerRank
 from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ class TrainerActor:
         self._node = node
         self._own: LocalCluster | None = None
         self._store: Any = None  # the rendezvous TCP store, when hosted here
-        self.ranks: list[ActorRef] = []
+        self.ranks: list[TrainerRank] = []  # refs: their endpoints type-check as TrainerRank's
         self.processes: list[str] = []  # node ids of the ranks' processes
         self._shared_files: list[
             str
@@ -197,8 +199,6 @@ class TrainerActor:
         """Where the ranks meet: ``MASTER_ADDR:MASTER_PORT`` when set (torchrun's agent hosts the
         store there, or the head's process does: ``runtime.rendezvous``), else a store hosted
         here at the head's address."""
-        import torch.distributed as dist
-
         master = master_address()
         if master is not None:
             try:
@@ -231,7 +231,7 @@ class TrainerActor:
     # -- endpoints ------------------------------------------------------------------------
     async def step(self, batch: TrainBatch, *, temperature: float = 1.0) -> dict[str, float]:
         """One optimiser step on ``batch``, split over the ranks. Metrics are reduced over the
-        ranks once (token-weighted; ``*_min``/``*_max`` by min/max)."""
+        ranks once, each as ``rlasync.metrics.REDUCTIONS`` declares (else token-weighted)."""
         if self.config.strategy == "fsdp2" and batch.size < self.world_size:
             raise ValueError(
                 f"trainer.strategy=fsdp2 needs a row per rank: a batch of {batch.size} for {self.world_size} ranks"
@@ -343,7 +343,7 @@ class TrainerActor:
         per_rank: list[list[Any]],
         *,
         timeout: float | None = None,
-        setting: str = "trainer.call_timeout_s",
+        setting: str = "trainer.operation_timeout_s",
     ) -> list[Any]:
         return await self._call_ranks(dict(enumerate(per_rank)), method, timeout=timeout, setting=setting)
 
@@ -353,11 +353,11 @@ class TrainerActor:
         method: str,
         *,
         timeout: float | None = None,
-        setting: str = "trainer.call_timeout_s",
+        setting: str = "trainer.operation_timeout_s",
     ) -> list[Any]:
         """``method`` on the given ranks, concurrently: their answers in rank order, unless a rank
         is lost, its group broke, a rank fails while others stay in a collective, or the deadline
-        (``timeout``, default ``trainer.call_timeout_s``) passes first."""
+        (``timeout``, default ``trainer.operation_timeout_s``) passes first."""
         if self._closed or not self.ranks:
             raise RuntimeError(
                 "the trainer is not running: call start() first"
@@ -366,7 +366,7 @@ class TrainerActor:
             )
         if self._broken:
             raise RankLostError(f"the trainer is unusable ({self._broken}): restart it from a checkpoint")
-        deadline = timeout or self.config.call_timeout_s
+        deadline = timeout or self.config.operation_timeout_s
         calls = {
             r: asyncio.ensure_future(getattr(self.ranks[r], method).options(timeout=deadline)(*args))
             for r, args in per_rank.items()
@@ -409,14 +409,11 @@ class TrainerActor:
 
 
 def _lost(error: BaseException) -> bool:
-    """The rank's process is gone, or its group can no longer be used."""
+    """The rank's process is gone, or its group can no longer be used: the rank raised
+    ``GroupBroken`` (or torch.distributed's own error, should one get past it)."""
     if isinstance(error, (NodeLostError, ActorNotFound)):
         return True
-    return isinstance(error, ActorError) and error.remote_type.rsplit(".", 1)[-1] in (
-        "GroupBroken",
-        "DistBackendError",
-        "DistNetworkError",
-    )
+    return raised_remotely(error, GroupBroken, dist.DistBackendError, dist.DistNetworkError)
 
 
 __all__ = ["RankLostError", "TrainerActor"]

@@ -12,7 +12,7 @@ heartbeats and cancellations while the thread computes. ``TrainerActor`` drives 
 
 The ranks meet at a TCP store the driver names (the head's, or ``MASTER_ADDR:MASTER_PORT``):
 ``join`` is ``init_process_group`` under ``trainer.start_timeout_s``, and every collective has
-``trainer.call_timeout_s``. A collective that fails (a peer rank died, or stalled past the
+``trainer.operation_timeout_s``. A collective that fails (a peer rank died, or stalled past the
 deadline) leaves the group unusable: the rank answers every later call with ``GroupBroken``.
 """
 
@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 
 class GroupBroken(RuntimeError):
     """A collective of the trainer's group failed (a peer rank died, or stalled past
-    ``trainer.call_timeout_s``): the group cannot be used again; restart from a checkpoint."""
+    ``trainer.operation_timeout_s``): the group cannot be used again; restart from a
+    checkpoint."""
 
 
 class RankSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,7 +122,7 @@ class TrainerRank(Actor):
         self.device = torch.device("cpu")
         self.trainer: PolicyTrainer | None = None
         self.sender: Any = None  # the WeightSender, on rank 0 once joined
-        self.weight_store: Any = None  # rank 0: the weight group's TCP store, hosted here
+        self.weight_group_store: Any = None  # rank 0: the weight group's TCP store, hosted here
         self.flat: Any = None  # the buffer rank 0's parameters live in once laid out as buckets
         self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
         self.broken = ""
@@ -144,7 +145,7 @@ class TrainerRank(Actor):
         try:
             return await self._thread.submit(fn, *args)
         except (dist.DistBackendError, dist.DistNetworkError) as exc:
-            self.broken = f"its group broke during {fn.__name__} (a peer rank died, or stalled past trainer.call_timeout_s): {str(exc).splitlines()[0][:300]}"
+            self.broken = f"its group broke during {fn.__name__} (a peer rank died, or stalled past trainer.operation_timeout_s): {str(exc).splitlines()[0][:300]}"
             log.error("trainer rank %d: %s", self.rank, self.broken)
             raise GroupBroken(f"trainer rank {self.rank}: {self.broken}") from None
 
@@ -200,7 +201,7 @@ class TrainerRank(Actor):
             store=dist.PrefixStore(self.spec.group, store),
             rank=self.rank,
             world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=cfg.call_timeout_s),
+            timeout=datetime.timedelta(seconds=cfg.operation_timeout_s),
         )
         # A first collective: a group that cannot talk (a firewall, a wrong interface) fails now,
         # within trainer.start_timeout_s, not at the first step.
@@ -268,7 +269,7 @@ class TrainerRank(Actor):
         metrics = self._trainer().step(
             rows, temperature=temperature, denominator=denominator, micro_batches=micro_batches
         )
-        return {**metrics, "compute_s_max": time.perf_counter() - started}  # the slowest rank's, once reduced
+        return {**metrics, "compute_s_max": time.perf_counter() - started}  # max over ranks: REDUCTIONS
 
     @endpoint
     async def logprobs(
@@ -289,7 +290,7 @@ class TrainerRank(Actor):
     @endpoint
     async def weights(self) -> dict[str, Any] | None:
         """The parameters by name, whole, on the CPU: from rank 0 (every rank takes part in gathering shards)."""
-        return await self._run(self._weights)  # type: ignore[no-any-return]
+        return await self._run(self._weights)
 
     def _weights(self) -> dict[str, Any] | None:
         weights = self._trainer().weights()
@@ -313,7 +314,7 @@ class TrainerRank(Actor):
         return its ``ShmOffer`` (engines on this machine copy from it); else None."""
         if self.rank != 0:
             return None
-        return await self._run(self._share_weights, directory, plan)  # type: ignore[no-any-return]
+        return await self._run(self._share_weights, directory, plan)
 
     def _share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
         from ..weights import BucketPlan, SharedWeights, flat_layout
@@ -340,8 +341,8 @@ class TrainerRank(Actor):
         """Rank 0 hosts the weight group's rendezvous store (once; later generations reuse it) and
         returns ``[host, port]`` for the engines: ``host``, else this node's address. (The store
         listens on every interface; the host it is created with is only its own client's.)"""
-        if self.weight_store is None:
-            self.weight_store = await asyncio.to_thread(
+        if self.weight_group_store is None:
+            self.weight_group_store = await asyncio.to_thread(
                 dist.TCPStore,
                 "127.0.0.1",
                 0,
@@ -349,7 +350,7 @@ class TrainerRank(Actor):
                 wait_for_workers=False,
                 timeout=datetime.timedelta(seconds=self.config.start_timeout_s),
             )
-        return [host or host_of(self.node.address), int(self.weight_store.port)]
+        return [host or host_of(self.node.address), int(self.weight_group_store.port)]
 
     @endpoint
     async def join_weights(
@@ -390,7 +391,7 @@ class TrainerRank(Actor):
             # straight from the parameters' memory (no packing copy).
             self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
         if size > 1:
-            if self.weight_store is None:
+            if self.weight_group_store is None:
                 raise RuntimeError(
                     "join_weights before weight_store: the synchroniser asks for the store first"
                 )
@@ -402,7 +403,7 @@ class TrainerRank(Actor):
                 backend=backend,
                 timeout_s=timeout_s,
                 generation=generation,
-                store=self.weight_store,
+                store=self.weight_group_store,
                 local_host=host_of(self.node.address),
             )
             self.sender = WeightSender(group, bucket_plan, device=self.device)

@@ -7,6 +7,8 @@ from typing import Any
 import msgspec
 import torch
 
+from ..metrics.reduce import reduce_metrics as reduce_metrics  # declared per metric: rlasync.metrics
+
 TENSOR_FIELDS = (
     "prompts",
     "responses",
@@ -147,21 +149,3 @@ def shard_rows(size: int, world_size: int) -> list[slice]:
         bounds.append(slice(start, stop))
         start = stop
     return bounds
-
-
-def reduce_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Combine per-part metrics, each part weighted by its tokens: ``*_min`` by min, ``*_max``
-    by max, everything else a token-weighted mean (never a mean of means). Parts without
-    tokens count only when no part has any."""
-    weighted = [(w, m) for w, m in parts if w > 0] or [(1.0, m) for _, m in parts[:1]]
-    total = sum(w for w, _ in weighted)
-    out: dict[str, float] = {}
-    for weight, metrics in weighted:
-        for key, value in metrics.items():
-            if key.endswith("_min"):
-                out[key] = min(out.get(key, value), value)
-            elif key.endswith("_max"):
-                out[key] = max(out.get(key, value), value)
-            else:
-                out[key] = out.get(key, 0.0) + value * weight / total
-    return out

@@ -64,13 +64,13 @@ class CurveKeys:
         """This process's public client key, as ZAP reports it (``User-Id``) to the nodes it calls."""
         return self.client_public.decode()
 
-    def make_server(self, sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    def make_server(self, sock: zmq.Socket) -> None:
         sock.curve_server = True
         sock.curve_secretkey = self.server_secret
         sock.curve_publickey = self.server_public
         sock.zap_domain = b"rlasync"
 
-    def make_client(self, sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    def make_client(self, sock: zmq.Socket) -> None:
         sock.curve_serverkey = self.server_public
         sock.curve_publickey = self.client_public
         sock.curve_secretkey = self.client_secret

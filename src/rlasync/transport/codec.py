@@ -79,7 +79,8 @@ class Codec:
         self._meta_decoder = msgspec.msgpack.Decoder(TensorMeta)
         self._user_types: dict[type, tuple[int, Callable[[Any], Any]]] = {}
         self._user_codes: dict[int, Callable[[Any], Any]] = {}
-        self._decoders = {
+        # One decoder per kind byte; each decodes its own Struct type of the Message union.
+        self._decoders: dict[bytes, msgspec.msgpack.Decoder[Any]] = {
             kind: msgspec.msgpack.Decoder(cls, ext_hook=self._ext_hook) for kind, cls in TYPE_OF.items()
         }
 
@@ -95,7 +96,8 @@ class Codec:
     # -- encoding -------------------------------------------------------------------------
     def encode(self, msg: Message) -> list[Any]:
         """Frames for ``msg``: the body (kind byte, then msgpack), then any side frames."""
-        self._side = side = []
+        side: list[Any] = []
+        self._side = side
         body = bytearray(KIND_OF[type(msg)])
         try:
             self._encoder.encode_into(msg, body, 1)

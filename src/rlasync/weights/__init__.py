@@ -13,13 +13,22 @@ from .buckets import (
     plan_for,
     unpack,
 )
-from .group import SyncError, WeightGroup
+from .errors import SyncError, is_transfer_failure, raised_remotely
+from .group import WeightGroup
 from .shm import SharedWeights, ShmOffer
 from .sink import EngineWeights
 from .sync import StagingRing, SyncStats, WeightReceiver, WeightSender
-from .synchronizer import ParameterSynchronizer, SyncReport, WeightSource
+from .synchronizer import (
+    ActorSink,
+    ParameterSynchronizer,
+    SyncReport,
+    WeightSink,
+    WeightSource,
+    WeightSync,
+)
 
 __all__ = [
+    "ActorSink",
     "BucketPlan",
     "EngineWeights",
     "ParameterSynchronizer",
@@ -33,12 +42,16 @@ __all__ = [
     "WeightGroup",
     "WeightReceiver",
     "WeightSender",
+    "WeightSink",
     "WeightSource",
+    "WeightSync",
     "contiguous_bucket",
     "fill_flat",
     "flat_layout",
+    "is_transfer_failure",
     "pack",
     "plan_buckets",
     "plan_for",
+    "raised_remotely",
     "unpack",
 ]

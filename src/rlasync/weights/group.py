@@ -15,10 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-class SyncError(RuntimeError):
-    """A weight transfer failed (a peer died, stalled past the deadline, or disagreed on the
-    plan). The group is unusable: drop it and make a new generation."""
+from .errors import SyncError
 
 
 class WeightGroup:
@@ -54,7 +51,7 @@ class WeightGroup:
         prefixed = dist.PrefixStore(f"rlasync/weights/{generation}", self.store)
         try:
             if backend == "gloo":
-                options = dist.ProcessGroupGloo._Options()
+                options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, not in the stubs
                 options._timeout = timeout
                 # Gloo listens where the machine's hostname resolves unless told: a node in another
                 # network namespace (or behind another interface) could not reach that address.

@@ -30,7 +30,7 @@ import msgspec
 import torch
 
 from .buckets import BucketPlan, bucket_starts
-from .group import SyncError
+from .errors import SyncError
 
 HEADER = 64  # bytes before the data: int64 nonce, version, plan digest (the rest reserved)
 CHANGING = -1  # the header's version while the trainer may be writing the parameters

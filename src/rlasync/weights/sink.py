@@ -21,7 +21,8 @@ import msgspec
 import torch
 
 from .buckets import BucketPlan
-from .group import SyncError, WeightGroup
+from .errors import SyncError
+from .group import WeightGroup
 from .shm import SharedWeights, ShmOffer
 from .sync import StagingRing, WeightReceiver
 
@@ -30,7 +31,8 @@ Transport = Literal["shm", "broadcast"]
 
 class EngineWeights:
     """Receives versions for ``engine`` (anything with ``update_weights``; an engine with
-    ``swap_weights`` takes a version by reference, from a double-buffered staging ring)."""
+    ``swap_weights`` takes a version by reference, from a double-buffered staging ring): a
+    ``WeightSink`` for an engine in this process, and what an ``EngineActor`` serves."""
 
     def __init__(self, engine: Any, *, device: torch.device | str | None = None) -> None:
         self.engine = engine
@@ -136,6 +138,10 @@ class EngineWeights:
         began = time.perf_counter()
         await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused
         return time.perf_counter() - began
+
+    async def alive(self, within_s: float) -> bool:
+        """An engine in this process always answers."""
+        return True
 
     def close_group(self) -> None:
         if self._group is not None:

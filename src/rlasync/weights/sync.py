@@ -23,7 +23,8 @@ import msgspec
 import torch
 
 from .buckets import BucketPlan, bucket_starts, contiguous_bucket, pack, unpack
-from .group import SyncError, WeightGroup
+from .errors import SyncError
+from .group import WeightGroup
 
 
 class SyncStats(msgspec.Struct, kw_only=True):

@@ -4,10 +4,11 @@
     await sync.start()                    # plan sent once, shared memory offered, group formed
     report = await sync.sync(version=7)   # every engine stages v7 while decoding, then all swap
 
-The sending side is anything with the trainer actor's endpoints (``weight_plan``,
-``share_weights``, ``weight_backend``, ``weight_store``, ``join_weights``, ``send_weights``; rank 0
-sends, other ranks help gather shards), wherever rank 0 runs: it hosts the group's store on its
-node, at the address the other nodes reach it by (``weights.host`` overrides it). The engines are ``EngineActor`` refs on any node, or engines in this process. An
+The sending side is a ``WeightSource`` (the trainer actor: rank 0 sends, other ranks help
+gather shards), wherever rank 0 runs: it hosts the group's store on its node, at the address
+the other nodes reach it by (``weights.host`` overrides it). The engines are ``EngineActor``
+refs on any node, or engines in this process; each one's receiving side is a ``WeightSink``
+(``ActorSink``: the actor's ``weight_*`` endpoints; ``EngineWeights``: an engine here). An
 engine on the trainer's machine copies each version from the trainer's shared memory
 (``weights.transport``); the others are ranks of one torch.distributed group with rank 0 of
 the trainer and take a bucketed broadcast.
@@ -19,7 +20,8 @@ rotation serves the new version, and an engine that could not take it is out of 
 (removed from the ``router``), never left serving a silent mix.
 
 Failures: every step has a deadline (``weights.timeout_s``). An engine that died or stalls
-fails the attempt; it is probed, and one that does not answer is removed at once
+fails the attempt (``SyncError``, or its call's runtime error: ``is_transfer_failure``; any
+other error is a bug and is raised); it is probed, and one that does not answer is removed at once
 (``weights.on_engine_failure="remove"``) or stops the run (``"stop"``). The rest form a new
 group generation and the sync is tried again, up to ``weights.retries`` times for an engine
 that answers but keeps failing. Engines keep serving their last complete version meanwhile.
@@ -37,13 +39,16 @@ import msgspec
 
 from ..config.weights import WeightsConfig
 from ..runtime import ActorRef, NodeLostError
-from .group import SyncError
+from .errors import SyncError, is_transfer_failure
 from .sink import EngineWeights
 
 log = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
+    """The sending side of a sync (``TrainerActor``): the plan, the shared memory it offers
+    engines on its machine, the group's store and backend, and each version's send."""
+
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes: ...
     async def share_weights(self, directory: str, plan: bytes) -> Any: ...
     async def weight_backend(self) -> str: ...
@@ -59,6 +64,57 @@ class WeightSource(Protocol):
         backend: str = "",
     ) -> None: ...
     async def send_weights(self, version: int) -> float: ...
+
+
+class WeightSink(Protocol):
+    """One engine's receiving side of a sync, as the synchroniser drives it: ``attach`` once,
+    ``join`` each group generation (broadcast engines), then per version ``stage`` and
+    ``commit``. ``EngineWeights`` is one (an engine in this process); ``ActorSink`` is an
+    ``EngineActor``'s on any node. A failed transfer raises ``SyncError`` (through an actor
+    call: an ``ActorError`` carrying it, see ``is_transfer_failure``)."""
+
+    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
+        """Take the bucket plan (once) and map the trainer's shared memory (``offer``) if it is
+        on this machine; how this engine will receive versions: ``shm`` or ``broadcast``."""
+        ...
+
+    async def join(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        backend: str = "gloo",
+    ) -> None:
+        """Become ``rank`` of the weight group's ``generation`` (the trainer, rank 0, hosts its
+        store at ``host:port``)."""
+        ...
+
+    async def stage(self, version: int, timeout_s: float) -> float:
+        """Receive ``version`` into a staging copy while the engine decodes; seconds taken."""
+        ...
+
+    async def commit(self, version: int) -> float:
+        """The engine takes the staged ``version`` whole; seconds it paused decoding."""
+        ...
+
+    async def alive(self, within_s: float) -> bool:
+        """Does the engine still answer (within ``within_s``)?"""
+        ...
+
+    def close(self) -> None:
+        """Let go of the weight group and the shared memory, if held here."""
+        ...
+
+
+class WeightSync(Protocol):
+    """What a schedule asks of the weight sync (``ParameterSynchronizer``, or the simulator's
+    ``SimSync``): the trainer's current parameters served by every engine in rotation as
+    ``version`` when it returns."""
+
+    async def sync(self, version: int) -> SyncReport: ...
 
 
 class Rotation(Protocol):
@@ -85,54 +141,67 @@ class SyncReport(msgspec.Struct, kw_only=True):
     """Engines taken out of rotation during this sync."""
 
 
-class _Sink:
-    """One engine's receiving side as the synchroniser calls it: here, or an ``EngineActor``."""
+class ActorSink:
+    """An ``EngineActor``'s receiving side, on any node: its ``weight_*`` endpoints through
+    ``ref``, each call under ``deadline_s``."""
 
-    def __init__(self, engine: Any, index: int, call_deadline_s: float) -> None:
-        self.remote = isinstance(engine, ActorRef)
-        self.engine = engine
-        self.name = engine.name if self.remote else str(getattr(engine, "name", None) or f"local-{index}")
-        self.local = None if self.remote else EngineWeights(engine)
-        self.deadline = call_deadline_s
-        self.transport = "broadcast"
-        self.version = -1
-        self.joining = False  # added after start: enters rotation at its first commit
+    def __init__(self, ref: ActorRef, deadline_s: float) -> None:
+        self.ref, self.deadline = ref, deadline_s
 
-    def _call(self, endpoint: str, *args: Any, timeout: float | None = None) -> Any:
-        if self.local is not None:
-            return getattr(self.local, endpoint)(*args)
-        return getattr(self.engine, f"weight_{endpoint}").options(timeout=timeout or self.deadline)(*args)
+    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
+        return str(await self.ref.weight_attach.options(timeout=self.deadline)(plan, offer, double_buffer))
 
-    async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
-        if self.local is not None:
-            self.transport = await self.local.attach(plan, offer, double_buffer=double_buffer)
-        else:
-            self.transport = str(await self._call("attach", plan, offer, double_buffer))
-
-    async def join(self, *args: Any) -> None:
-        await self._call("join", *args)
+    async def join(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        generation: int,
+        backend: str = "gloo",
+    ) -> None:
+        await self.ref.weight_join.options(timeout=self.deadline)(
+            host, port, rank, size, timeout_s, generation, backend
+        )
 
     async def stage(self, version: int, timeout_s: float) -> float:
-        return float(await self._call("stage", version, timeout_s))
+        return float(await self.ref.weight_stage.options(timeout=self.deadline)(version, timeout_s))
 
     async def commit(self, version: int) -> float:
-        pause = float(await self._call("commit", version))
-        self.version = version
-        return pause
+        return float(await self.ref.weight_commit.options(timeout=self.deadline)(version))
 
     async def alive(self, within_s: float) -> bool:
-        """Does the engine still answer (within ``within_s``)?"""
-        if self.local is not None:
-            return True
         try:
-            await self.engine.weight_version.options(timeout=within_s)()
+            await self.ref.weight_version.options(timeout=within_s)()
         except Exception:
             return False
         return True
 
     def close(self) -> None:
-        if self.local is not None:
-            self.local.close()
+        return None  # the actor lets go of its group and shared memory when it stops
+
+
+class _Target:
+    """One engine as the synchroniser keeps track of it: its name, its ``WeightSink``, how it
+    receives versions and the version it serves."""
+
+    def __init__(self, engine: Any, index: int, call_deadline_s: float) -> None:
+        self.remote = isinstance(engine, ActorRef)
+        self.engine = engine
+        self.name = engine.name if self.remote else str(getattr(engine, "name", None) or f"local-{index}")
+        self.sink: WeightSink = ActorSink(engine, call_deadline_s) if self.remote else EngineWeights(engine)
+        self.transport = "broadcast"
+        self.version = -1
+        self.joining = False  # added after start: enters rotation at its first commit
+
+    async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
+        self.transport = str(await self.sink.attach(plan, offer, double_buffer=double_buffer))
+
+    async def commit(self, version: int) -> float:
+        pause = float(await self.sink.commit(version))
+        self.version = version
+        return pause
 
 
 class ParameterSynchronizer:
@@ -143,10 +212,10 @@ class ParameterSynchronizer:
         listed: Iterable[Any] = engines if isinstance(engines, (list, tuple)) else [engines]
         # A remote call may take the collective's deadline plus a little to answer: a stalled
         # engine is then an error soon after the trainer's side gave up on it.
-        self._sinks = [_Sink(engine, i, config.timeout_s + 5.0) for i, engine in enumerate(listed)]
-        if not self._sinks:
+        self._targets = [_Target(engine, i, config.timeout_s + 5.0) for i, engine in enumerate(listed)]
+        if not self._targets:
             raise ValueError("ParameterSynchronizer needs at least one engine")
-        names = [sink.name for sink in self._sinks]
+        names = [target.name for target in self._targets]
         if len(set(names)) != len(names):
             raise ValueError(f"engines need distinct names, got {names}")
         self.generation = -1
@@ -162,7 +231,7 @@ class ParameterSynchronizer:
     @property
     def engines(self) -> dict[str, int]:
         """Engines in rotation -> the version each serves (as of its last commit)."""
-        return {sink.name: sink.version for sink in self._sinks}
+        return {target.name: target.version for target in self._targets}
 
     async def start(self) -> None:
         """Send the plan (once), offer shared memory to the engines on the trainer's machine,
@@ -181,10 +250,10 @@ class ParameterSynchronizer:
         )
         self._offer = offer
         await asyncio.gather(
-            *[sink.attach(self.plan_bytes, offer, cfg.double_buffer) for sink in self._sinks]
+            *[target.attach(self.plan_bytes, offer, cfg.double_buffer) for target in self._targets]
         )
         if cfg.transport == "shm":
-            far = [sink.name for sink in self._sinks if sink.transport != "shm"]
+            far = [target.name for target in self._targets if target.transport != "shm"]
             if far:
                 raise SyncError(
                     f"weights.transport=shm, but engine(s) {far} cannot map the trainer's shared memory in "
@@ -201,7 +270,7 @@ class ParameterSynchronizer:
         cfg = self.config
         while True:
             self.generation += 1
-            far = [sink for sink in self._sinks if sink.transport == "broadcast"]
+            far = [target for target in self._targets if target.transport == "broadcast"]
             size = len(far) + 1
             host, port = self._address
             results = await asyncio.gather(
@@ -209,12 +278,12 @@ class ParameterSynchronizer:
                     host, port, size, cfg.timeout_s, self.generation, self.plan_bytes, self.backend
                 ),
                 *[
-                    sink.join(host, port, rank, size, cfg.timeout_s, self.generation, self.backend)
-                    for rank, sink in enumerate(far, 1)
+                    target.sink.join(host, port, rank, size, cfg.timeout_s, self.generation, self.backend)
+                    for rank, target in enumerate(far, 1)
                 ],
                 return_exceptions=True,
             )
-            failed = {sink: r for sink, r in zip(far, results[1:]) if isinstance(r, BaseException)}
+            failed = {target: r for target, r in zip(far, results[1:]) if isinstance(r, BaseException)}
             if not failed and not isinstance(results[0], BaseException):
                 return
             _raise_if_trainer_lost(results[0])  # then the engines failed waiting for it: not theirs
@@ -227,17 +296,17 @@ class ParameterSynchronizer:
         version, and enters the ``router`` only once it serves that version."""
         if not self._started:
             raise RuntimeError("call start() first")
-        sink = _Sink(engine, len(self._sinks) + len(self.removed), self.config.timeout_s + 5.0)
-        if sink.name in {s.name for s in self._sinks}:
-            raise ValueError(f"engine {sink.name!r} is already synchronised")
-        await sink.attach(self.plan_bytes, self._offer, self.config.double_buffer)
-        if self.config.transport == "shm" and sink.transport != "shm":
+        target = _Target(engine, len(self._targets) + len(self.removed), self.config.timeout_s + 5.0)
+        if target.name in {s.name for s in self._targets}:
+            raise ValueError(f"engine {target.name!r} is already synchronised")
+        await target.attach(self.plan_bytes, self._offer, self.config.double_buffer)
+        if self.config.transport == "shm" and target.transport != "shm":
             raise SyncError(
-                f"weights.transport=shm, but engine {sink.name!r} cannot map the trainer's shared memory; use weights.transport=auto"
+                f"weights.transport=shm, but engine {target.name!r} cannot map the trainer's shared memory; use weights.transport=auto"
             )
-        sink.joining = True
-        self._sinks.append(sink)
-        self._regroup = sink.transport == "broadcast" or self._regroup
+        target.joining = True
+        self._targets.append(target)
+        self._regroup = target.transport == "broadcast" or self._regroup
 
     async def sync(self, version: int) -> SyncReport:
         """Move the trainer's current parameters to every engine in rotation as ``version``."""
@@ -248,30 +317,30 @@ class ParameterSynchronizer:
             await self._join()
         removed_before = len(self.removed)
         attempts, sender_failures = 0, 0
-        failures: dict[_Sink, int] = {}
+        failures: dict[_Target, int] = {}
         started = time.perf_counter()
         while True:
             attempts += 1
-            sinks = list(self._sinks)
+            targets = list(self._targets)
             results = await _unless_sender_lost(
                 self.source.send_weights(version),
-                [sink.stage(version, self.config.timeout_s) for sink in sinks],
+                [target.sink.stage(version, self.config.timeout_s) for target in targets],
             )
-            failed = {sink: r for sink, r in zip(sinks, results[1:]) if isinstance(r, BaseException)}
+            failed = {target: r for target, r in zip(targets, results[1:]) if isinstance(r, BaseException)}
             sent = results[0]
             if not failed and not isinstance(sent, BaseException):
                 break
             for error in [sent, *failed.values()]:
-                if isinstance(error, BaseException) and not _is_sync_failure(error):
+                if isinstance(error, BaseException) and not is_transfer_failure(error):
                     raise error  # a bug or a bad config, not a transfer failure: retrying cannot help
             if failed:
-                for sink in failed:
-                    failures[sink] = failures.get(sink, 0) + 1
+                for target in failed:
+                    failures[target] = failures.get(target, 0) + 1
                 await self._drop(failed, f"staging version {version}", always=False, failures=failures)
             else:
                 sender_failures += 1
                 if sender_failures > self.config.retries:
-                    raise sent  # type: ignore[misc]
+                    raise sent
             log.warning(
                 "weight sync v%d failed (attempt %d); forming generation %d and trying again",
                 version,
@@ -280,16 +349,16 @@ class ParameterSynchronizer:
             )
             await self._join()
         transfer = time.perf_counter() - started
-        sinks = list(self._sinks)
-        pauses = await asyncio.gather(*[sink.commit(version) for sink in sinks], return_exceptions=True)
-        failed = {sink: p for sink, p in zip(sinks, pauses) if isinstance(p, BaseException)}
+        targets = list(self._targets)
+        pauses = await asyncio.gather(*[target.commit(version) for target in targets], return_exceptions=True)
+        failed = {target: p for target, p in zip(targets, pauses) if isinstance(p, BaseException)}
         if failed:  # staged but could not switch: out of rotation (it serves its old version)
             await self._drop(failed, f"committing version {version}", always=True)
-        for sink in self._sinks:
-            if sink.joining:  # serves the current version now: into rotation
-                sink.joining = False
-                if self.router is not None and sink.remote:
-                    self.router.add_engine(sink.engine)
+        for target in self._targets:
+            if target.joining:  # serves the current version now: into rotation
+                target.joining = False
+                if self.router is not None and target.remote:
+                    self.router.add_engine(target.engine)
         return SyncReport(
             version=version,
             bytes=self.total_bytes,
@@ -297,69 +366,75 @@ class ParameterSynchronizer:
             attempts=attempts,
             pause_s=max((p for p in pauses if isinstance(p, float)), default=0.0),
             engines=self.engines,
-            transports={sink.name: sink.transport for sink in self._sinks},
+            transports={target.name: target.transport for target in self._targets},
             removed=self.removed[removed_before:],
         )
 
     async def _drop(
         self,
-        failed: dict[_Sink, BaseException],
+        failed: dict[_Target, BaseException],
         during: str,
         *,
         always: bool,
-        failures: dict[_Sink, int] | None = None,
+        failures: dict[_Target, int] | None = None,
     ) -> None:
         """Take failed engines out: those that no longer answer, those past ``weights.retries``
         failures, or all of them (``always``). ``on_engine_failure="stop"`` raises instead."""
-        answers = await asyncio.gather(*[sink.alive(min(5.0, self.config.timeout_s)) for sink in failed])
-        dead = [sink for sink, ok in zip(failed, answers) if not ok]
+        answers = await asyncio.gather(
+            *[target.sink.alive(min(5.0, self.config.timeout_s)) for target in failed]
+        )
+        dead = [target for target, ok in zip(failed, answers) if not ok]
         if always:
             out = list(failed)
         elif dead:
             out = dead  # the others most likely failed because of them: not counted against them
-            for sink in failed:
-                if failures is not None and sink not in dead:
-                    failures[sink] -= 1
+            for target in failed:
+                if failures is not None and target not in dead:
+                    failures[target] -= 1
         else:
-            out = [sink for sink in failed if failures is not None and failures[sink] > self.config.retries]
+            out = [
+                target for target in failed if failures is not None and failures[target] > self.config.retries
+            ]
         if not out:
             return
         reasons = "; ".join(
-            f"{sink.name}: {str(failed[sink]).splitlines()[0][:200] if str(failed[sink]) else type(failed[sink]).__name__}"
-            for sink in out
+            f"{target.name}: {str(failed[target]).splitlines()[0][:200] if str(failed[target]) else type(failed[target]).__name__}"
+            for target in out
         )
         if self.config.on_engine_failure == "stop":
             raise SyncError(
                 f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run"
             ) from failed[out[0]]
-        for sink in out:
-            self._take_out(sink, f"it failed while {during}")
-        if not self._sinks:
+        for target in out:
+            self._take_out(target, f"it failed while {during}")
+        if not self._targets:
             raise SyncError(
                 f"weight sync failed while {during} and no engine is left ({reasons})"
             ) from failed[out[0]]
 
-    def _take_out(self, sink: _Sink, why: str) -> None:
-        if sink not in self._sinks:  # taken out already (replaced while a sync was failing on it)
+    def _take_out(self, target: _Target, why: str) -> None:
+        if target not in self._targets:  # taken out already (replaced while a sync was failing on it)
             return
-        self._sinks.remove(sink)
-        self.removed.append(sink.name)
-        sink.close()
+        self._targets.remove(target)
+        self.removed.append(target.name)
+        target.sink.close()
         if self.router is not None:
-            self.router.remove_engine(sink.name)
-        log.warning("engine %s is out of rotation: %s; it serves version %d", sink.name, why, sink.version)
+            self.router.remove_engine(target.name)
+        log.warning(
+            "engine %s is out of rotation: %s; it serves version %d", target.name, why, target.version
+        )
 
     async def replace_engine(self, engine: Any) -> None:
         """A restarted engine (its node was lost and joined again) takes the place of the one of
         its name: that one leaves rotation now, if no sync has taken it out yet, and the new one
         joins as ``add_engine`` does (in rotation once it serves the next version)."""
-        for sink in [s for s in self._sinks if s.name == engine.name]:
-            self._take_out(sink, "its node was lost and a new process of it joined")
+        for target in [s for s in self._targets if s.name == engine.name]:
+            self._take_out(target, "its node was lost and a new process of it joined")
         await self.add_engine(engine)
 
     def close(self) -> None:
-        for sink in self._sinks:
-            sink.close()
+        for target in self._targets:
+            target.sink.close()
 
 
 async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
@@ -384,17 +459,3 @@ def _raise_if_trainer_lost(result: Any) -> None:
     help, and engines that failed meanwhile failed waiting for it, so none is taken out."""
     if isinstance(result, NodeLostError):
         raise result
-
-
-def _is_sync_failure(error: BaseException) -> bool:
-    """A failed transfer: locally a SyncError; from another process an ActorError whose remote
-    type is SyncError; or the engine's node died or did not answer in time."""
-    from ..runtime import ActorNotFound, CallTimeout, NodeLostError
-
-    return isinstance(error, (SyncError, CallTimeout, NodeLostError, ActorNotFound, TimeoutError)) or str(
-        getattr(error, "remote_type", "")
-    ).rsplit(".", 1)[-1] in (
-        "SyncError",
-        "DistBackendError",
-        "DistNetworkError",
-    )

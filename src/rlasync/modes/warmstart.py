@@ -4,15 +4,16 @@ format but is often wrong; cached under the run directory.
     path = warm_start("calc", run_dir="runs/quick", seed=0)   # ~1 min on 2 cores, then cached
     model, tokenizer = load_pretrained_dir(path)
 
-It builds a tiny model (``build_tiny_lm``) and trains it on correct solutions (loss only on
-the tokens the model itself generates: not the prompt, not tool responses). Every
-``check_every`` steps it measures accuracy on fixed validation problems with the torch
-engine and the same multi-turn episode RL runs, sampled (temperature 1) and greedy, and
-stops once either reaches its threshold. A fixed step count is fragile: these tasks learn
-through a sharp phase transition whose timing depends on the data order (feasibility notes
-§2), and accuracy can go from 0 to 0.6 between two checks, so the check that crosses a
-threshold sends training back to the check before, to replay the same batches checking
-every ``refine_every`` steps. The folder,
+It builds a tiny model (``build_tiny_lm``) and trains it on correct solutions, tokenised as
+an agent loop tokenises a trajectory (``ChatTurns``), with loss only on the tokens the model
+itself generates (not the prompt, not tool responses). Every ``check_every`` steps it
+measures accuracy on fixed validation problems with the torch engine and the episode RL runs
+(``ToolAgentLoop``: the Hermes parser, the calculator for ``calc``), sampled (temperature 1)
+and greedy, and stops once either reaches its threshold. A fixed step count is fragile:
+these tasks learn through a sharp phase transition whose timing depends on the data order,
+and accuracy can go from 0 to 0.6 between two checks, so the check that crosses a threshold
+sends training back to the check before, to replay the same batches checking every
+``refine_every`` steps. The folder,
 ``<run_dir>/warmstart/<task>-<preset>-seed<seed>-<hash of the settings>/``, holds the model
 and ``warmstart.json`` (a ``WarmStartSummary``); it is written under a temporary name and
 renamed, so a folder that exists is complete and is returned without training.
@@ -33,26 +34,22 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
-from ..data.synthetic import (
-    Problem,
-    get_task,
-    iter_problems,
-    make_problems,
-    parse_tool_call,
-    run_tool,
-)
-from .tiny import TinyLMConfig, build_tiny_lm, save_pretrained_dir
-from .tokenizer import IM_END
+from ..agents import ChatTurns, ToolAgentLoop, Trajectory
+from ..config import AgentConfig
+from ..data.synthetic import Problem, get_task, iter_problems, loop_reward, make_problems
+from ..engines import SamplingParams, TorchEngine
+from ..models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
+from ..tools import build_tools
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 """Part of the cache key: bump when the data, the loss or the evaluation changes meaning."""
 EVAL_SEED = 0
 """Seed of the fixed validation problems every warm-start is checked on (whatever its own seed)."""
@@ -143,120 +140,58 @@ class WarmStartSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # -- tokens ---------------------------------------------------------------------------------
-def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(
-        list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-    )
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def prompt_ids(tokenizer: Any, problem: Problem) -> list[int]:
-    return _encode(tokenizer, _render(tokenizer, problem.messages, problem.tools, True))
-
-
-def encode_sft(tokenizer: Any, problem: Problem) -> tuple[list[int], list[int]]:
+def encode_sft(turns: ChatTurns, problem: Problem) -> tuple[list[int], list[int]]:
     """The token ids of prompt + solution, and a mask (1) of the tokens the model generates.
 
-    The conversation is rendered turn by turn and each rendering must extend the previous
-    one token for token, so the solution's ids are exactly what the model would produce
-    after the prompt the engine sees. An assistant turn is the model's up to and including
-    ``<|im_end|>`` (where generation stops); the template's newline after it, tool
-    responses and the next turn's header are the environment's (mask 0).
+    Built the way an agent loop builds a trajectory (``ChatTurns``): the prompt, each assistant
+    turn as the model says it (up to and including its end token), and between them what the
+    environment appends (the turn separator, tool responses, the next assistant header), so
+    the solution's ids are exactly what the model would produce in an episode.
     """
-    im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    conversation = list(problem.messages)
-    ids = prompt_ids(tokenizer, problem)
+    ids = turns.prompt_ids(problem.messages, problem.tools)
     mask = [0] * len(ids)
-    for i, message in enumerate(problem.target):
+    conversation = list(problem.messages)
+    environment: list[dict[str, Any]] = []
+    for message in problem.target:
+        if message["role"] != "assistant":
+            environment.append(message)
+            continue
+        if environment:
+            new = turns.after_model_turn(environment)
+            ids, mask = ids + new, mask + [0] * len(new)
+            conversation += environment
+            environment = []
+        new = turns.model_turn(conversation, message, problem.tools)
+        ids, mask = ids + new, mask + [1] * len(new)
         conversation.append(message)
-        next_is_assistant = i + 1 < len(problem.target) and problem.target[i + 1]["role"] == "assistant"
-        full = _encode(tokenizer, _render(tokenizer, conversation, problem.tools, next_is_assistant))
-        if full[: len(ids)] != ids:
-            raise ValueError(
-                f"{problem.task} {problem.key!r}: the chat template's rendering of turn {i} is not an extension of the previous turns"
-            )
-        new = full[len(ids) :]
-        owned = new.index(im_end) + 1 if message["role"] == "assistant" else 0
-        mask += [1] * owned + [0] * (len(new) - owned)
-        ids = full
+    if environment:
+        raise ValueError(f"{problem.task} {problem.key!r}: the solution must end with an assistant turn")
     return ids, mask
 
 
-def tool_turn_ids(tokenizer: Any, problem: Problem, result: str) -> list[int]:
-    """What the environment appends after an assistant turn that called a tool: the rest of
-    that turn, the tool's response, the next assistant header (as the chat template renders it)."""
-    conversation = [*problem.messages, {"role": "assistant", "content": "x"}]
-    before = _render(tokenizer, conversation, problem.tools, False)
-    after = _render(tokenizer, [*conversation, {"role": "tool", "content": result}], problem.tools, True)
-    assert after.startswith(before)
-    return _encode(tokenizer, before[before.rindex(IM_END) + len(IM_END) :] + after[len(before) :])
-
-
 # -- episodes -------------------------------------------------------------------------------
-class Episode(msgspec.Struct, kw_only=True):
-    """One rollout of a problem: token in, token out, never re-tokenised."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]  # every token after the prompt: generated and environment
-    completion_mask: list[int]  # 1 = generated by the model
-    logprobs: list[float]  # of generated tokens; 0.0 for environment tokens
-    final: str  # the last assistant turn's text, the answer the reward reads
-    tool_calls: int
-    reward: float
+MAX_TURNS = 3
+"""Assistant turns of an episode: the calc solution takes two (the call, the answer)."""
 
 
 async def run_episode(
-    engine: Any,
-    tokenizer: Any,
-    problem: Problem,
-    *,
-    temperature: float,
-    seed: int,
-    request_id: str,
-    max_turns: int = 3,
-) -> Episode:
-    """Sample assistant turns; while a turn calls a tool (and turns remain), run it and go on."""
-    from ..engines import GenerateRequest, SamplingParams
-
-    task = get_task(problem.task)
-    prompt = prompt_ids(tokenizer, problem)
-    ids: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    calls = 0
-    final = ""
-    for turn in range(max_turns):
-        params = SamplingParams(
-            temperature=temperature, max_new_tokens=task.max_new_tokens, seed=_mix(seed, turn)
-        )
-        out = await engine.generate(
-            GenerateRequest(request_id=f"{request_id}.{turn}", prompt_ids=prompt + ids, params=params)
-        )
-        ids += out.token_ids
-        mask += [1] * len(out.token_ids)
-        logprobs += out.logprobs
-        final = tokenizer.decode(out.token_ids, skip_special_tokens=False).removesuffix(IM_END)
-        call = parse_tool_call(final)
-        if call is None or out.finish_reason != "stop" or turn + 1 == max_turns:
-            break
-        calls += 1
-        env = tool_turn_ids(tokenizer, problem, run_tool(*call))
-        ids += env
-        mask += [0] * len(env)
-        logprobs += [0.0] * len(env)
-    reward = 0.0 if parse_tool_call(final) is not None else task.reward(problem, final)
-    return Episode(
-        prompt_ids=prompt,
-        completion_ids=ids,
-        completion_mask=mask,
-        logprobs=logprobs,
-        final=final,
-        tool_calls=calls,
-        reward=reward,
+    engine: Any, tokenizer: Any, problem: Problem, *, temperature: float, seed: int, trajectory_id: str
+) -> Trajectory:
+    """One episode of ``problem`` as RL runs it: the tool agent loop with the Hermes parser and,
+    for ``calc``, the calculator; rewarded by the task (the ``problem`` row field)."""
+    tools = build_tools(["calculator"]) if problem.tools else {}
+    loop = ToolAgentLoop(
+        engine,
+        tokenizer,
+        AgentConfig(tools=sorted(tools), max_assistant_turns=MAX_TURNS),
+        tools=tools,
+        reward_fn=loop_reward(problem.task),
+        trajectory_id=trajectory_id,
     )
+    params = SamplingParams(
+        temperature=temperature, max_new_tokens=get_task(problem.task).max_new_tokens, seed=seed
+    )
+    return await loop.run(params, messages=problem.messages, problem=problem)
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -264,27 +199,22 @@ def _mean(values: Iterable[float]) -> float:
     return sum(values) / len(values)
 
 
-def _mix(*values: int) -> int:
-    digest = hashlib.blake2b(repr(values).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
-
-
 async def _rollouts(
-    model: Any, tokenizer: Any, problems: list[Problem], *, temperature: float, seed: int, samples: int
-) -> list[list[Episode]]:
-    from ..engines import TorchEngine
-
+    model: Any,
+    tokenizer: Any,
+    problems: list[Problem],
+    *,
+    temperature: float,
+    seed: int,
+    samples: int,
+    name: str,
+) -> list[list[Trajectory]]:
     engine = TorchEngine(model, max_batch=128, seed=seed)
     try:
         flat = await asyncio.gather(
             *[
                 run_episode(
-                    engine,
-                    tokenizer,
-                    p,
-                    temperature=temperature,
-                    seed=_mix(seed, i, j),
-                    request_id=f"{i}.{j}",
+                    engine, tokenizer, p, temperature=temperature, seed=seed, trajectory_id=f"{name}.{i}.{j}"
                 )
                 for i, p in enumerate(problems)
                 for j in range(samples)
@@ -296,13 +226,23 @@ async def _rollouts(
 
 
 def evaluate(
-    model: Any, tokenizer: Any, problems: list[Problem], *, temperature: float, seed: int, samples: int = 1
-) -> list[list[Episode]]:
-    """``samples`` episodes per problem with a fresh torch engine (runs its own event loop)."""
+    model: Any,
+    tokenizer: Any,
+    problems: list[Problem],
+    *,
+    temperature: float,
+    seed: int,
+    samples: int = 1,
+    name: str = "eval",
+) -> list[list[Trajectory]]:
+    """``samples`` episodes per problem with a fresh torch engine (runs its own event loop); each
+    turn's sampling seed follows from ``seed``, ``name`` and the episode's place."""
     was_training = model.training
     try:
         return asyncio.run(
-            _rollouts(model, tokenizer, problems, temperature=temperature, seed=seed, samples=samples)
+            _rollouts(
+                model, tokenizer, problems, temperature=temperature, seed=seed, samples=samples, name=name
+            )
         )
     finally:
         model.train(was_training)
@@ -314,6 +254,7 @@ def _batches(tokenizer: Any, task: str, seed: int, batch_size: int) -> Iterator[
     import torch
 
     pad = tokenizer.pad_token_id
+    turns = ChatTurns(tokenizer)
     cache: dict[str, tuple[list[int], list[int]]] = {}
     problems = iter_problems(task, seed=seed, split="train")
     while True:
@@ -321,7 +262,7 @@ def _batches(tokenizer: Any, task: str, seed: int, batch_size: int) -> Iterator[
         for _ in range(batch_size):
             p = next(problems)
             if p.key not in cache:
-                cache[p.key] = encode_sft(tokenizer, p)
+                cache[p.key] = encode_sft(turns, p)
             rows.append(cache[p.key])
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((batch_size, width), pad, dtype=torch.long)
@@ -370,8 +311,10 @@ def _train(
         losses.append(loss.item())
         if step % every and step < settings.max_steps:
             continue
-        sampled = [e[0] for e in evaluate(model, tokenizer, problems, temperature=1.0, seed=_mix(seed, 1))]
-        greedy = [e[0] for e in evaluate(model, tokenizer, problems, temperature=0.0, seed=0)]
+        sampled = [
+            e[0] for e in evaluate(model, tokenizer, problems, temperature=1.0, seed=seed, name="sampled")
+        ]
+        greedy = [e[0] for e in evaluate(model, tokenizer, problems, temperature=0.0, seed=0, name="greedy")]
         check = Check(
             step=step,
             loss=_mean(losses),
@@ -412,7 +355,7 @@ def _train(
     group_accuracy = mixed = None
     if settings.group_size:
         groups = evaluate(
-            model, tokenizer, problems, temperature=1.0, seed=_mix(seed, 2), samples=settings.group_size
+            model, tokenizer, problems, temperature=1.0, seed=seed, samples=settings.group_size, name="group"
         )
         rewards = [[e.reward for e in g] for g in groups]
         group_accuracy = sum(map(sum, rewards)) / (len(rewards) * settings.group_size)
@@ -429,7 +372,7 @@ def _train(
         greedy_accuracy=history[-1].greedy_accuracy,
         group_accuracy=group_accuracy,
         mixed_groups=mixed,
-        tool_use=_mean(e.tool_calls > 0 for e in greedy),
+        tool_use=_mean(e.metrics.tool_calls > 0 for e in greedy),
         history=history,
     )
 

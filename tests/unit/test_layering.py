@@ -1,0 +1,143 @@
+"""The package's layering, written as data and checked against every import in ``src/rlasync``.
+
+Imports run downward only, so each layer can be read, tested and replaced on its own. A package
+may import the packages of lower layers; an import within a layer, or upward, is an arrow the
+layering lacks and fails here, unless ``SIDEWAYS`` lists it with the reason it stays.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import rlasync
+
+SRC = Path(rlasync.__file__).parent
+
+LAYERS: list[set[str]] = [
+    {"config", "interrupts"},
+    {"transport", "models", "algorithms", "tools", "rewards", "data", "metrics"},
+    {"runtime"},
+    {"weights"},
+    {"engines", "agents", "trainer", "launcher"},
+    {"modes"},
+    {"cli", "__main__"},
+]
+"""Bottom to top. ``rlasync/__init__.py`` (the package's public face) may import any layer but
+``cli``; ``weights`` is the library both ends of a weight transfer use (the trainer's sender,
+an engine's sink), so it sits under them rather than beside them."""
+
+SIDEWAYS: dict[tuple[str, str], str] = {
+    ("data", "rlasync.tools.calculator"): "the calc task's prompts offer the calculator's schema",
+    (
+        "agents",
+        "rlasync.engines.types",
+    ): "an agent loop sends the engines' request type and reads their output",
+    ("agents", "rlasync.engines.protocol"): "an agent loop handles the errors of the engine protocol",
+    (
+        "agents",
+        "rlasync.engines.router",
+    ): "the agent-loop worker drives its node's engines through a Router it builds",
+}
+"""Imports within a layer that stay, and why: (importing package, imported module). An agent
+loop never imports an engine: only the engines' types and protocol (the worker, the router)."""
+
+
+def _layer(package: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if package in layer:
+            return i
+    raise AssertionError(f"rlasync.{package} is in no layer: add it to LAYERS in {__file__}")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> Iterator[tuple[str, int]]:
+    """Every module ``path`` imports (at any depth: lazy imports count), with its line; for
+    ``from X import y``, both ``X`` and ``X.y`` (``y`` may be a module; ``_arrows`` keeps the real ones)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            yield target, node.lineno
+            for alias in node.names:
+                yield f"{target}.{alias.name}", node.lineno
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _is_module(name: str) -> bool:
+    path = SRC.joinpath(*name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _arrows() -> Iterator[tuple[str, str, str]]:
+    """(importing module, imported module, file:line) for every import between two packages."""
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        for target, line in _imports(path):
+            if target.startswith("rlasync.") and _top(target) != _top(module) and _is_module(target):
+                yield module, target, f"{path.relative_to(SRC.parent)}:{line}"
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    wrong = []
+    for module, target, where in _arrows():
+        src, dst = _top(module), _top(target)
+        if dst == "cli":
+            if module != "rlasync.__main__":
+                wrong.append(f"{where}: {module} imports {target}: nothing imports the command line")
+            continue
+        if src == "":  # rlasync/__init__.py: the public face re-exports from any layer but cli
+            continue
+        if _layer(dst) < _layer(src):
+            continue
+        if (src, target) in SIDEWAYS:
+            continue
+        wrong.append(
+            f"{where}: {module} ({src}, layer {_layer(src)}) imports {target} ({dst}, layer {_layer(dst)})"
+        )
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_every_sideways_arrow_is_still_needed() -> None:
+    used = {(_top(m), t) for m, t, _ in _arrows()}
+    assert set(SIDEWAYS) <= used, f"listed in SIDEWAYS but no longer imported: {set(SIDEWAYS) - used}"
+
+
+def test_the_layering_knows_every_package() -> None:
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    packages |= {p.stem for p in SRC.glob("*.py") if p.stem != "__init__"}
+    known = set().union(*LAYERS)
+    assert packages <= known, f"packages in no layer: {packages - known}"
+
+
+def test_config_loads_without_torch() -> None:
+    """``rlasync --help`` and config checks stay instant: the config layer imports no torch."""
+    code = (
+        "import sys, rlasync.config, rlasync.config.loader; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (
+        f"importing rlasync.config loaded {done.stdout.strip()} {done.stderr[-2000:]}"
+    )
