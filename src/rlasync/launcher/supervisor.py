@@ -153,7 +153,13 @@ class Launch:
                 f"{hp.label}: cannot run {shlex.join(hp.command[:3])}…: {exc.strerror} (check launch.via)"
             ) from None
         assert hp.proc.stdin is not None
-        hp.proc.stdin.write(msgspec.json.encode(hp.ticket) + b"\n")
+        try:
+            hp.proc.stdin.write(msgspec.json.encode(hp.ticket) + b"\n")
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            # The host's command ended before it read its ticket (ssh refused, no such python):
+            # its pipe is closed (uvloop raises RuntimeError for that). Its exit code and last
+            # lines, relayed below, say why; _wait_started names it.
+            pass
         hp.relay = asyncio.ensure_future(self._relay(hp))
 
     async def _relay(self, hp: HostProcess) -> None:
