@@ -251,6 +251,7 @@ class Run:
         self.checkpointing = True  # every mode saves checkpoints (not with simulated parts)
         self.checkpoints: Any = None  # the run's Checkpoints, from the first save
         self.validating = True  # held-out validation (not with simulated parts)
+        self.rejoins = 0  # lost nodes that joined again and got their roles back (cluster/rejoins)
         self.stop = stop or asyncio.Event()
         self._trainer_actor = self._parameter_sync = None
 
@@ -423,7 +424,6 @@ class Run:
         """Watch for nodes that were lost and join again (``rlasync node`` rejoins after a
         partition, as a new process): their engines and agent-loop worker start there again."""
         head = self.cluster.head
-        self.rejoins = 0
         self._rejoining: set[asyncio.Task[None]] = set()
 
         def joined(info: Any) -> None:
@@ -633,7 +633,7 @@ class Run:
                 elapsed_s=round(time.perf_counter() - self.started, 3),
                 engines=len(self.router.engines),
                 rows_retried=self.rollouts.retried,
-                rejoins=getattr(self, "rejoins", 0),
+                rejoins=self.rejoins,
                 reward_errors=self.reward_errors,
             )
         line = record.as_dict()

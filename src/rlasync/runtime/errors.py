@@ -140,8 +140,8 @@ def remote_error(msg: ErrorMessage, actor: str, method: str, node: str) -> Runti
 
 def lost_again(error: NodeLostError) -> NodeLostError:
     """A fresh ``NodeLostError`` like ``error``, for one more call to a lost peer (each call
-    raises its own). It does not carry ``graceful`` over."""
-    return NodeLostError(error.node, str(error).split(": ", 1)[-1])
+    raises its own), ``graceful`` included: a node that shut down cleanly stays one."""
+    return NodeLostError(error.node, str(error).split(": ", 1)[-1], graceful=error.graceful)
 
 
 def cancelled_from_outside() -> bool:
