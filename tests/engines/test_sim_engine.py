@@ -41,6 +41,7 @@ async def test_decode_time_follows_the_model_at_any_scale(scale: float) -> None:
     await engine.close()
 
 
+@pytest.mark.serial  # "about half way" is real time: a loaded machine can pause it before its first block
 async def test_a_cut_turn_resumes_where_it_stopped_under_the_new_version() -> None:
     engine = SimEngine(SimClock(0.002), LATENCY, LENGTHS, token_block=16)
     total = -(-LENGTHS.draw(7) // 16)
