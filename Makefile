@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 
 # Most tests wait on processes, sockets and deadlines, so several run at once (pytest-xdist); the
 # few whose subject is a deadline or a wake-up (`serial`) then run alone. TEST_WORKERS sets the workers.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" tests
 	$(PY) -m pytest -m serial tests
