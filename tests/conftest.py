@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rlasync.config import RuntimeConfig
-from rlasync.runtime.spawner import fork_children
+from rlasync.runtime.spawner import Spawner, use_spawner
 
-# RLASYNC_TEST_FORK=1: the node processes tests start (local clusters, trainer ranks) are forked
-# from a copy of this process made now, before pytest runs any event loop or thread, with torch,
-# the engines, the agent loops and the trainer's rank loaded (runtime.spawner): the cluster and
-# router tests take 185 s instead of 302 s. Off by default: under the whole suite it hung a test
-# (a node lost the head's heartbeats, then a pytest timeout); not yet understood (issue 20).
-if os.environ.get("RLASYNC_TEST_FORK", "0") == "1":
-    fork_children(
-        RuntimeConfig(preload_modules=("rlasync.engines", "rlasync.agents", "rlasync.trainer.rank"))
-    )
+# The node processes tests start (local clusters, trainer ranks) are forked, as `rlasync node`
+# forks its own (runtime.spawner), from a spawner launched once per test process with torch, the
+# engines, the agent loops and the trainer's rank imported: each starts in a fraction of a second
+# instead of importing them again (~1.7 s of CPU). RLASYNC_TEST_FORK=0 starts each from nothing.
+PRELOAD = ("rlasync.engines", "rlasync.agents", "rlasync.trainer.rank")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _node_spawner() -> Iterator[None]:
+    if os.environ.get("RLASYNC_TEST_FORK", "1") == "0":
+        yield
+        return
+    spawner = Spawner.launch(PRELOAD)
+    use_spawner(spawner)
+    yield
+    use_spawner(None)
+    if spawner is not None:
+        spawner.close()
 
 
 def _has_cuda() -> bool:

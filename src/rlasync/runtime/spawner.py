@@ -11,6 +11,14 @@ module loaded and runs the worker's ``main``, as an exec'd one would.
     use_spawner(spawner)
     proc = await start_node_process(...)       # forked from it now, exec'd when there is none
 
+A process that can no longer fork a clean copy of itself, because threads or an event loop
+already run in it (a test runner, a notebook, a script that embeds the runtime), *launches* one
+instead: ``Spawner.launch(["rlasync.engines"])`` starts ``python -m rlasync.runtime.spawner``,
+which imports those modules and then serves the same requests. A fork copies only the forking
+thread, so a lock another thread held at that moment stays held in the copy for ever.
+
+A child starts as an exec'd one would from the node at the moment it asks: with the node's
+standard output and error (passed over the socket), working directory and environment.
 Its children are the spawner's: it reaps them and reports each exit to the node, which sees a
 ``ForkedProcess`` (``pid``, ``returncode``, ``wait()``, signals) like an asyncio subprocess.
 The spawner dies with its node (``PR_SET_PDEATHSIG``, and end of file on its socket), and its
@@ -20,13 +28,17 @@ false`` turns it off.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import importlib
 import logging
 import os
 import select
 import signal
 import socket
+import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -38,6 +50,13 @@ class _Request(msgspec.Struct, frozen=True):
     id: int
     argv: list[str]
     env: dict[str, str]
+    cwd: str = ""  # the node's working directory when it asked ("": it has none; keep the spawner's)
+    stdio: bool = False  # the node's stdout and stderr came with the request (SCM_RIGHTS)
+
+
+# One request or report per datagram (a request carries file descriptors), up to this size: a
+# request holds the node's whole environment, a few kB.
+_MAX_MESSAGE = 1 << 20
 
 
 class _Report(msgspec.Struct, frozen=True):
@@ -79,9 +98,9 @@ class ForkedProcess:
 class Spawner:
     """The node's side of its spawner process."""
 
-    def __init__(self, pid: int, sock: socket.socket) -> None:
+    def __init__(self, pid: int, sock: socket.socket, process: subprocess.Popen[bytes] | None = None) -> None:
         self.pid, self._sock = pid, sock
-        self._buffer = b""
+        self._process = process  # a launched spawner, reaped when it is gone; a forked one is the OS's
         self._next = 0
         self._asked: dict[int, asyncio.Future[_Report]] = {}
         self._children: dict[int, ForkedProcess] = {}
@@ -95,7 +114,7 @@ class Spawner:
         None where there is no fork."""
         if not hasattr(os, "fork"):
             return None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         node = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -109,6 +128,36 @@ class Spawner:
                 os._exit(code)
         theirs.close()
         return cls(pid, ours)
+
+    @classmethod
+    def launch(cls, preload_modules: Sequence[str] = ()) -> Spawner | None:
+        """Start a spawner as a process of its own that imports ``preload_modules`` first: for a
+        process that already runs threads or an event loop. None where there is no fork."""
+        if not hasattr(os, "fork"):
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid()), *preload_modules],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        return cls(process.pid, ours, process)
+
+    def close(self) -> None:
+        """End the spawner (end of file on its socket); children it forked die with it."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        self.alive = False
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
 
     async def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedProcess:
         """Fork a child that runs ``rlasync.runtime.worker.main(argv)`` with ``env`` as its
@@ -124,7 +173,10 @@ class Spawner:
             raise OSError("the spawner process is gone")
         self._next += 1
         asked = self._asked[self._next] = loop.create_future()
-        self._sock.sendall(msgspec.json.encode(_Request(self._next, argv, env)) + b"\n")
+        stdio = _open_fds(1, 2)
+        request = _Request(self._next, argv, env, cwd=_cwd(), stdio=bool(stdio))
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))] if stdio else []
+        self._sock.sendmsg([msgspec.json.encode(request)], rights)
         report = await asked
         if report.error:
             raise OSError(f"the spawner could not fork: {report.error}")
@@ -135,7 +187,7 @@ class Spawner:
 
     def _on_readable(self) -> None:
         try:
-            data = self._sock.recv(65536)
+            data = self._sock.recv(_MAX_MESSAGE)
         except BlockingIOError:
             return
         except OSError:
@@ -143,22 +195,21 @@ class Spawner:
         if not data:
             self._gone()
             return
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            report = msgspec.json.decode(line, type=_Report)
-            if report.code is None:
-                future = self._asked.pop(report.id, None)
-                if future is not None and not future.done():
-                    future.set_result(report)
-            elif report.pid in self._children:
-                self._children.pop(report.pid).exited(report.code)
-            else:
-                self._early[report.pid] = report.code
+        report = msgspec.json.decode(data, type=_Report)
+        if report.code is None:
+            future = self._asked.pop(report.id, None)
+            if future is not None and not future.done():
+                future.set_result(report)
+        elif report.pid in self._children:
+            self._children.pop(report.pid).exited(report.code)
+        else:
+            self._early[report.pid] = report.code
 
     def _gone(self) -> None:
         """The spawner died: its children died with it (they are its own)."""
         self.alive = False
+        if self._process is not None:
+            self._process.poll()  # reap it
         if self._loop is not None:
             self._loop.remove_reader(self._sock.fileno())
         for future in self._asked.values():
@@ -196,7 +247,6 @@ def _serve(sock: socket.socket, node: int) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
-    buffer = b""
     while True:
         try:
             readable: list[int] = select.select([sock.fileno(), wake_r], [], [], 1.0)[0]
@@ -208,24 +258,27 @@ def _serve(sock: socket.socket, node: int) -> int:
             _send(sock, _Report(pid=pid, code=code))
         if sock.fileno() not in readable:
             continue
-        data = sock.recv(65536)
+        data, fds, flags, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
         if not data:
             return 0
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            request = msgspec.json.decode(line, type=_Request)
-            try:
-                pid = os.fork()
-            except OSError as exc:
-                _send(sock, _Report(id=request.id, error=str(exc)))
-                continue
-            if pid == 0:
-                os.close(wake_r)
-                os.close(wake_w)
-                sock.close()
-                _child(request)  # never returns
-            _send(sock, _Report(id=request.id, pid=pid))
+        request = msgspec.json.decode(data, type=_Request)
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise OSError(f"a request over {_MAX_MESSAGE} bytes, or its file descriptors, was cut")
+            pid = os.fork()
+        except OSError as exc:
+            _send(sock, _Report(id=request.id, error=str(exc)))
+            for fd in fds:
+                os.close(fd)
+            continue
+        if pid == 0:
+            os.close(wake_r)
+            os.close(wake_w)
+            sock.close()
+            _child(request, fds)  # never returns
+        for fd in fds:  # the child's now
+            os.close(fd)
+        _send(sock, _Report(id=request.id, pid=pid))
 
 
 def _reap() -> list[tuple[int, int]]:
@@ -242,12 +295,12 @@ def _reap() -> list[tuple[int, int]]:
 
 def _send(sock: socket.socket, report: _Report) -> None:
     try:
-        sock.sendall(msgspec.json.encode(report) + b"\n")
+        sock.send(msgspec.json.encode(report))
     except OSError:
         pass  # the node is gone; end of file on the next read ends the spawner
 
 
-def _child(request: _Request) -> None:
+def _child(request: _Request, stdio: list[int]) -> None:
     """In a forked child: become ``python -m rlasync.runtime.worker ARGV`` and exit with its code."""
     code = 1
     try:
@@ -258,6 +311,13 @@ def _child(request: _Request) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+        if request.stdio and len(stdio) == 2:  # the node's stdout and stderr, as an exec'd child's
+            os.dup2(stdio[0], 1)
+            os.dup2(stdio[1], 2)
+        for fd in stdio:
+            os.close(fd)
+        if request.cwd:
+            os.chdir(request.cwd)
         sys.argv = [sys.executable, "-m", "rlasync.runtime.worker", *request.argv]
         _name_process(sys.argv)  # before the environment changes: setproctitle finds its memory beside it
         os.environ.clear()
@@ -295,13 +355,43 @@ def _name_process(argv: list[str]) -> None:
     setproctitle.setproctitle(" ".join(argv))
 
 
+def _open_fds(*fds: int) -> list[int]:
+    """``fds`` if every one is open (a daemon may have closed its stdout), else none."""
+    try:
+        for fd in fds:
+            os.fstat(fd)
+    except OSError:
+        return []
+    return list(fds)
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # the working directory was removed: the child keeps the spawner's
+        return ""
+
+
 def fork_children(config: Any) -> None:
     """Start this process's spawner when ``config.fork_children`` (a ``RuntimeConfig``) allows,
     after importing ``config.preload_modules`` so its children start with them loaded."""
-    import importlib
-
     if not getattr(config, "fork_children", False) or current_spawner() is not None:
         return
     for module in config.preload_modules:
         importlib.import_module(module)
     use_spawner(Spawner.start())
+
+
+def main(argv: list[str]) -> int:
+    """A launched spawner (``Spawner.launch``): ``SOCKET_FD NODE_PID [MODULE ...]``."""
+    fd, node, *modules = argv
+    sock = socket.socket(fileno=int(fd))
+    for module in modules:
+        importlib.import_module(module)
+    return _serve(sock, int(node))
+
+
+if __name__ == "__main__":
+    from rlasync.runtime.spawner import main as _main  # the module's own globals, not __main__'s
+
+    sys.exit(_main(sys.argv[1:]))
