@@ -18,8 +18,8 @@
 Last line, JSON: ``{"local_step_s", "cluster_step_s", "cluster_vs_local",
 "head_cpu_ms_per_trajectory_loops_on_head", "head_cpu_ms_per_trajectory_loops_on_nodes",
 "head_cpu_ratio"}``. Goals: ``cluster_vs_local`` <= 1.15; ``head_cpu_ratio`` <= 0.3.
-``--smoke`` runs every part for a few steps from an untrained model (seconds, for ``make
-test``): its figures mean nothing.
+``--smoke`` runs every part for a few steps of a few short trajectories from an untrained model
+(seconds, for ``make test``): its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -35,12 +35,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlasync.config import load_config
+from rlasync.config import RuntimeConfig, load_config
+from rlasync.models.tiny import keep_temporary_folder_clean
 from rlasync.modes.parts import Run, model_dir_for
+from rlasync.runtime.spawner import fork_children
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 WARMUP_STEPS = 5  # left out of the step time: the first steps start engines' and ranks' caches
+# --smoke: a few short trajectories a step and a few prompts to validate, on every run; what
+# remains is mostly the processes' start-up.
+SMOKE = ["train.prompts_per_step=2", "train.group_size=2", "train.max_new_tokens=8", "train.val_size=4"]
 
 
 def warm_model(run_dir: Path) -> Path:
@@ -74,7 +79,9 @@ def step_time(placement: list[str], steps: int, model_dir: Path) -> float:
     )  # the last step also validates: left out
 
 
-async def head_cpu_per_trajectory(loops: str, steps: int, model_dir: Path, run_dir: Path) -> float:
+async def head_cpu_per_trajectory(
+    loops: str, steps: int, model_dir: Path, run_dir: Path, extra: list[str]
+) -> float:
     """The head's CPU milliseconds per trajectory rolling out ``steps`` steps on simulated engines."""
     sim = {"base_s": 0.002, "per_seq_s": 0.00002, "median": 24, "sigma": 0.5, "cap": 48}
     config = load_config(
@@ -87,6 +94,7 @@ async def head_cpu_per_trajectory(loops: str, steps: int, model_dir: Path, run_d
             "engine.backend=sim",
             f"engine.engine_kwargs={json.dumps(sim)}",
             "weights.transport=broadcast",
+            *extra,
         ],
     )
     run = await Run.open(config)
@@ -124,8 +132,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.repeats, args.sim_steps = 8, 1, 2
+        args.steps, args.repeats, args.sim_steps = 3, 1, 1  # 3: the fewest step_time can time
+        # (b)'s node and rank processes (6) forked from a copy of this one with torch, the trainer
+        # and the model's code loaded (as `rlasync train` starts them), not each started from
+        # nothing: ~3 s of CPU less apiece. Before any thread exists. A full run starts them from
+        # nothing, as it always has.
+        keep_temporary_folder_clean()  # as build_tiny_lm does before transformers' model code
+        fork_children(
+            RuntimeConfig(preload_modules=("rlasync.trainer", "transformers.models.qwen2.modeling_qwen2"))
+        )
     logging.basicConfig(level=logging.WARNING)
+    extra = SMOKE if args.smoke else []
     if args.smoke:  # an untrained model: no warm-start
         from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 
@@ -141,8 +158,8 @@ def main() -> None:
     )
     pairs = []
     for repeat in range(args.repeats):
-        local = step_time([], args.steps, model_dir)
-        cluster = step_time(["cluster.engines=[1]"], args.steps, model_dir)
+        local = step_time(extra, args.steps, model_dir)
+        cluster = step_time(["cluster.engines=[1]", *extra], args.steps, model_dir)
         pairs.append((cluster / local, local, cluster))
         print(
             f"    pair {repeat + 1}: local {local * 1000:.1f} ms/step, cluster {cluster * 1000:.1f} ms/step, ratio {cluster / local:.3f}",
@@ -151,14 +168,16 @@ def main() -> None:
     ratio, local_s, cluster_s = sorted(pairs)[len(pairs) // 2] if len(pairs) % 2 else _median_pair(pairs)
 
     print(
-        f"(b) head CPU per trajectory, simulated engines on node-1 and node-2, {args.sim_steps} steps of 128 trajectories",
+        f"(b) head CPU per trajectory, simulated engines on node-1 and node-2, {args.sim_steps} steps of {'4' if args.smoke else '128'} trajectories",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        on_head = asyncio.run(head_cpu_per_trajectory("head", args.sim_steps, model_dir, Path(tmp) / "head"))
+        on_head = asyncio.run(
+            head_cpu_per_trajectory("head", args.sim_steps, model_dir, Path(tmp) / "head", extra)
+        )
         print(f"    loops on the head:  {on_head:.3f} ms of head CPU per trajectory", flush=True)
         on_nodes = asyncio.run(
-            head_cpu_per_trajectory("engines", args.sim_steps, model_dir, Path(tmp) / "nodes")
+            head_cpu_per_trajectory("engines", args.sim_steps, model_dir, Path(tmp) / "nodes", extra)
         )
         print(f"    loops on the nodes: {on_nodes:.3f} ms of head CPU per trajectory", flush=True)
 

@@ -32,12 +32,13 @@ from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
 
 PROMPTS = 256
+LONGEST = 256  # the most tokens a request asks for
 
 
 def workload(tok: object, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     rng = random.Random(seed)
     sigma = math.log(256 / 32) / 2.326  # p99 = 256 for a median of 32
-    lengths = [max(1, min(256, round(32 * math.exp(rng.gauss(0, sigma))))) for _ in range(PROMPTS)]
+    lengths = [max(1, min(LONGEST, round(32 * math.exp(rng.gauss(0, sigma))))) for _ in range(PROMPTS)]
     words = ["Reverse", "What is", "hello", "tool", "abc", "12+34", "calc", "the answer"]
     prompts = [
         tok.encode(" ".join(rng.choice(words) for _ in range(rng.randint(2, 8)))) for _ in range(PROMPTS)
@@ -162,13 +163,16 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="32 prompts, one run each, vLLM left out (seconds; the figures mean nothing)",
+        help="8 prompts of up to 16 tokens, one run each, vLLM left out (seconds; the figures mean nothing)",
     )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.smoke:
-        global PROMPTS
-        PROMPTS, args.repeats, args.vllm_python = 32, 1, Path("/nonexistent/left-out-of-smoke")
+        global PROMPTS, LONGEST
+        PROMPTS, LONGEST, args.repeats, args.vllm_python = 8, 16, 1, Path("/nonexistent/left-out-of-smoke")
+        # One torch thread for generate: with two, on cores that make test's other workers keep
+        # busy, the threads wait on each other (a smoke run took 49 s instead of 7).
+        torch.set_num_threads(1)
     if args.vllm_child:
         vllm_child(args.vllm_child, args.batch, args.repeats)
         return

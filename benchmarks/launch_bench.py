@@ -13,7 +13,8 @@
 
 Alternating, ``--repeats`` of each; medians count. Last line, JSON: ``{"launch_s":…,
 "torchrun_s":…, "launch_vs_torchrun":…}``; goal ``launch_vs_torchrun`` <= 1.0. ``--smoke`` runs
-each once (for ``make test``): its figures mean nothing on a busy machine.
+each once, on 2 hosts (the engine on node 1) and 2 torchrun processes (for ``make test``): its
+figures mean nothing.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def until_line(
             proc.wait()
 
 
-def launch_s(folder: Path, model: Path) -> float:
+def launch_s(folder: Path, model: Path, nodes: int) -> float:
     hosts = folder / "hosts.txt"
-    hosts.write_text("".join(f"127.0.0.1 port={port}\n" for port in free_ports(3)))
+    hosts.write_text("".join(f"127.0.0.1 port={port}\n" for port in free_ports(nodes)))
     command = [
         sys.executable,
         "-m",
@@ -98,15 +99,16 @@ def launch_s(folder: Path, model: Path) -> float:
         "--via",
         "sh -c {command}",
         str(CLUSTER),
-        "cluster.trainer=[0, 1, 2]",
-        "trainer.world_size=3",
+        f"cluster.trainer={list(range(nodes))}",  # a rank on every node
+        f"cluster.engines={list(range(1, nodes))}",  # an engine on every node but the head's
+        f"trainer.world_size={nodes}",
         f"train.model_dir={model}",
         f"train.run_dir={folder / 'run'}",
     ]
     return until_line(command, "did their first collective")
 
 
-def torchrun_s(folder: Path) -> float:
+def torchrun_s(folder: Path, nodes: int) -> float:
     script = folder / "first_all_reduce.py"
     script.write_text(FIRST_ALL_REDUCE)
     command = [
@@ -115,7 +117,7 @@ def torchrun_s(folder: Path) -> float:
         "torch.distributed.run",
         "--standalone",
         "--nnodes=1",
-        "--nproc-per-node=3",
+        f"--nproc-per-node={nodes}",
         str(script),
     ]
     return until_line(command, "first all_reduce done", stop=signal.SIGTERM)
@@ -127,10 +129,13 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
-        "--smoke", action="store_true", help="one of each (for make test): figures mean nothing"
+        "--smoke", action="store_true", help="one of each, 2 nodes (for make test): figures mean nothing"
     )
     args = parser.parse_args()
     repeats = 1 if args.smoke else args.repeats
+    # --smoke: 2 nodes, not 3: the same path (every node joins, a rank on each does the first
+    # collective), a node process fewer to start (torch, the engines) on each side.
+    nodes = 2 if args.smoke else 3
     from rlasync.models import TinyLMConfig, build_tiny_lm
 
     with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
@@ -140,8 +145,8 @@ def main() -> None:
         tokenizer.save_pretrained(folder / "model")
         ours, theirs = [], []
         for i in range(repeats):
-            ours.append(launch_s(folder, folder / "model"))
-            theirs.append(torchrun_s(folder))
+            ours.append(launch_s(folder, folder / "model", nodes))
+            theirs.append(torchrun_s(folder, nodes))
             print(f"repeat {i + 1}: launch {ours[-1]:.2f} s, torchrun {theirs[-1]:.2f} s", flush=True)
     result = {
         "launch_s": round(statistics.median(ours), 3),

@@ -54,6 +54,9 @@ GPUS, PROMPTS, GROUP, TRAIN_RATE, SYNC_S, BLOCK = 32, 32, 16, 10_000.0, 1.0, 16
 # GPUs drain), 5 -> 0.90, 6 -> 0.94 and 167 steps/h, 8 -> 0.84 (a pipeline that long has not
 # settled in 160 steps). 6: tokens at most 6 versions (24 steps) old.
 ASYNC = {"trigger_parameter_sync_step": 4, "staleness_threshold": 6.0, "require_batches": 1}
+# --smoke's real runs: a few short trajectories a step, a few prompts to validate; what remains
+# is mostly the processes' start-up.
+REAL_SMOKE = ["train.prompts_per_step=2", "train.group_size=2", "train.max_new_tokens=8", "train.val_size=4"]
 
 
 class Mode(msgspec.Struct, kw_only=True):
@@ -224,10 +227,12 @@ def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: st
         )
 
 
-def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> tuple[float, float, float]:
-    """``steps`` RL steps of the quickstart in ``mode``, the controller (and the engine in it)
-    on core 0, the trainer's rank on core 1: (wall seconds, of which generating, of which
-    training; the last two only for sync, whose phases take turns)."""
+def real_run(
+    mode: str, model_dir: Path, steps: int, out: Path, extra: list[str]
+) -> tuple[float, float, float]:
+    """``steps`` RL steps of the quickstart (and ``extra`` overrides) in ``mode``, the controller
+    (and the engine in it) on core 0, the trainer's rank on core 1: (wall seconds, of which
+    generating, of which training; the last two only for sync, whose phases take turns)."""
     overrides = [
         f"train.mode={mode}",
         f"train.steps={steps}",
@@ -238,6 +243,7 @@ def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> tuple[float, 
         "trainer.cpu_affinity=[1]",
         "async_training.staleness_threshold=1",
         "async_training.partial_rollout=true",
+        *extra,
     ]
     command = [
         "taskset",
@@ -266,23 +272,24 @@ def real_run(mode: str, model_dir: Path, steps: int, out: Path) -> tuple[float, 
     return generating + training, generating, training
 
 
-def real_runs(steps: int, repeats: int, *, warm: bool = True) -> dict[str, float]:
-    """Sync and fully async, alternating ``repeats`` times; the median pair's figures.
-    ``warm``: from the quickstart's warm-started model (else an untrained one: ``--smoke``)."""
+def real_runs(steps: int, repeats: int, *, smoke: bool = False) -> dict[str, float]:
+    """Sync and fully async, alternating ``repeats`` times; the median pair's figures. From the
+    quickstart's warm-started model; ``smoke``: from an untrained one, with ``REAL_SMOKE``."""
     from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
     from rlasync.modes.warmstart import warm_start
 
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
-        if warm:
-            model_dir = warm_start("reverse", run_dir=tmp, seed=1)
-        else:
+        if smoke:
             model_dir = save_pretrained_dir(
                 *build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), Path(tmp) / "nano"
             )
+        else:
+            model_dir = warm_start("reverse", run_dir=tmp, seed=1)
+        extra = REAL_SMOKE if smoke else []
         for i in range(repeats):
-            sync_s, generating, training = real_run("sync", model_dir, steps, Path(tmp) / f"sync{i}")
-            async_s, _, _ = real_run("fully_async", model_dir, steps, Path(tmp) / f"async{i}")
+            sync_s, generating, training = real_run("sync", model_dir, steps, Path(tmp) / f"sync{i}", extra)
+            async_s, _, _ = real_run("fully_async", model_dir, steps, Path(tmp) / f"async{i}", extra)
             ideal = (generating + training) / max(generating, training)
             pairs.append(
                 {
@@ -377,17 +384,18 @@ def main() -> None:
     if args.smoke:
         global MODES, PROMPTS, GROUP
         PROMPTS, GROUP = 4, 4
-        MODES = [msgspec.structs.replace(m, steps=min(m.steps, 4), warmup=min(m.warmup, 1)) for m in MODES]
-        args.real_steps, args.real_repeats = 3, 1
+        # Two steps: one left out as the pipeline filling (where a mode leaves any out), one counted.
+        MODES = [msgspec.structs.replace(m, steps=2, warmup=min(m.warmup, 1)) for m in MODES]
+        args.real_steps, args.real_repeats = 2, 1
     summary: dict[str, float] = {}
     if not args.skip_sim:
         summary.update(simulated_cluster(args))
     if not args.skip_real:
-        samples = args.real_steps * 16 * 8
+        samples = args.real_steps * (2 * 2 if args.smoke else 16 * 8)  # REAL_SMOKE: 2 prompts x 2
         print(
             f"\nreal tiny model, 2 cores (engine on core 0, trainer on core 1), {args.real_steps} steps = {samples} samples per run:"
         )
-        real = real_runs(args.real_steps, args.real_repeats, warm=not args.smoke)
+        real = real_runs(args.real_steps, args.real_repeats, smoke=args.smoke)
         print(
             f"  median: speedup {real['speedup']:.2f}x; this workload's ideal (generation + training) / max(generation, training) = "
             f"{real['ideal']:.2f}x (2x only for equal phases): {real['speedup'] / real['ideal']:.3f} of it"

@@ -37,15 +37,19 @@ def train(config: str, run_dir: Path, extra: list[str]) -> None:
 
 
 def smoke_overrides(out: Path) -> list[str]:
-    """A few steps from an untrained model (no warm-start): that the script runs, in seconds."""
+    """Two steps of a few short trajectories from an untrained model (no warm-start), validating
+    on a few prompts after each (a curve of three points): that the script runs, in seconds."""
     from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
 
     model_dir = save_pretrained_dir(*build_tiny_lm(TinyLMConfig.preset("nano", seed=0)), out / "nano")
     return [
         f"train.model_dir={model_dir}",
-        "train.steps=4",
-        "train.validate_every=2",
-        "train.val_size=8",
+        "train.steps=2",
+        "train.prompts_per_step=2",
+        "train.group_size=2",
+        "train.max_new_tokens=8",
+        "train.validate_every=1",
+        "train.val_size=4",
         "train.checkpoint_every=0",
     ]
 
@@ -68,7 +72,7 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="4 steps of each from an untrained model; the plot only if matplotlib is there",
+        help="2 short steps of each from an untrained model; the plot only if matplotlib is there",
     )
     args = parser.parse_args()
     try:  # before six minutes of training, not after
