@@ -36,9 +36,11 @@ $(STAMP): pyproject.toml
 
 # Most tests wait on processes, sockets and deadlines, so several run at once (pytest-xdist); the
 # few whose subject is a deadline or a wake-up (`serial`) then run alone. TEST_WORKERS sets the workers.
+# worksteal: a worker that runs out takes tests queued on another; under `load`, one worker once
+# sat idle for six minutes while the other ran a queue of long tests.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" tests
 	$(PY) -m pytest -m serial tests
 
 # The formatter, the linter (import order included) and the type checker; .ci/run fails on any finding.

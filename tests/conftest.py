@@ -14,9 +14,10 @@ from rlasync.runtime.spawner import Spawner, use_spawner
 
 # The node processes tests start (local clusters, trainer ranks) are forked, as `rlasync node`
 # forks its own (runtime.spawner), from a spawner launched once per test process with torch, the
-# engines, the agent loops and the trainer's rank imported: each starts in a fraction of a second
-# instead of importing them again (~1.7 s of CPU). RLASYNC_TEST_FORK=0 starts each from nothing.
-PRELOAD = ("rlasync.engines", "rlasync.agents", "rlasync.trainer.rank")
+# engines, the agent loops, transformers' model code and the trainer's rank imported: each starts
+# in a fraction of a second instead of importing them again (~1.4 s of CPU, and ~2.2 s more for
+# transformers' model code where it loads a model). RLASYNC_TEST_FORK=0 starts each from nothing.
+PRELOAD = ("rlasync.engines", "rlasync.agents", "rlasync.models.model_code", "rlasync.trainer.rank")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -111,5 +112,10 @@ def reverse_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The calculator task's warm-started model (seed 0; about a minute on 2 cores, once per test run)."""
-    return _warm_start_once(tmp_path_factory, "calc", 0)
+    """The calculator task's warm-started model (seed 0), stopped at the first check whose greedy
+    accuracy reaches 0.5: 200 steps, greedy 0.81, about 70 s on 2 idle cores, once per test run.
+    The tests need a model that calls the tool and copies its result; the replayed steps that
+    find the earliest such model, and the GRPO-group figures, are for RL (20 s more)."""
+    return _warm_start_once(
+        tmp_path_factory, "calc", 0, threshold=1.0, greedy_threshold=0.5, refine_every=0, group_size=0
+    )

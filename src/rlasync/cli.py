@@ -133,10 +133,16 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     # (rlasync.interrupts); one during start-up stops it before it starts anything.
     interrupts = Interrupts(cfg.train)
     interrupts.hold()
+    from .config.cluster import NODE_MODULES
     from .modes import fully_async, one_step_off, sync, train  # noqa: F401  (the schedules, torch with them: loaded before the fork below)
     from .runtime.spawner import fork_children
 
-    fork_children(cfg.runtime)  # the nodes and trainer ranks this process starts are forked, modules loaded
+    # The nodes and trainer ranks this process starts are forked, with what they host loaded.
+    fork_children(
+        msgspec.structs.replace(
+            cfg.runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *cfg.runtime.preload_modules)))
+        )
+    )
     if watch_stdin:
         from .launcher.ticket import stop_when_stdin_closes
 

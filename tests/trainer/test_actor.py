@@ -20,6 +20,7 @@ from rlasync import LocalCluster
 from rlasync.config import RuntimeConfig, TrainerConfig
 from rlasync.models import TinyLMConfig, build_tiny_lm
 from rlasync.runtime.errors import ActorError, CallTimeout
+from rlasync.runtime.spawner import current_spawner, use_spawner
 from rlasync.trainer import PolicyTrainer, RankLostError, TrainBatch, TrainerActor
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
@@ -238,11 +239,18 @@ async def test_ranks_that_cannot_start_fail_within_the_start_deadline(tmp_path: 
     async with TrainerActor(TrainerConfig(world_size=1, start_timeout_s=60)) as trainer:
         with pytest.raises(ActorError, match="config.json"):
             await trainer.start(tmp_path / "no-model-here")
-    slow = TrainerActor(TrainerConfig(world_size=2, start_timeout_s=0.5))
-    with pytest.raises(CallTimeout, match="trainer.start_timeout_s"):
-        await slow.start(tmp_path)  # half a second is too short to start a process that imports torch
-    await slow.close()
-    await slow.close()  # idempotent
+    # Ranks started from nothing (not forked from the test's spawner, torch loaded): half a
+    # second is too short to start a process that imports torch.
+    spawner = current_spawner()
+    use_spawner(None)
+    try:
+        slow = TrainerActor(TrainerConfig(world_size=2, start_timeout_s=0.5))
+        with pytest.raises(CallTimeout, match="trainer.start_timeout_s"):
+            await slow.start(tmp_path)
+        await slow.close()
+        await slow.close()  # idempotent
+    finally:
+        use_spawner(spawner)
 
 
 @pytest.mark.gpu

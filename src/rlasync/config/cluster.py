@@ -18,9 +18,10 @@ import msgspec
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
-# What a training run's nodes host (engines, agent loops): imported before a node joins, while no
-# heartbeat waits on it; imported later, torch holds the GIL for seconds.
-NODE_MODULES = ("rlasync.engines", "rlasync.agents")
+# What a training run's nodes host (engines, agent loops, the model code their engines and ranks
+# load): imported before a node joins, while no heartbeat waits on it; imported later, torch and
+# transformers hold the GIL for seconds.
+NODE_MODULES = ("rlasync.engines", "rlasync.agents", "rlasync.models.model_code")
 NodeRank = Annotated[int, msgspec.Meta(ge=0)]
 
 

@@ -13,9 +13,9 @@ module loaded and runs the worker's ``main``, as an exec'd one would.
 
 A process that can no longer fork a clean copy of itself, because threads or an event loop
 already run in it (a test runner, a notebook, a script that embeds the runtime), *launches* one
-instead: ``Spawner.launch(["rlasync.engines"])`` starts ``python -m rlasync.runtime.spawner``,
-which imports those modules and then serves the same requests. A fork copies only the forking
-thread, so a lock another thread held at that moment stays held in the copy for ever.
+instead: ``Spawner.launch(["rlasync.engines"])`` starts a new Python process that imports those
+modules, then serves the same requests. A fork copies only the forking thread, so a lock another
+thread held at that moment stays held in the copy for ever.
 
 A child starts as an exec'd one would from the node at the moment it asks: with the node's
 standard output and error (passed over the socket), working directory and environment.
@@ -138,7 +138,7 @@ class Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid()), *preload_modules],
+            [sys.executable, "-c", _LAUNCHED, str(theirs.fileno()), str(os.getpid()), *preload_modules],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
@@ -391,7 +391,6 @@ def main(argv: list[str]) -> int:
     return _serve(sock, int(node))
 
 
-if __name__ == "__main__":
-    from rlasync.runtime.spawner import main as _main  # the module's own globals, not __main__'s
-
-    sys.exit(_main(sys.argv[1:]))
+# `python -c`, not `-m rlasync.runtime.spawner`: runpy would run this module a second time as
+# __main__, beside the copy its package has already imported.
+_LAUNCHED = "import sys; from rlasync.runtime.spawner import main; sys.exit(main(sys.argv[1:]))"
