@@ -4,7 +4,7 @@ exec {host}'``, as it would through ssh.
 
 - the quickstart cluster trains across the three (held-out accuracy rises), and ``rlasync
   status`` lists the three nodes while it runs;
-- the same run started by real torchrun (c10d rendezvous) in each namespace (30 steps: that
+- the same run started by real torchrun (c10d rendezvous) in each namespace (10 steps: that
   the launch learns is the test above's);
 - a host that cannot start is an error naming it within ``launch.start_timeout_s``, and nothing
   is left running in any namespace;
@@ -211,8 +211,9 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(
                 str(CLUSTER),
                 f"train.run_dir={tmp_path / 'run'}",
                 f"train.model_dir={reverse_model}",
-                "train.steps=30",
+                "train.steps=10",
                 "train.validate_every=1000",
+                "train.val_size=16",
                 *RUN,
             ],
             env,
@@ -224,7 +225,7 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(
     result = json.loads(
         next(line for line in reversed(head_log.splitlines()) if line.startswith('{"initial_accuracy"'))
     )
-    assert result["steps"] == 30 and [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 31)), (
+    assert result["steps"] == 10 and [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 11)), (
         result
     )  # learning: the test above
     assert "cluster: 3 node(s)" in head_log

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -247,6 +248,11 @@ def _serve(sock: socket.socket, node: int) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+    # Everything loaded so far (torch, transformers: millions of objects) out of the collector's
+    # reach: a child's full collections would otherwise walk it all, pausing its event loop for
+    # tens of milliseconds each, and touch every page it shares with the spawner.
+    gc.collect()
+    gc.freeze()
     while True:
         try:
             readable: list[int] = select.select([sock.fileno(), wake_r], [], [], 1.0)[0]
