@@ -250,7 +250,7 @@ def _serve(sock: socket.socket, node: int) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
     # Everything loaded so far (torch, transformers: millions of objects) out of the collector's
     # reach: a child's full collections would otherwise walk it all, pausing its event loop for
-    # tens of milliseconds each, and touch every page it shares with the spawner.
+    # ~140 ms each on a small machine, and touch every page it shares with the spawner.
     gc.collect()
     gc.freeze()
     while True:
