@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 from rlasync.config import RuntimeConfig, load_config
-from rlasync.models.tiny import keep_temporary_folder_clean
 from rlasync.modes.parts import Run, model_dir_for
 from rlasync.runtime.spawner import fork_children
 
@@ -137,10 +136,7 @@ def main() -> None:
         # and the model's code loaded (as `rlasync train` starts them), not each started from
         # nothing: ~3 s of CPU less apiece. Before any thread exists. A full run starts them from
         # nothing, as it always has.
-        keep_temporary_folder_clean()  # as build_tiny_lm does before transformers' model code
-        fork_children(
-            RuntimeConfig(preload_modules=("rlasync.trainer", "transformers.models.qwen2.modeling_qwen2"))
-        )
+        fork_children(RuntimeConfig(preload_modules=("rlasync.trainer", "rlasync.models.model_code")))
     logging.basicConfig(level=logging.WARNING)
     extra = SMOKE if args.smoke else []
     if args.smoke:  # an untrained model: no warm-start

@@ -26,7 +26,6 @@ import torch
 
 from rlasync.config import RuntimeConfig, TrainerConfig
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir
-from rlasync.models.tiny import keep_temporary_folder_clean
 from rlasync.runtime.spawner import fork_children
 from rlasync.trainer import PolicyTrainer, TrainBatch, TrainerActor
 
@@ -94,8 +93,7 @@ def main() -> None:
         # model's code loaded (as `rlasync train` starts them), not each started from nothing:
         # ~3 s of CPU less apiece. Before any thread exists. A full run starts them from nothing,
         # as it always has.
-        keep_temporary_folder_clean()  # as build_tiny_lm does before transformers' model code
-        fork_children(RuntimeConfig(preload_modules=("transformers.models.qwen2.modeling_qwen2",)))
+        fork_children(RuntimeConfig(preload_modules=("rlasync.models.model_code",)))
     # --smoke: 8 sequences, not 128; what remains is mostly the ranks' processes starting.
     batch = make_batch(size=8) if args.smoke else make_batch()
     with tempfile.TemporaryDirectory() as folder:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlasync.config.cluster import NODE_MODULES
 from rlasync.runtime.spawner import Spawner, use_spawner
 
 # The node processes tests start (local clusters, trainer ranks) are forked, as `rlasync node`
@@ -17,7 +18,7 @@ from rlasync.runtime.spawner import Spawner, use_spawner
 # engines, the agent loops, transformers' model code and the trainer's rank imported: each starts
 # in a fraction of a second instead of importing them again (~1.4 s of CPU, and ~2.2 s more for
 # transformers' model code where it loads a model). RLASYNC_TEST_FORK=0 starts each from nothing.
-PRELOAD = ("rlasync.engines", "rlasync.agents", "rlasync.models.model_code", "rlasync.trainer.rank")
+PRELOAD = (*NODE_MODULES, "rlasync.trainer.rank")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -67,19 +67,16 @@ def _serve_node(
 ) -> int:
     """Run a node of a training run until it stops; its exit code (2: it could not start).
     ``watch_stdin``: stop when stdin closes (a launched node: its launcher is gone)."""
-    import msgspec
     import uvloop
 
-    from .config.cluster import NODE_MODULES
+    from .config.cluster import with_node_modules
     from .runtime.errors import RuntimeErrorBase
     from .runtime.spawner import fork_children
     from .runtime.worker import serve
 
     # A node of a training run hosts engines and agent loops: torch and the engines load before it
     # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
-    runtime = msgspec.structs.replace(
-        runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *runtime.preload_modules)))
-    )
+    runtime = with_node_modules(runtime)
     fork_children(runtime)  # before any thread or event loop: the processes it supervises are forked
     if watch_stdin:
         from .launcher.ticket import stop_when_stdin_closes
@@ -133,16 +130,12 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     # (rlasync.interrupts); one during start-up stops it before it starts anything.
     interrupts = Interrupts(cfg.train)
     interrupts.hold()
-    from .config.cluster import NODE_MODULES
+    from .config.cluster import with_node_modules
     from .modes import fully_async, one_step_off, sync, train  # noqa: F401  (the schedules, torch with them: loaded before the fork below)
     from .runtime.spawner import fork_children
 
     # The nodes and trainer ranks this process starts are forked, with what they host loaded.
-    fork_children(
-        msgspec.structs.replace(
-            cfg.runtime, preload_modules=tuple(dict.fromkeys((*NODE_MODULES, *cfg.runtime.preload_modules)))
-        )
-    )
+    fork_children(with_node_modules(cfg.runtime))
     if watch_stdin:
         from .launcher.ticket import stop_when_stdin_closes
 

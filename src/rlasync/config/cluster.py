@@ -16,12 +16,22 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .runtime import RuntimeConfig
+
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
 # What a training run's nodes host (engines, agent loops, the model code their engines and ranks
 # load): imported before a node joins, while no heartbeat waits on it; imported later, torch and
 # transformers hold the GIL for seconds.
 NODE_MODULES = ("rlasync.engines", "rlasync.agents", "rlasync.models.model_code")
+
+
+def with_node_modules(runtime: RuntimeConfig, *extra: str) -> RuntimeConfig:
+    """``runtime`` preloading ``NODE_MODULES``, its own ``preload_modules`` and ``extra``, each once."""
+    modules = dict.fromkeys((*NODE_MODULES, *runtime.preload_modules, *extra))
+    return msgspec.structs.replace(runtime, preload_modules=tuple(modules))
+
+
 NodeRank = Annotated[int, msgspec.Meta(ge=0)]
 
 

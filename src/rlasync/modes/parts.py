@@ -21,7 +21,7 @@ import torch
 from ..agents import get_loop
 from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
 from ..config import Config, ConfigError, EngineConfig
-from ..config.cluster import NODE_MODULES
+from ..config.cluster import with_node_modules
 from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
@@ -760,12 +760,7 @@ async def open_cluster(config: Config, placement: Placement) -> Any:
 
     # Engine nodes import torch and the engines (vLLM's big C extensions too) before joining,
     # when no heartbeat waits on them: loaded later, they hold the GIL for seconds.
-    preload = (
-        *config.runtime.preload_modules,
-        *NODE_MODULES,
-        *BACKEND_MODULES.get(config.engine.backend, ()),
-    )
-    runtime = msgspec.structs.replace(config.runtime, preload_modules=tuple(dict.fromkeys(preload)))
+    runtime = with_node_modules(config.runtime, *BACKEND_MODULES.get(config.engine.backend, ()))
     if config.cluster.start == "external":
         cluster: Any = ExternalCluster(placement.nodes, config.cluster.listen, config=runtime)
     else:
