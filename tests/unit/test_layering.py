@@ -41,6 +41,10 @@ SIDEWAYS: dict[tuple[str, str], str] = {
         "agents",
         "rlasync.engines.router",
     ): "the agent-loop worker drives its node's engines through a Router it builds",
+    (
+        "agents",
+        "rlasync.engines.telemetry",
+    ): "the agent-loop worker shows that Router's load on its node's /metrics",
 }
 """Imports within a layer that stay, and why: (importing package, imported module). An agent
 loop never imports an engine: only the engines' types and protocol (the worker, the router)."""

@@ -170,7 +170,9 @@ class ResumableLoop(AgentLoop):
                 s.metrics.error = f"{type(exc).__name__}: {exc}"
                 return "error"
             finally:
-                s.metrics.generation_s += time.perf_counter() - started
+                took = time.perf_counter() - started
+                s.metrics.generation_s += took
+                s.metrics.turn_s.append(took)
             if finish != "abort":
                 return finish
             # The engine ended the turn (a pause for a weight update) or died: go on from its partial.
@@ -371,10 +373,24 @@ class ToolAgentLoop(ResumableLoop):
             r.name = clean_text(r.name[:MAX_NAME_CHARS])
         s.metrics.tool_calls += len(calls)
         s.metrics.tool_errors += failed + len(s.pending_errors) + s.pending_dropped + skipped
+        for call, result in zip(calls, results):  # by tool, named only if offered (bounded labels)
+            name = call.name if call.name in self.tools else "unknown"
+            _count(s.metrics.tools, name)
+            if not result.ok:
+                _count(s.metrics.tools_failed, name)
+        if malformed := len(s.pending_errors) + s.pending_dropped:
+            _count(s.metrics.tools, "malformed", malformed)
+            _count(s.metrics.tools_failed, "malformed", malformed)
+        if skipped:
+            _count(s.metrics.tools_failed, "skipped", skipped)
         messages = parser.format_responses(results)
         if isinstance(parser, HarmonyParser):  # chat templates do not know harmony: its own text
             return messages, self.turns.encode_pieces(parser.response_pieces(results))
         return messages, self.turns.after_model_turn(messages)
+
+
+def _count(counts: dict[str, int], name: str, n: int = 1) -> None:
+    counts[name] = counts.get(name, 0) + n
 
 
 def _not_run(limit: int, skipped: int, unanswered: int) -> str:

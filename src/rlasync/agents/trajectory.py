@@ -18,6 +18,11 @@ class TrajectoryMetrics(msgspec.Struct, kw_only=True):
     error: str = (
         ""  # the engine's error, or the loop's exception, that ended the trajectory (termination "error")
     )
+    turn_s: list[float] = []  # seconds of each engine request (a model turn, or a piece a pause cut off)
+    tools: dict[
+        str, int
+    ] = {}  # tool calls by tool: its name if offered, else "unknown"; "malformed": unparsed
+    tools_failed: dict[str, int] = {}  # of those, the ones that failed (same names; "skipped": not run)
 
 
 class Trajectory(msgspec.Struct, kw_only=True):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -32,6 +32,7 @@ from ..runtime import Actor, ActorError, ActorNotFound, ActorRef, NodeLostError,
 from .base import AgentLoop, RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
 from .loops import LoopState, ResumableLoop
+from .telemetry import LoopCounters
 from .trajectory import Trajectory, TrajectoryMetrics
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class AgentLoopWorker(Actor):
         self._reward_fn = reward_fn
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
+        self.counters = LoopCounters()  # what finished trajectories did (rlasync_agent_* on /metrics)
+        self._unexport: Callable[[], None] | None = None
 
     async def on_start(self) -> None:
         from ..data.synthetic import loop_reward
@@ -93,8 +96,20 @@ class AgentLoopWorker(Actor):
             self._reward_fn = loop_reward(self.spec.task)
         elif self._reward_fn is None and self.spec.reward:
             self._reward_fn = registered_reward(self.spec.reward, ground_truth_key=self.spec.ground_truth_key)
+        if self.node.metrics is not None:
+            self._unexport = self.node.metrics.add(self._metric_families)
+
+    def _metric_families(self) -> list[Any]:
+        from ..engines.telemetry import router_families
+
+        families = self.counters.families(self.name)
+        if isinstance(self._engine, Router):
+            families += router_families(self.name, self._engine.stats())
+        return families
 
     async def on_stop(self) -> None:
+        if self._unexport is not None:
+            self._unexport()
         if isinstance(self._engine, Router):
             await self._engine.close()
 
@@ -150,6 +165,7 @@ class AgentLoopWorker(Actor):
         except (Exception, SystemExit) as exc:  # one trajectory's failure ends it, never its batch
             trajectory = failed_trajectory(loop, row, exc)
         self.rolled_out += 1
+        self.counters.observe(trajectory)
         return trajectory
 
     @endpoint

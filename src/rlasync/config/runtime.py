@@ -57,6 +57,18 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     host: str = "127.0.0.1"
     """Address a tcp node binds and advertises."""
 
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
+    """Prometheus ``/metrics`` of every node process (``rlasync_*``: calls, engines, router,
+    agent loops, queue, trainer, weight sync): off (null), a port, or 0 for any free one. The
+    port given is the node's own; processes a node starts on its machine (a local cluster's
+    nodes, trainer ranks) take free ones. A run writes every node's address to
+    ``<run_dir>/prometheus_targets.json`` (Prometheus ``file_sd``; ``launch/monitoring/``)."""
+
+    metrics_host: str = "127.0.0.1"
+    """Address ``/metrics`` binds. The endpoint is plain, unauthenticated HTTP: keep it on
+    loopback, or on an address only the monitoring network reaches (``0.0.0.0`` for all);
+    the targets file then names the node's own address."""
+
     # -- bounds: what one peer can make a node spend (every refusal is counted in NodeStats) --
     max_frame_bytes: PositiveInt = 256 * 2**20
     """Largest ZeroMQ frame a node accepts (``ZMQ_MAXMSGSIZE``): a larger one drops its

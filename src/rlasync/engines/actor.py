@@ -12,6 +12,7 @@ keeps decoding for nobody.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -127,13 +128,29 @@ class EngineActor(Actor):
         self.config = msgspec.convert(config, EngineConfig) if isinstance(config, dict) else config
         self.engine: Engine | None = engine
         self._weights: EngineWeights | None = None  # on the first weight_attach
+        self._pauses = 0  # pause() calls, and the seconds between each and its resume()
+        self._paused_s = 0.0
+        self._paused_at: float | None = None
+        self._unexport: Callable[[], None] | None = None  # removes this engine from /metrics
 
     async def on_start(self) -> None:
         if self.engine is None:
             assert self.config is not None
             self.engine = await build_engine(self.config)
+        if self.node.metrics is not None:
+            self._unexport = self.node.metrics.add(self._metric_families)
+
+    def _metric_families(self) -> list[Any]:
+        from .telemetry import engine_families
+
+        paused_s = self._paused_s
+        if self._paused_at is not None:
+            paused_s += time.monotonic() - self._paused_at
+        return engine_families(self.name, self._engine().stats(), pauses=self._pauses, paused_s=paused_s)
 
     async def on_stop(self) -> None:
+        if self._unexport is not None:
+            self._unexport()
         if self._weights is not None:
             self._weights.close()
         if self.engine is not None:
@@ -163,12 +180,18 @@ class EngineActor(Actor):
 
     @endpoint
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
+        if self._paused_at is None:
+            self._pauses += 1
+            self._paused_at = time.monotonic()
         outs = await self._engine().pause(mode, timeout)
         return [msgspec.structs.replace(out, engine=self.name) for out in outs]
 
     @endpoint
     async def resume(self) -> None:
         await self._engine().resume()
+        if self._paused_at is not None:
+            self._paused_s += time.monotonic() - self._paused_at
+            self._paused_at = None
 
     @endpoint
     async def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:

@@ -12,9 +12,13 @@ class TokenRate:
     def __init__(self, window_s: float = 5.0, events: int = 256) -> None:
         self.window_s = window_s
         self._events: collections.deque[tuple[float, int]] = collections.deque(maxlen=events)
+        self.total = 0  # every token recorded (one thread records: the engine's)
+        self.last = 0  # the last record's tokens (the torch engine: its last decode step's rows)
 
     def add(self, tokens: int) -> None:
         self._events.append((time.monotonic(), tokens))  # deque.append is atomic under the GIL
+        self.total += tokens
+        self.last = tokens
 
     def per_second(self) -> float:
         now = time.monotonic()

@@ -519,6 +519,7 @@ class SGLangEngine:
             weight_version=self._version,
             paused=self._paused,
             finished=self._finished,
+            generated_tokens=self._rate.total,
         )
 
     async def close(self) -> None:

@@ -272,6 +272,8 @@ class TorchEngine:
             weight_version=self._version,
             paused=self._paused,
             finished=self._finished,
+            generated_tokens=self._rate.total,
+            batch_size=self._rate.last,
         )
 
     async def close(self) -> None:

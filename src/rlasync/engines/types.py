@@ -94,3 +94,5 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     weight_version: int
     paused: bool
     finished: int = 0  # requests finished (any reason) since the engine started
+    generated_tokens: int = 0  # tokens generated since the engine started
+    batch_size: int = 0  # sequences in the last decode step (0: the engine does not say)

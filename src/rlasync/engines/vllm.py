@@ -330,6 +330,7 @@ class VLLMEngine:
             weight_version=self._version,
             paused=self._paused,
             finished=self._finished,
+            generated_tokens=self._rate.total,
         )
 
     async def close(self) -> None:

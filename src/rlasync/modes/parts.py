@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # loaded when a run composes them (torch, the trainer's ranks
     from ..trainer import TrainerActor
     from ..trainer.protocol import Trainer
     from ..weights import ParameterSynchronizer, WeightSync
+    from .telemetry import RunMetrics
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,8 @@ class Run:
         self.rejoins = 0  # lost nodes that joined again and got their roles back (cluster/rejoins)
         self.stop = stop or asyncio.Event()
         self._trainer_actor = self._parameter_sync = None
+        self.telemetry: RunMetrics | None = None  # the run's /metrics families (runtime.metrics_port)
+        self.router = None  # the head's Router, once the engines have started
 
     @classmethod
     async def open(
@@ -296,6 +299,29 @@ class Run:
         # paused the controller 0.05-0.26 s, every ~30 steps of the quickstart.
         gc.freeze()
 
+    async def _export_metrics(self, head: Any) -> None:
+        """The run's families on the head's ``/metrics`` (``modes.telemetry``), and the targets
+        file naming every node's, rewritten as nodes join."""
+        from ..engines.telemetry import router_families
+        from .telemetry import RunMetrics, write_targets
+
+        telemetry = self.telemetry = RunMetrics()
+
+        def families() -> list[Any]:
+            router = self.router  # None until the engines have started
+            return telemetry.families() + (router_families("head", router.stats()) if router else [])
+
+        self._closers.append(head.metrics.add(families))
+        targets = {m.node_id: m for m in await head.members()}
+        write_targets(self.run_dir, targets.values())
+
+        def joined(info: Any) -> None:
+            targets[info.node_id] = info
+            write_targets(self.run_dir, targets.values())
+
+        head.join_listeners.append(joined)
+        self._closers.append(lambda: head.join_listeners.remove(joined))
+
     def _read_inputs(self, load_tokenizer: Callable[[Path], Any] | None) -> None:
         """The rows (the synthetic task's drawn now), their sampler, and the tokenizer (``None``:
         a simulated run's is already set) and its pad id. Blocking: runs in a thread."""
@@ -319,6 +345,8 @@ class Run:
         self.cluster = await open_cluster(config, placement)
         self._closers.append(self.cluster.close)
         head = self.cluster.head
+        if head.metrics is not None:
+            await self._export_metrics(head)
         loading: asyncio.Future[None] | None = None
         if simulated is None:
             trainer = TrainerActor(
@@ -636,6 +664,8 @@ class Run:
                 rejoins=self.rejoins,
                 reward_errors=self.reward_errors,
             )
+        if self.telemetry is not None:
+            self.telemetry.observe(record)
         line = record.as_dict()
         write_record(self.metrics, line)
         if on_step is not None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import zmq
 
 from ..config import RuntimeConfig
+from ..metrics.timings import Timings
 from ..transport import Codec
 from ..transport.auth import CurveKeys
 from .actor import Actor
@@ -54,6 +55,7 @@ class NodeContext:
     head declared dead: both read-only here, kept current by the node. The hooks:
     ``on_node_dead(node_id, reason, incarnation)`` says that process is gone (its calls fail),
     ``call`` and ``stream`` send a call wherever the actor lives (this node included).
+    ``round_trips``: where answered calls' seconds go when metrics are on.
     """
 
     __slots__ = (
@@ -71,6 +73,7 @@ class NodeContext:
         "call",
         "stream",
         "deferred",
+        "round_trips",
         "_tasks",
     )
 
@@ -91,6 +94,7 @@ class NodeContext:
         call: CallRoute,
         stream: StreamRoute,
         tasks: list[asyncio.Task[Any]],
+        round_trips: Timings | None = None,
     ) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
@@ -108,6 +112,8 @@ class NodeContext:
         # Messages waiting for torch to load, in the order they came (None: none wait).
         self.deferred: list[tuple[Handler, list[Any]]] | None = None
         self._tasks = tasks  # the node's background tasks, cancelled when it stops
+        # Round trips of unary calls, observed as they are answered (None: metrics are off).
+        self.round_trips = round_trips
 
     def require_keys(self) -> CurveKeys:
         """This node's CURVE keys; ``ValueError`` (how to set a secret) without them."""

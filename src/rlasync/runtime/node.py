@@ -25,19 +25,21 @@ import logging
 import os
 import socket
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import zmq
 
 from ..config import RuntimeConfig
+from ..metrics.timings import Timings
 from ..transport import Codec
 from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
 from ..transport.zmq_io import SocketPump, keep_alive
 from .actor import Actor, endpoints_of
-from .address import advertised, child_address
+from .address import advertised, child_address, host_of, tcp_address
 from .context import NodeContext
 from .errors import (
     ActorNotFound,
@@ -56,6 +58,9 @@ from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
 from .server import Caller, Server
 from .types import VERSION, ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
+
+if TYPE_CHECKING:  # prometheus-client is imported only where metrics are on (~75 ms)
+    from ..metrics.exporter import Exporter
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +132,9 @@ class Node:
         self.join_listeners: list[Any] = []
         self.stopped = asyncio.Event()
         self.address = ""
+        self.metrics: Exporter | None = None  # /metrics (runtime.metrics_port), made by ``start``
+        self._heard = 0.0  # loop time of the head's last answer to a heartbeat (other nodes)
+        self._round_trips: Timings | None = None  # answered calls' seconds (metrics on)
 
     @property
     def is_running(self) -> bool:
@@ -223,8 +231,16 @@ class Node:
             os.chmod(self.listen.removeprefix("ipc://"), 0o600)
         self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), self.head_address)
         key = keys.identity if keys is not None else ""
+        metrics = self._export_metrics(loop)
         info = self._info = NodeInfo(
-            self.node_id, self.address, uuid.uuid4().hex[:12], os.getpid(), socket.gethostname(), key, VERSION
+            self.node_id,
+            self.address,
+            uuid.uuid4().hex[:12],
+            os.getpid(),
+            socket.gethostname(),
+            key,
+            VERSION,
+            metrics.address if metrics is not None else "",
         )
         context = self._context = NodeContext(
             node_id=self.node_id,
@@ -241,6 +257,7 @@ class Node:
             call=self._call,
             stream=self._stream,
             tasks=self._tasks,
+            round_trips=self._round_trips,
         )
         server = self._server = Server(context, router)
         self._pumps.append(server.pump)
@@ -256,6 +273,46 @@ class Node:
             if self.member:
                 await self._join()
         return self
+
+    def _export_metrics(self, loop: asyncio.AbstractEventLoop) -> Exporter | None:
+        """Serve ``/metrics`` (``runtime.metrics_port``; None: off) with the runtime's families."""
+        port = self.config.metrics_port
+        if port is None:
+            return None
+        from ..metrics.exporter import Exporter
+
+        role = "head" if self.is_head else "child" if "." in self.node_id else "node"
+        exporter = Exporter(loop, labels={"node": self.node_id, "role": role})
+        try:
+            exporter.start(port, self.config.metrics_host)
+        except OSError as exc:
+            raise JoinError(
+                f"{self.node_id} cannot serve /metrics on {self.config.metrics_host}:{port}: {exc}; "
+                "choose another runtime.metrics_port (0: any free one)"
+            ) from None
+        if self.config.metrics_host in ("0.0.0.0", "::", ""):  # reachable at the node's own address
+            exporter.address = tcp_address(host_of(self.address), exporter.port).removeprefix("tcp://")
+        self._round_trips = Timings()
+        exporter.add(self._metric_families)
+        self.metrics = exporter
+        return exporter
+
+    def _metric_families(self) -> list[Any]:
+        """The runtime's families (``runtime.telemetry``), at a scrape."""
+        from .telemetry import node_families
+
+        now = self.loop.time()
+        if self.is_head:
+            membership = self._actors.get("_membership")
+            seen = membership.last_seen if isinstance(membership, Membership) else {}
+            heard = {node: max(time.monotonic() - t, 0.0) for node, t in seen.items()}
+        else:
+            heard = {HEAD_ID: now - self._heard} if self._heard else {}
+        in_flight: dict[str, int] = {}
+        for peer in self._peers.values():
+            in_flight[peer.info.node_id] = in_flight.get(peer.info.node_id, 0) + peer.inflight
+        assert self._round_trips is not None
+        return node_families(self.stats(), in_flight=in_flight, round_trips=self._round_trips, heard_s=heard)
 
     def _secure(self, sockets: zmq.Context[Any], router: zmq.Socket[Any]) -> None:
         keys = self.require_keys()
@@ -356,6 +413,7 @@ class Node:
                 self.exit_code = EX_TEMPFAIL
                 self.request_stop()
                 return
+            self._heard = self.loop.time()
             if reply.members is not None:
                 self._apply_members(reply.epoch, reply.members, reply.dead)
             await asyncio.sleep(config.heartbeat_interval_s)
@@ -779,6 +837,8 @@ class Node:
                 pump.close()
             if self.ctx is not None:
                 self.ctx.destroy(linger=0)
+            if self.metrics is not None:
+                self.metrics.close()
             self._actors.clear()
             self.stopped.set()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -56,7 +57,7 @@ _SWEEP_S = 0.025
 
 
 class _Pending:
-    __slots__ = ("future", "deadline", "convert", "actor", "method", "timeout", "frames")
+    __slots__ = ("future", "deadline", "convert", "actor", "method", "timeout", "frames", "started")
 
     def __init__(self, future: CallFuture, actor: str, method: str, timeout: float, convert: Any) -> None:
         self.future = future
@@ -66,6 +67,7 @@ class _Pending:
         self.convert = convert
         self.deadline = future.get_loop().time() + timeout
         self.frames: list[Any] | None = None  # the encoded call while it waits for a slot
+        self.started = 0.0  # perf_counter() when made (metrics on: its round trip is observed)
 
 
 class Peer:
@@ -77,6 +79,7 @@ class Peer:
         self.loop = context.loop
         self.codec = context.codec
         self.stats = context.stats
+        self.round_trips = context.round_trips
         config = context.config
         self.max_inflight = config.max_inflight_per_peer
         sock = context.sockets.socket(zmq.DEALER)
@@ -141,6 +144,8 @@ class Peer:
             Call(call_id, actor, method, self.codec.lift(args), kwargs, to=self.to, timeout=timeout)
         )
         pending = _Pending(future, actor, method, timeout, convert)
+        if self.round_trips is not None:  # the loop's clock is too coarse for calls (uvloop: 1 ms)
+            pending.started = time.perf_counter()
         self.pending[call_id] = pending
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
@@ -280,7 +285,10 @@ class Peer:
             pending = self._end(msg.id)
             if pending is None:
                 self.stats.unknown_replies += 1
-            elif not pending.future.done():
+                return
+            if self.round_trips is not None:
+                self.round_trips.observe(time.perf_counter() - pending.started)
+            if not pending.future.done():
                 value = msg.value
                 if pending.convert is not None:
                     try:

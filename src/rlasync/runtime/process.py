@@ -49,6 +49,8 @@ async def start_node_process(
     full_env.update(env or {})
     if secret:
         full_env[SECRET_ENV] = secret
+    if config.metrics_port:  # the port asked for is the starting node's: this one takes a free one
+        config = msgspec.structs.replace(config, metrics_port=0)
     full_env[CONFIG_ENV] = msgspec.json.encode(config).decode()
     # Actor classes are imported by module name: give the child this process's path.
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)

@@ -32,6 +32,7 @@ class NodeInfo(msgspec.Struct, frozen=True):
     host: str = ""
     key: str = ""  # the CURVE public key its calls authenticate with ("" on ipc: see server.Caller)
     version: str = ""  # its rlasync version: the head refuses a node of another one
+    metrics: str = ""  # host:port of its Prometheus /metrics ("" when runtime.metrics_port is off)
 
 
 class ActorInfo(msgspec.Struct, frozen=True):
