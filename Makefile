@@ -91,6 +91,7 @@ bench: setup
 	$(PY) benchmarks/cluster_bench.py
 	$(PY) benchmarks/launch_bench.py
 	$(PY) benchmarks/resume_bench.py
+	$(PY) benchmarks/metrics_bench.py
 	$(PY) -m pip install --quiet 'matplotlib>=3.8,<4'
 	$(PY) benchmarks/plot_modes.py
 

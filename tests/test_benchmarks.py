@@ -28,6 +28,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "train_bench.py",
         "launch_bench.py",
         "resume_bench.py",
+        "metrics_bench.py",
     } <= set(SCRIPTS)
 
 

@@ -116,7 +116,6 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     import asyncio
     import json
     import logging
-    import time
 
     import msgspec
     import uvloop
@@ -143,35 +142,25 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     if interrupts.count:
         typer.echo("rlasync train: interrupted before the run started", err=True)
         return 130
-    steps = cfg.train.steps
-    clock: dict[str, float] = {}  # when and at which step this process's first RL step began
-
-    def progress(record: dict[str, object]) -> None:
-        step, now = int(record["step"]), time.perf_counter()  # type: ignore[call-overload]
-        took = float(record["rollout_s"]) + float(record["train_s"])  # type: ignore[arg-type]
-        clock.setdefault("since", now - took)
-        clock.setdefault("first", step - 1)
-        if step % 10 and "val_accuracy" not in record:
-            return
-        eta = (now - clock["since"]) / (step - clock["first"]) * (steps - step)
-        tokens = float(record["response_tokens"]) / took  # type: ignore[arg-type]
-        val = f"  val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
-        typer.echo(
-            f"step {step:4d}/{steps}  reward {record['reward']:.3f}  {tokens:7.0f} tokens/s  ETA {eta:4.0f} s{val}"
-        )
-
     from .agents import NoWorkerError
     from .data import DatasetError
     from .engines import EngineError
+    from .metrics.progress import RunProgress
     from .modes import RunInterrupted
+    from .modes.warmstart import WARMSTART_PROGRESS
     from .rewards import RewardError
     from .runtime import RuntimeErrorBase
     from .trainer.checkpoint import CheckpointError
     from .weights import SyncError
 
+    progress = RunProgress(cfg.train.steps)  # live in a terminal, plain lines in a log
+    logging.getLogger().handlers[:] = [progress.log_handler()]
+    WARMSTART_PROGRESS.set(progress.warmstart)
+
     async def main() -> Any:
         interrupts.install(asyncio.current_task())  # type: ignore[arg-type]
-        return await train(cfg, resume=resume, on_step=progress, stop=interrupts.stop)
+        with progress:
+            return await train(cfg, resume=resume, on_step=progress.step, stop=interrupts.stop)
 
     try:
         result = uvloop.run(main())
@@ -401,3 +390,41 @@ def version() -> None:
     from . import __version__
 
     typer.echo(__version__)
+
+
+@app.command()
+def show(
+    run_dir: str = typer.Argument(..., help="A run's folder (train.run_dir)."),
+    step: int = typer.Option(None, "--step", help="The traced step to show (default: the last traced)."),
+) -> None:
+    """Print the rollout traces of a step: each traced trajectory's turns, tool calls and
+    results, reward, and the weight versions of its tokens (train.trace_every)."""
+    from .modes.traces import read_traces, render
+
+    try:
+        lines = read_traces(run_dir, step)
+    except (FileNotFoundError, KeyError) as exc:
+        typer.echo(f"rlasync show: {exc.args[0]}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(render(lines))
+
+
+@app.command()
+def plot(
+    run_dirs: list[str] = typer.Argument(..., help="Run folders (train.run_dir) to draw side by side."),
+    out: str = typer.Option(
+        "", "--out", help="The PNG to write (default: plot.png in the first run's folder)."
+    ),
+) -> None:
+    """One PNG of reward, held-out accuracy, staleness and throughput, against steps and wall
+    time, of each run (needs matplotlib: pip install 'rlasync[plot]')."""
+    from pathlib import Path
+
+    from .metrics.plot import PlotUnavailable, plot_runs
+
+    try:
+        png = plot_runs(run_dirs, out or Path(run_dirs[0]) / "plot.png")
+    except (PlotUnavailable, FileNotFoundError) as exc:
+        typer.echo(f"rlasync plot: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(png))

@@ -134,3 +134,17 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """How long an interrupted run may take to finish its step and checkpoint
     (``checkpoint_on_interrupt``); whatever it is doing, the process is gone 5 s after that."""
     run_dir: str = "runs/quickstart"
+    trace_every: NonNegativeInt = 10
+    """Every this many steps, write ``trace_samples`` of the step's trajectories as text (turns,
+    tool calls and results, reward, weight versions) to ``<run_dir>/traces.jsonl``; ``rlasync
+    show RUN_DIR --step N`` prints them. 0: none."""
+    trace_samples: PositiveInt = 2
+    """Trajectories traced at each traced step."""
+    trackers: list[str] = msgspec.field(default_factory=lambda: ["jsonl"])
+    """Where step records, the config and the final summary go: ``jsonl`` (``metrics.jsonl``,
+    always kept: ``--resume``, ``rlasync plot`` and ``rlasync show`` read it), ``tensorboard``
+    (event files in ``<run_dir>/tensorboard``), ``wandb`` (``WANDB_MODE=offline`` works without
+    a network), or one a plugin registered (``rlasync.metrics.trackers.register_tracker``)."""
+    wandb_project: str = "rlasync"
+    """The W&B project runs are logged to (``trackers: [wandb]``); the run is named after
+    ``run_dir``."""

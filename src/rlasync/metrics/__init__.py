@@ -1,6 +1,8 @@
 """A run's metrics: each step's record, typed (``step``), and how a metric combines across
 micro-batches, trainer ranks and updates (``reduce``). Every schedule writes its steps as
-``StepRecord``; ``metrics.jsonl`` holds their flat form, one JSON object per step.
+``StepRecord``; ``metrics.jsonl`` holds their flat form, one JSON object per step. A node's
+Prometheus ``/metrics`` is ``exporter.Exporter`` (imported on its own: it loads prometheus-client),
+and ``timings.Timings`` the histogram the runtime observes per call.
 
     from rlasync.metrics import StepRecord, Weights, reduce_metrics
 
@@ -10,7 +12,8 @@ micro-batches, trainer ranks and updates (``reduce``). Every schedule writes its
     assert line["train/loss"] == 0.3 and line["train/ratio_max"] == 1.3 and line["weights/pause_s"] == 0.02
     assert StepRecord.from_dict(line) == record
 
-A leaf package: it imports no other part of ``rlasync``; the trainer and the schedules use it.
+A leaf package: it imports no other part of ``rlasync``; the runtime, the trainer and the
+schedules use it.
 """
 
 from __future__ import annotations

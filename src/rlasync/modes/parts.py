@@ -26,9 +26,11 @@ from ..data import Row, RowSampler, load_rows, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
 from ..metrics import Stamp, StepRecord
+from ..metrics.trackers import Tracker, TrackerUnavailable, open_trackers, tracker_names
 from ..runtime.node import rank_of
 from ..tools import SandboxUnavailable, build_tools
 from .placement import Placement
+from .traces import TRACES_FILE, trace_lines
 from .warmstart import DEFAULT_SETTINGS, warm_start
 
 if TYPE_CHECKING:  # loaded when a run composes them (torch, the trainer's ranks)
@@ -153,7 +155,8 @@ async def model_dir_for(config: Config) -> Path:
 
 
 def open_metrics(path: Path, *, upto: int | None) -> Any:
-    """``metrics.jsonl`` for writing: fresh, or (resuming) its records up to step ``upto`` kept."""
+    """``metrics.jsonl`` (or ``traces.jsonl``) for writing: fresh, or (resuming) its lines up to
+    step ``upto`` kept."""
     if upto is None or not path.is_file():
         return path.open("w")
     kept = [
@@ -243,6 +246,14 @@ class Run:
             if self._files
             else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val"),
         )
+        unknown = sorted(set(cfg.trackers) - {"jsonl", *tracker_names()})
+        if unknown:
+            raise ConfigError(
+                f"train.trackers: unknown {unknown}; known: {', '.join(['jsonl', *tracker_names()])}"
+            )
+        self.trackers: list[Tracker] = []  # train.trackers beside metrics.jsonl, opened by ``start``
+        self.traces: Any = None  # the open traces.jsonl (train.trace_every)
+        self._traceable: list[Any] = []  # the last training batch's trajectories
         self.rng = random.Random(cfg.seed)  # the sampling seeds
         self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         self.started = time.perf_counter()
@@ -289,6 +300,11 @@ class Run:
             await self._compose(simulated)
             self.metrics = open_metrics(self.run_dir / "metrics.jsonl", upto=metrics_upto)
             self._closers.append(self.metrics.close)
+            if config.train.trace_every:
+                self.traces = open_metrics(self.run_dir / TRACES_FILE, upto=metrics_upto)
+                self._closers.append(self.traces.close)
+            # In a thread: W&B starts a service process (seconds the nodes' heartbeats cannot spare).
+            await asyncio.to_thread(self._open_trackers, resumed=metrics_upto is not None)
             if self._parameter_sync is not None:
                 await self._parameter_sync.start()
         except BaseException:
@@ -321,6 +337,28 @@ class Run:
 
         head.join_listeners.append(joined)
         self._closers.append(lambda: head.join_listeners.remove(joined))
+
+    def _open_trackers(self, *, resumed: bool) -> None:
+        """``train.trackers`` (``metrics.jsonl`` is written here, whatever the list says)."""
+        cfg = self.config.train
+        try:
+            self.trackers = open_trackers(
+                cfg.trackers,
+                self.run_dir,
+                msgspec.to_builtins(self.config),
+                project=cfg.wandb_project,
+                resumed=resumed,
+            )
+        except TrackerUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+        for tracker in self.trackers:  # closed in a thread too: W&B flushes for seconds
+            self._closers.append(lambda tracker=tracker: asyncio.to_thread(tracker.close))
+
+    def finish(self, result: TrainResult) -> None:
+        """Hand the run's result to every tracker (its summary)."""
+        summary = msgspec.to_builtins(result)
+        for tracker in self.trackers:
+            tracker.finish(summary)
 
     def _read_inputs(self, load_tokenizer: Callable[[Path], Any] | None) -> None:
         """The rows (the synthetic task's drawn now), their sampler, and the tokenizer (``None``:
@@ -553,6 +591,7 @@ class Run:
         from ..trainer import TrainBatch
 
         self._count_reward_errors(trajectories)
+        self._traceable = trajectories  # the step's, for traces.jsonl (``write``)
         batch = collate(trajectories, self.pad)
         return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
 
@@ -668,6 +707,13 @@ class Run:
             self.telemetry.observe(record)
         line = record.as_dict()
         write_record(self.metrics, line)
+        for tracker in self.trackers:
+            tracker.log(line)
+        every = self.config.train.trace_every
+        if self.traces is not None and self._traceable and every and record.step % every == 0:
+            for trace in trace_lines(record.step, self._traceable, self.config.train.trace_samples):
+                write_record(self.traces, trace)
+            self._traceable = []
         if on_step is not None:
             on_step(line)
 
@@ -750,6 +796,8 @@ class Steps:
         if self.run.checkpoint_due(record.step, stopping=stopping):
             await (save or self.save)(record, version, stopping)
         self.run.write(record, self.on_step)
+        if record.step == self.run.config.train.steps:  # the last: the trackers get the summary
+            self.run.finish(self.result())  # (while they are open: the run closes them next)
         if stopping:
             raise self.run.stopped(record)
 

@@ -34,7 +34,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,6 +93,15 @@ class WarmStartSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
             raise ValueError(
                 "warmstart: expected thresholds in [0, 1], lr > 0, group_size >= 0 and refine_every >= 0"
             )
+
+
+WARMSTART_PROGRESS: ContextVar[Callable[[int, int, float, float], None] | None] = ContextVar(
+    "rlasync_warmstart_progress", default=None
+)
+"""Called at each check of a warm-start run in this context (``rlasync train``'s progress
+display): ``(step, max_steps, sampled accuracy, greedy accuracy)``. A context variable, so the
+thread a run warm-starts in (``asyncio.to_thread`` copies the context) reports without every
+layer between the command line and the warm-start passing it down."""
 
 
 DEFAULT_SETTINGS: dict[str, WarmStartSettings] = {
@@ -324,6 +334,9 @@ def _train(
         )
         history.append(check)
         losses.clear()
+        report = WARMSTART_PROGRESS.get()
+        if report is not None:
+            report(step, settings.max_steps, check.sampled_accuracy, check.greedy_accuracy)
         log.info(
             "warm-start %s seed %d: step %d loss %.4f accuracy sampled %.3f greedy %.3f (%.0f s)",
             task,

@@ -193,6 +193,7 @@ class Node:
         self._started = True
         loop = self._loop = asyncio.get_running_loop()
         accept_calls_as_tasks(loop)
+        metrics = self._export_metrics(loop)  # first: a port in use fails the start before any socket
         for module in self.config.preload_modules:
             # Before joining, when nobody waits for our heartbeats: loading a large C
             # extension (torch) holds the GIL for seconds and would starve them later.
@@ -224,6 +225,8 @@ class Node:
             self._pumps.clear()
             router.close(linger=0)
             sockets.destroy(linger=0)
+            if self.metrics is not None:
+                self.metrics.close()
             self._stopping = True
             self.stopped.set()
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
@@ -231,7 +234,9 @@ class Node:
             os.chmod(self.listen.removeprefix("ipc://"), 0o600)
         self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), self.head_address)
         key = keys.identity if keys is not None else ""
-        metrics = self._export_metrics(loop)
+        if metrics is not None and self.config.metrics_host in ("0.0.0.0", "::", ""):
+            # Bound everywhere: others reach it at the node's own address.
+            metrics.address = tcp_address(host_of(self.address), metrics.port).removeprefix("tcp://")
         info = self._info = NodeInfo(
             self.node_id,
             self.address,
@@ -286,12 +291,12 @@ class Node:
         try:
             exporter.start(port, self.config.metrics_host)
         except OSError as exc:
+            self._stopping = True
+            self.stopped.set()
             raise JoinError(
                 f"{self.node_id} cannot serve /metrics on {self.config.metrics_host}:{port}: {exc}; "
                 "choose another runtime.metrics_port (0: any free one)"
             ) from None
-        if self.config.metrics_host in ("0.0.0.0", "::", ""):  # reachable at the node's own address
-            exporter.address = tcp_address(host_of(self.address), exporter.port).removeprefix("tcp://")
         self._round_trips = Timings()
         exporter.add(self._metric_families)
         self.metrics = exporter

@@ -1,0 +1,211 @@
+"""What Prometheus costs: actor calls and quickstart steps with ``runtime.metrics_port`` on and
+off, in one run.
+
+    .venv/bin/python benchmarks/metrics_bench.py            # ~3 minutes on 2 cores
+    .venv/bin/python benchmarks/metrics_bench.py --smoke    # seconds: that it runs (make test)
+
+(a) Calls: two 2-node clusters up at once, one with metrics on, one off; pipelined echo calls
+(``actor_bench.py``'s, 1,000 in flight) in alternating rounds, and while the "on" cluster is
+measured a scraper reads both its nodes' ``/metrics`` every ``--scrape-every`` seconds (1 s:
+fifteen times Prometheus's default). ``calls_metrics_on_vs_off`` = median calls/s on / off.
+
+(b) Steps: the quickstart (``configs/quickstart.yaml``, sync, one node and its trainer rank),
+the same seeds, five runs each way alternating off and on, the "on" ones scraped the same way (every node in
+``prometheus_targets.json``). A run's throughput is its steps per second after its first steps
+(start-up excluded, from ``metrics.jsonl``'s ``elapsed_s``); ``step_metrics_on_vs_off`` = median
+on / off. Goals: >= 0.95 and >= 0.98.
+
+Last line: ``{"calls_metrics_on_vs_off":…, "step_metrics_on_vs_off":…, ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the nodes import actor_bench's Echo
+
+from actor_bench import Echo, _window
+
+import rlasync
+from rlasync.config import RuntimeConfig, load_config
+from rlasync.config.cluster import with_node_modules
+from rlasync.models import build_tiny_lm, save_pretrained_dir
+from rlasync.modes import train
+from rlasync.modes.parts import model_dir_for
+from rlasync.modes.telemetry import TARGETS_FILE
+from rlasync.runtime.spawner import fork_children
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Scraper:
+    """Reads every address ``targets()`` names, every ``every`` seconds, in a thread (as a
+    Prometheus server would, from outside the process); counts scrapes and failures."""
+
+    def __init__(self, targets: Callable[[], list[str]], every: float) -> None:
+        self.targets, self.every = targets, every
+        self.scrapes = self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while True:  # at once, then every ``every`` seconds
+            for target in self.targets():
+                try:
+                    with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as reply:
+                        reply.read()
+                    self.scrapes += 1
+                except OSError:
+                    self.failures += 1
+            if self._stop.wait(self.every):
+                return
+
+
+# -- (a) actor calls ---------------------------------------------------------------------------
+async def bench_calls(calls: int, rounds: int, scrape_every: float) -> dict[str, Any]:
+    async with (
+        rlasync.LocalCluster(nodes=2) as off_cluster,
+        rlasync.LocalCluster(nodes=2, config=RuntimeConfig(metrics_port=0)) as on_cluster,
+    ):
+        off = await off_cluster.spawn(Echo, node=1)
+        on = await on_cluster.spawn(Echo, node=1)
+        addresses = [m.metrics for m in await on_cluster.head.members()]
+        assert all(addresses), addresses
+        for echo in (off, on):  # warm both: connections made, code paths hot
+            await _window(echo.echo, min(calls, 2000), 1000)
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        scrapes = 0
+        for _ in range(rounds):
+            rates["off"].append(calls / await _window(off.echo, calls, 1000))
+            with Scraper(lambda: addresses, scrape_every) as scraper:
+                rates["on"].append(calls / await _window(on.echo, calls, 1000))
+            scrapes += scraper.scrapes
+    return {
+        "calls_per_s_off": statistics.median(rates["off"]),
+        "calls_per_s_on": statistics.median(rates["on"]),
+        "scrapes": scrapes,
+    }
+
+
+# -- (b) quickstart steps ----------------------------------------------------------------------
+def steps_per_s(run_dir: Path, skip: int) -> float:
+    """Steps per second after the first ``skip`` steps (start-up and compile excluded)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if r["step"] >= skip]
+    return (len(timed) - 1) / (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"])
+
+
+def targets_of(run_dir: Path) -> list[str]:
+    try:
+        return [group["targets"][0] for group in json.loads((run_dir / TARGETS_FILE).read_text())]
+    except (OSError, ValueError):
+        return []
+
+
+async def bench_steps(
+    model_dir: Path, out: Path, steps: int, rounds: int, scrape_every: float
+) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    scrapes = 0
+    skip = max(2, steps // 5)
+    for r in range(rounds):
+        for mode in ("off", "on"):
+            run_dir = out / f"{mode}-{r}"
+            overrides = [
+                f"train.steps={steps}",
+                f"train.validate_every={steps * 10}",  # the first and the last: none in between
+                "train.val_size=16",
+                f"train.model_dir={model_dir}",
+                f"train.run_dir={run_dir}",
+                *(["runtime.metrics_port=0"] if mode == "on" else []),
+            ]
+            config = load_config(ROOT / "configs" / "quickstart.yaml", overrides)
+            with Scraper(lambda d=run_dir: targets_of(d), scrape_every) as scraper:
+                await train(config)
+            scrapes += scraper.scrapes
+            rates[mode].append(steps_per_s(run_dir, skip))
+            print(f"  round {r} metrics {mode:3}: {rates[mode][-1]:.2f} steps/s", flush=True)
+    return {
+        "steps_per_s_off": statistics.median(rates["off"]),
+        "steps_per_s_on": statistics.median(rates["on"]),
+        "scrapes": scrapes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few calls and steps (the figures mean nothing)"
+    )
+    parser.add_argument(
+        "--scrape-every", type=float, default=1.0, help="seconds between scrapes of each node"
+    )
+    parser.add_argument("--steps", type=int, default=40, help="steps of each quickstart run")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="quickstart runs with metrics off, and as many on"
+    )
+    args = parser.parse_args()
+    # A round of calls lasts a few seconds, so a scrape a second lands in each "on" round.
+    calls, call_rounds = (2000, 1) if args.smoke else (200_000, 5)
+    steps, rounds = (4, 1) if args.smoke else (args.steps, args.rounds)
+    scrape_every = 0.2 if args.smoke else args.scrape_every
+    # Node processes and trainer ranks forked from a copy of this process with the node's modules
+    # loaded, as `rlasync train` starts them; before any thread exists.
+    fork_children(with_node_modules(RuntimeConfig()))
+
+    with tempfile.TemporaryDirectory(prefix="metrics-bench-") as tmp:
+        t = time.perf_counter()
+        if args.smoke:  # an untrained model: the smoke checks that everything runs
+            model_dir = Path(tmp) / "nano"
+            save_pretrained_dir(*build_tiny_lm("nano"), model_dir)
+        else:  # the quickstart's warm-start, kept in runs/metrics_bench for the next time
+            cache = load_config(ROOT / "configs" / "quickstart.yaml", ["train.run_dir=runs/metrics_bench"])
+            model_dir = rlasync.run(model_dir_for(cache))
+        print(f"model: {model_dir} ({time.perf_counter() - t:.0f} s)", flush=True)
+        call_r = rlasync.run(bench_calls(calls, call_rounds, scrape_every))
+        print(
+            f"actor calls/s   off {call_r['calls_per_s_off']:9.0f}   on {call_r['calls_per_s_on']:9.0f}"
+            f"   ({call_r['scrapes']} scrapes)",
+            flush=True,
+        )
+        step_r = rlasync.run(bench_steps(model_dir, Path(tmp), steps, rounds, scrape_every))
+        print(
+            f"quickstart steps/s   off {step_r['steps_per_s_off']:.3f}   on {step_r['steps_per_s_on']:.3f}"
+            f"   ({step_r['scrapes']} scrapes)"
+        )
+    result = {
+        "calls_metrics_on_vs_off": round(call_r["calls_per_s_on"] / call_r["calls_per_s_off"], 3),
+        "step_metrics_on_vs_off": round(step_r["steps_per_s_on"] / step_r["steps_per_s_off"], 3),
+        "calls_per_s_off": round(call_r["calls_per_s_off"]),
+        "calls_per_s_on": round(call_r["calls_per_s_on"]),
+        "steps_per_s_off": round(step_r["steps_per_s_off"], 3),
+        "steps_per_s_on": round(step_r["steps_per_s_on"], 3),
+        "scrape_every_s": scrape_every,
+        "scrapes": call_r["scrapes"] + step_r["scrapes"],
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
