@@ -140,7 +140,10 @@ async def _window(call: Callable[[int], Awaitable[Any]], n: int, window: int) ->
         asyncio.ensure_future(call(state["sent"])).add_done_callback(on_done)
 
     def on_done(fut: asyncio.Future[Any]) -> None:
-        fut.result()
+        if fut.exception() is not None:  # a failed call fails the measurement, never hangs it
+            if not finished.done():
+                finished.set_exception(fut.exception())  # type: ignore[arg-type]
+            return
         state["done"] += 1
         if state["sent"] < n:
             launch()

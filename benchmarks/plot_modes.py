@@ -6,7 +6,8 @@ in one PNG, and whether async reached sync's final accuracy (within 0.05) sooner
 Runs ``rlasync train configs/quickstart.yaml`` and ``configs/quickstart_async.yaml`` one after
 the other (the same task, model, recipe and number of samples; about 6 minutes on 2 cores),
 reads their ``metrics.jsonl`` (``val_accuracy`` against ``elapsed_s``), and writes
-``OUT/modes.png``. ``--no-run`` plots runs already in ``OUT``. Last line JSON:
+``OUT/modes.png`` with ``rlasync plot`` (reward, held-out accuracy, staleness and throughput of
+both runs, against steps and wall time). ``--no-run`` plots runs already in ``OUT``. Last line JSON:
 ``{"sync_final", "async_final", "sync_wall_s", "async_wall_s", "speedup", "within_0.05", "async_faster"}``.
 """
 
@@ -18,6 +19,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from rlasync.metrics.plot import plot_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {"sync": "quickstart.yaml", "fully_async": "quickstart_async.yaml"}
@@ -91,8 +94,13 @@ def main() -> None:
     for mode in RUNS:
         seconds, accuracy, wall = curve(args.out / mode)
         results[mode] = (seconds, accuracy, wall)
-    if matplotlib is not None:
-        print(f"plot: {plot(results, args.out / 'modes.png')}")
+    if matplotlib is not None:  # `rlasync plot`: reward, accuracy, staleness, throughput; by step and time
+        png = plot_runs(
+            [args.out / mode for mode in RUNS],
+            args.out / "modes.png",
+            title="quickstart (reverse, nano model): sync vs fully async",
+        )
+        print(f"plot: {png}")
     else:
         print("plot: left out (matplotlib is not installed; `make bench` installs it)")
     (_, sync_acc, sync_wall), (_, async_acc, async_wall) = results["sync"], results["fully_async"]
@@ -114,26 +122,6 @@ def main() -> None:
             }
         )
     )
-
-
-def plot(results: dict[str, tuple[list[float], list[float], float]], png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, (seconds, accuracy, wall) in results.items():
-        ax.plot(seconds, accuracy, marker="o", label=f"{mode}: {accuracy[-1]:.3f} after {wall:.0f} s")
-    ax.set_xlabel("wall time (s), 2 CPU cores")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("quickstart (reverse, nano model, 600 steps): sync vs fully async")
-    ax.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    return png
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ def test_a_run_feeds_tensorboard_wandb_traces_show_and_plot(tmp_path: Path, nano
     result = json.loads(done.stdout.strip().splitlines()[-1])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    summary_file = json.loads((run_dir / "summary.json").read_text())
+    assert summary_file["final_accuracy"] == result["final_accuracy"] and summary_file["steps"] == 4
 
     # TensorBoard, read back by TensorBoard's reader: every step's scalars, the config, the summary.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -92,6 +93,7 @@ class Exporter:
         self._last: list[Metric] = []
         self._stale = 0
         self._failed = 0
+        self._collect_s = 0.0
         self._server: WSGIServer | None = None
         self.port = 0
         self.address = ""  # host:port, once started
@@ -131,9 +133,11 @@ class Exporter:
         box: list[list[Metric]] = []
 
         def run() -> None:
+            started = time.perf_counter()
             try:
                 box.append(self.snapshot())
             finally:
+                self._collect_s += time.perf_counter() - started
                 done.set()
 
         try:
@@ -153,7 +157,12 @@ class Exporter:
         failed = counter(
             "rlasync_metrics_source_errors_total", "Metric sources that raised (logged).", self._failed
         )
-        for family in [*self._last, stale, failed]:
+        spent = counter(
+            "rlasync_metrics_collect_seconds_total",
+            "Seconds the event loop spent running the metric sources for scrapes.",
+            self._collect_s,
+        )
+        for family in [*self._last, stale, failed, spent]:
             yield self._stamped(family)
 
     def snapshot(self) -> list[Metric]:

@@ -46,10 +46,9 @@ class RunProgress:
         if self.live:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=20),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                TextColumn("ETA"),
                 TimeRemainingColumn(),
                 TextColumn("{task.fields[info]}"),
                 console=self.console,

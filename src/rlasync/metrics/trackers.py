@@ -1,8 +1,9 @@
 """Experiment trackers (``train.trackers``): where a run's step records, its config and its final
 summary go, behind one small interface.
 
-- ``jsonl``: ``<run_dir>/metrics.jsonl``, one flat step record per line. Always on: it is the
-  run's own record (``--resume`` trims it, ``rlasync plot`` and ``rlasync show`` read it).
+- ``jsonl``: ``<run_dir>/metrics.jsonl``, one flat step record per line, with the config in
+  ``config.json`` and the summary in ``summary.json``. Always on: it is the run's own record
+  (``--resume`` trims it, ``rlasync plot`` reads it).
 - ``tensorboard``: event files in ``<run_dir>/tensorboard`` (every numeric field a scalar under
   its own name; the config and the summary as text). ``pip install rlasync[tensorboard]``.
 - ``wandb``: Weights & Biases, project ``train.wandb_project``, its files in ``<run_dir>/wandb``.
@@ -13,7 +14,7 @@ Another one is a class with ``log``, ``finish`` and ``close``, registered by nam
 
     @register_tracker("mine")
     class Mine:
-        def __init__(self, run_dir: Path, config: dict, *, project: str, resumed: bool) -> None: ...
+        def __init__(self, run_dir: Path, config: dict, *, project: str, resumed_at: int | None) -> None: ...
         def log(self, record: dict) -> None: ...  # one flat step record (``step`` in it)
         def finish(self, summary: dict) -> None: ...  # the run's result, once, at its end
         def close(self) -> None: ...  # always, also after a failure
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,7 +61,7 @@ class TrackerUnavailable(RuntimeError):
 
 
 def open_trackers(
-    names: list[str], run_dir: Path, config: Mapping[str, Any], *, project: str, resumed: bool
+    names: list[str], run_dir: Path, config: Mapping[str, Any], *, project: str, resumed_at: int | None
 ) -> list[Tracker]:
     """The trackers ``names`` (``jsonl`` aside: the run writes ``metrics.jsonl`` itself), each
     given the run's folder and its whole config. Unknown names raise ``KeyError``."""
@@ -70,7 +72,7 @@ def open_trackers(
                 continue
             if name not in _TRACKERS:
                 raise KeyError(f"unknown tracker {name!r}; known: {', '.join(['jsonl', *tracker_names()])}")
-            trackers.append(_TRACKERS[name](run_dir, dict(config), project=project, resumed=resumed))
+            trackers.append(_TRACKERS[name](run_dir, dict(config), project=project, resumed_at=resumed_at))
     except BaseException:
         for tracker in trackers:
             tracker.close()
@@ -91,15 +93,18 @@ def numeric(record: Mapping[str, Any]) -> dict[str, float]:
 class TensorBoardTracker:
     """TensorBoard event files in ``<run_dir>/tensorboard``."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], *, project: str, resumed: bool) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], *, project: str, resumed_at: int | None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise TrackerUnavailable(
                 f"train.trackers: tensorboard needs the tensorboard package ({exc}): pip install 'rlasync[tensorboard]'"
             ) from None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-        if not resumed:
+        # Resumed: what the earlier process logged past the checkpoint is dropped (purge_step), as
+        # metrics.jsonl drops it, so the steps done again are not shown twice.
+        purge = None if resumed_at is None else resumed_at + 1
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+        if resumed_at is None:
             self.writer.add_text("config", _markdown_json(config), 0)
 
     def log(self, record: dict[str, Any]) -> None:
@@ -119,22 +124,29 @@ class TensorBoardTracker:
 
 @register_tracker("wandb")
 class WandbTracker:
-    """A Weights & Biases run named after ``run_dir``; ``WANDB_MODE=offline`` needs no network."""
+    """A Weights & Biases run named after ``run_dir``; ``WANDB_MODE=offline`` needs no network.
+    Steps a resumed run does again (after its checkpoint) W&B keeps only once: it ignores a step
+    lower than one it has."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], *, project: str, resumed: bool) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], *, project: str, resumed_at: int | None) -> None:
         try:
             import wandb
         except ImportError as exc:
             raise TrackerUnavailable(
                 f"train.trackers: wandb needs the wandb package ({exc}): pip install 'rlasync[wandb]'"
             ) from None
-        self.wandb = wandb
+        # One W&B run per run folder: a resumed run goes on logging to it (its id is kept here).
+        id_file = run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if resumed_at is not None and id_file.is_file() else ""
+        run_id = run_id or uuid.uuid4().hex[:12]
+        id_file.write_text(run_id + "\n")
         self.run = wandb.init(
             project=project,
+            id=run_id,
             name=run_dir.resolve().name,
             dir=str(run_dir),
             config=config,
-            resume="allow" if resumed else None,
+            resume="allow",
             reinit="create_new",
         )
 

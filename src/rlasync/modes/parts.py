@@ -304,7 +304,7 @@ class Run:
                 self.traces = open_metrics(self.run_dir / TRACES_FILE, upto=metrics_upto)
                 self._closers.append(self.traces.close)
             # In a thread: W&B starts a service process (seconds the nodes' heartbeats cannot spare).
-            await asyncio.to_thread(self._open_trackers, resumed=metrics_upto is not None)
+            await asyncio.to_thread(self._open_trackers, resumed_at=metrics_upto)
             if self._parameter_sync is not None:
                 await self._parameter_sync.start()
         except BaseException:
@@ -338,7 +338,7 @@ class Run:
         head.join_listeners.append(joined)
         self._closers.append(lambda: head.join_listeners.remove(joined))
 
-    def _open_trackers(self, *, resumed: bool) -> None:
+    def _open_trackers(self, *, resumed_at: int | None) -> None:
         """``train.trackers`` (``metrics.jsonl`` is written here, whatever the list says)."""
         cfg = self.config.train
         try:
@@ -347,7 +347,7 @@ class Run:
                 self.run_dir,
                 msgspec.to_builtins(self.config),
                 project=cfg.wandb_project,
-                resumed=resumed,
+                resumed_at=resumed_at,
             )
         except TrackerUnavailable as exc:
             raise ConfigError(str(exc)) from None
@@ -355,8 +355,9 @@ class Run:
             self._closers.append(lambda tracker=tracker: asyncio.to_thread(tracker.close))
 
     def finish(self, result: TrainResult) -> None:
-        """Hand the run's result to every tracker (its summary)."""
+        """The run's result as its summary: ``<run_dir>/summary.json`` and every tracker's."""
         summary = msgspec.to_builtins(result)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         for tracker in self.trackers:
             tracker.finish(summary)
 
