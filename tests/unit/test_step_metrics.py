@@ -226,7 +226,8 @@ def test_the_trainer_reduces_with_the_declared_reductions() -> None:
 
 
 class _StubRun:
-    """What ``Steps`` uses of a ``Run``: validation, checkpoints when due, the metrics file."""
+    """What ``Steps`` uses of a ``Run``: validation, checkpoints when due, the metrics file, the
+    trackers' summary."""
 
     def __init__(self, steps: int, *, checkpoint_every: int, stop_after: int = 0) -> None:
         self.config = SimpleNamespace(
@@ -236,6 +237,10 @@ class _StubRun:
         self.validations, self.step = 0, 0
         self.saved: list[tuple[int, dict[str, Any]]] = []
         self.lines: list[dict[str, Any]] = []
+        self.summaries: list[tuple[int, Any]] = []  # (lines written by then, the result)
+
+    def finish(self, result: Any) -> None:
+        self.summaries.append((len(self.lines), result))
 
     async def validate(self) -> float:
         self.validations += 1
@@ -285,6 +290,8 @@ async def test_steps_validate_checkpoint_write_and_give_the_result() -> None:
     assert [line.get("checkpoint") for line in run.lines] == [None, None, None, "step_3", None, "step_5"]
     assert run.saved[-1] == (5, {"weight_version": 5, "initial_accuracy": 0.1, "accuracy": 0.4})
     assert (result.initial_accuracy, result.final_accuracy, result.steps) == (0.1, 0.4, 5)
+    # The trackers get the summary once, after the last step's record (while still open).
+    assert [(n, r.final_accuracy) for n, r in run.summaries] == [(6, 0.4)]
 
     resumed = _StubRun(5, checkpoint_every=3)
     result = await _schedule(

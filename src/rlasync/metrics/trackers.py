@@ -93,7 +93,9 @@ def numeric(record: Mapping[str, Any]) -> dict[str, float]:
 class TensorBoardTracker:
     """TensorBoard event files in ``<run_dir>/tensorboard``."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], *, project: str, resumed_at: int | None) -> None:
+    def __init__(
+        self, run_dir: Path, config: dict[str, Any], *, project: str, resumed_at: int | None
+    ) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
@@ -128,7 +130,9 @@ class WandbTracker:
     Steps a resumed run does again (after its checkpoint) W&B keeps only once: it ignores a step
     lower than one it has."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], *, project: str, resumed_at: int | None) -> None:
+    def __init__(
+        self, run_dir: Path, config: dict[str, Any], *, project: str, resumed_at: int | None
+    ) -> None:
         try:
             import wandb
         except ImportError as exc:
