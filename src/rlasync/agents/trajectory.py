@@ -19,10 +19,10 @@ class TrajectoryMetrics(msgspec.Struct, kw_only=True):
         ""  # the engine's error, or the loop's exception, that ended the trajectory (termination "error")
     )
     turn_s: list[float] = []  # seconds of each engine request (a model turn, or a piece a pause cut off)
-    tools: dict[
-        str, int
-    ] = {}  # tool calls by tool: its name if offered, else "unknown"; "malformed": unparsed
-    tools_failed: dict[str, int] = {}  # of those, the ones that failed (same names; "skipped": not run)
+    # Tool calls by tool: its name if the row offered it, else "unknown"; "malformed": calls that
+    # did not parse. Then the ones that failed, by the same names ("skipped": past the turn's cap).
+    tools: dict[str, int] = {}
+    tools_failed: dict[str, int] = {}
 
 
 class Trajectory(msgspec.Struct, kw_only=True):

@@ -99,9 +99,7 @@ class TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise TrackerUnavailable(
-                f"train.trackers: tensorboard needs the tensorboard package ({exc}): pip install 'rlasync[tensorboard]'"
-            ) from None
+            raise _missing("tensorboard", exc) from None
         # Resumed: what the earlier process logged past the checkpoint is dropped (purge_step), as
         # metrics.jsonl drops it, so the steps done again are not shown twice.
         purge = None if resumed_at is None else resumed_at + 1
@@ -136,9 +134,7 @@ class WandbTracker:
         try:
             import wandb
         except ImportError as exc:
-            raise TrackerUnavailable(
-                f"train.trackers: wandb needs the wandb package ({exc}): pip install 'rlasync[wandb]'"
-            ) from None
+            raise _missing("wandb", exc) from None
         # One W&B run per run folder: a resumed run goes on logging to it (its id is kept here).
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if resumed_at is not None and id_file.is_file() else ""
@@ -162,6 +158,12 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _missing(tracker: str, exc: ImportError) -> TrackerUnavailable:
+    return TrackerUnavailable(
+        f"train.trackers: {tracker} needs the {tracker} package ({exc}): pip install 'rlasync[{tracker}]'"
+    )
 
 
 def _markdown_json(value: Any) -> str:
