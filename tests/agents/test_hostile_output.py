@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted import ScriptedEngine
 
+import rlasync
 from rlasync.agents import AgentLoop, AgentLoopWorker, AgentWorkerSpec, ToolAgentLoop, register
 from rlasync.agents.template import ChatTurns
 from rlasync.config import AgentConfig
@@ -87,15 +88,18 @@ async def test_a_failing_trajectory_ends_alone_and_its_batch_survives(tok: Any) 
     surrogate = '<tool_call>{"name": "\\ud800", "arguments": {"x": "\\udfff"}}</tool_call>'
     engine = ScriptedEngine(tok, [surrogate, "done"])
     spec = AgentWorkerSpec(model="", agent=AgentConfig(tools=["calculator"], default_loop="tool"))
-    worker = AgentLoopWorker(spec, engine=engine, tokenizer=tok)
-    await worker.on_start()
     rows = [
         dict(ROW, uid="a"),
         dict(ROW, uid="b", agent_name="explodes"),
         dict(ROW, uid="c", agent_name="single_turn"),
     ]
-    got = await worker.generate(rows, PARAMS)
+    async with rlasync.LocalCluster(nodes=1) as cluster:  # the head alone: the worker in this process
+        worker = await cluster.spawn(AgentLoopWorker, spec, engine=engine, tokenizer=tok, name="loops")
+        got = await worker.generate(rows, PARAMS)
+        counters = cluster.head.local_actor("loops").counters  # what /metrics shows of them
     assert [t.termination for t in got] == ["stop", "error", "stop"]
+    assert counters.terminations == {"stop": 2, "error": 1}
+    assert counters.tools == counters.tools_failed == {"unknown": 1}  # the model's name is no label
     assert (
         "RuntimeError: a bug in a user's loop" in got[1].metrics.error and got[1].prompt_ids
     )  # recorded, with its prompt
