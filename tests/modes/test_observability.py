@@ -65,7 +65,7 @@ def test_every_node_serves_metrics_mid_run_and_the_dashboard_asks_only_for_expor
         "train",
         str(CLUSTER),
         "train.mode=fully_async",
-        "train.steps=40",
+        "train.steps=12",
         "train.prompts_per_step=4",
         "train.group_size=4",
         "train.validate_every=2",
