@@ -6,8 +6,8 @@ off, in one run.
 
 (a) Calls: two 2-node clusters up at once, one with metrics on, one off; pipelined echo calls
 (``actor_bench.py``'s, 1,000 in flight) in alternating rounds, and while the "on" cluster is
-measured a scraper reads both its nodes' ``/metrics`` every ``--scrape-every`` seconds (1 s:
-fifteen times Prometheus's default). ``calls_metrics_on_vs_off`` = median calls/s on / off.
+measured a scraper (a process of its own, as Prometheus is) reads both its nodes' ``/metrics``
+every ``--scrape-every`` seconds (1 s: fifteen times Prometheus's default). ``calls_metrics_on_vs_off`` = median calls/s on / off.
 
 (b) Steps: the quickstart (``configs/quickstart.yaml``, sync, one node and its trainer rank),
 the same seeds, five runs each way alternating off and on, the "on" ones scraped the same way (every node in
@@ -26,12 +26,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,35 +51,52 @@ from rlasync.runtime.spawner import fork_children
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class Scraper:
-    """Reads every address ``targets()`` names, every ``every`` seconds, in a thread (as a
-    Prometheus server would, from outside the process); counts scrapes and failures."""
+# A scraper of its own process, as a Prometheus server is: in this one it would compete with the
+# head (this process) for the GIL, which Prometheus never does. It reads ``argv[1]`` (a targets
+# file, or addresses joined by commas) every ``argv[2]`` seconds until stdin closes, then prints
+# how many scrapes it made.
+_SCRAPER = """
+import json, sys, threading, urllib.request
+source, every = sys.argv[1], float(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+done = 0
+while True:
+    try:
+        targets = [g["targets"][0] for g in json.load(open(source))] if source.endswith(".json") else source.split(",")
+    except (OSError, ValueError):
+        targets = []
+    for target in targets:
+        try:
+            urllib.request.urlopen(f"http://{target}/metrics", timeout=5).read()
+            done += 1
+        except OSError:
+            pass
+    if stop.wait(every):
+        break
+print(done)
+"""
 
-    def __init__(self, targets: Callable[[], list[str]], every: float) -> None:
-        self.targets, self.every = targets, every
-        self.scrapes = self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+
+class Scraper:
+    """Scrapes ``source`` (a targets file, or ``host:port`` addresses joined by commas) every
+    ``every`` seconds from another process, while the ``with`` block runs; ``scrapes``: how many."""
+
+    def __init__(self, source: str, every: float) -> None:
+        self.source, self.every, self.scrapes = source, every, 0
 
     def __enter__(self) -> Scraper:
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SCRAPER, self.source, str(self.every)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while True:  # at once, then every ``every`` seconds
-            for target in self.targets():
-                try:
-                    with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as reply:
-                        reply.read()
-                    self.scrapes += 1
-                except OSError:
-                    self.failures += 1
-            if self._stop.wait(self.every):
-                return
+        out, _ = self._proc.communicate("", timeout=30)  # stdin closes: it stops and reports
+        self.scrapes = int(out.strip() or 0)
 
 
 # -- (a) actor calls ---------------------------------------------------------------------------
@@ -103,7 +118,7 @@ async def bench_calls(calls: int, rounds: int, scrape_every: float) -> dict[str,
         scrapes = 0
         for _ in range(rounds):
             rates["off"].append(calls / await _window(off.echo, calls, 1000))
-            with Scraper(lambda: addresses, scrape_every) as scraper:
+            with Scraper(",".join(addresses), scrape_every) as scraper:
                 rates["on"].append(calls / await _window(on.echo, calls, 1000))
             scrapes += scraper.scrapes
     return {
@@ -119,13 +134,6 @@ def steps_per_s(run_dir: Path, skip: int) -> float:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if r["step"] >= skip]
     return (len(timed) - 1) / (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"])
-
-
-def targets_of(run_dir: Path) -> list[str]:
-    try:
-        return [group["targets"][0] for group in json.loads((run_dir / TARGETS_FILE).read_text())]
-    except (OSError, ValueError):
-        return []
 
 
 async def bench_steps(
@@ -148,7 +156,7 @@ async def bench_steps(
                 *(["runtime.metrics_port=0"] if mode == "on" else []),
             ]
             config = load_config(ROOT / "configs" / "quickstart.yaml", overrides)
-            with Scraper(lambda d=run_dir: targets_of(d), scrape_every) as scraper:
+            with Scraper(str(run_dir / TARGETS_FILE), scrape_every) as scraper:
                 await train(config)
             scrapes += scraper.scrapes
             rates[mode].append(steps_per_s(run_dir, skip))
