@@ -42,6 +42,7 @@ from actor_bench import Echo, _window
 import rlasync
 from rlasync.config import RuntimeConfig, load_config
 from rlasync.config.cluster import with_node_modules
+from rlasync.metrics.plot import read_records
 from rlasync.models import build_tiny_lm, save_pretrained_dir
 from rlasync.modes import train
 from rlasync.modes.parts import model_dir_for
@@ -131,8 +132,7 @@ async def bench_calls(calls: int, rounds: int, scrape_every: float) -> dict[str,
 # -- (b) quickstart steps ----------------------------------------------------------------------
 def steps_per_s(run_dir: Path, skip: int) -> float:
     """Steps per second after the first ``skip`` steps (start-up and compile excluded)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in records if r["step"] >= skip]
+    timed = [r for r in read_records(run_dir) if r["step"] >= skip]
     return (len(timed) - 1) / (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"])
 
 

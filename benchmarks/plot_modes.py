@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlasync.metrics.plot import plot_runs
+from rlasync.metrics.plot import plot_runs, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {"sync": "quickstart.yaml", "fully_async": "quickstart_async.yaml"}
@@ -59,9 +59,7 @@ def smoke_overrides(out: Path) -> list[str]:
 
 def curve(run_dir: Path) -> tuple[list[float], list[float], float]:
     """(seconds, validation accuracy) at each validation, and the wall time of the last step."""
-    records = [
-        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
-    ]
+    records = read_records(run_dir)
     points = [(r["elapsed_s"], r["val_accuracy"]) for r in records if "val_accuracy" in r]
     return [p[0] for p in points], [p[1] for p in points], records[-1]["elapsed_s"]
 
