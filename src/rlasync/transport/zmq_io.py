@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +35,6 @@ _BATCH_MAX_BODY = 16384  # bodies at least this large go alone (copying them int
 _BATCH_MAX_COUNT = 256  # bodies per batch: at most 4 MiB, far below runtime.max_body_bytes
 _DRAIN_LIMIT = 512  # ZeroMQ messages handled per reader callback before yielding to the loop
 _DRAIN_BYTES = 32 * 2**20  # ... and bodies decoded per callback (decoding holds the loop)
-_ON_TIME_S = 0.005  # a re-check later than this found a busy loop, not (provably) a lost wake-up
 _OUTBOX_LIMIT = 100_000  # messages waiting for one destination before the oldest are dropped
 _OUTBOX_BYTES = 512 * 2**20  # bytes waiting for all destinations (runtime.max_outbox_bytes)
 # pyzmq's constants are enums: passing and combining them builds enum objects on every call
@@ -196,14 +196,25 @@ class SocketPump:
         if self._closed:
             return
         try:
+            # Asked first, because reading ZMQ_EVENTS below takes the signal: is the descriptor
+            # still signalled, so that the loop will (or in this very iteration does) call the reader?
+            signalled = bool(select.select((self._fd,), (), (), 0)[0])
             events: int = self.sock.getsockopt(_EVENTS)  # type: ignore[assignment]
             if events & _POLLIN and not self._drain_scheduled and not self._flush_scheduled:
-                # Input may have arrived after this iteration's select: its reader callback then
-                # runs next iteration. Look again shortly; only input still unread then, with the
-                # loop on time, is a lost wake-up (the count once had false alarms from this race).
-                self.loop.call_later(
-                    _ON_TIME_S, self._confirm, self._last_drain, self.loop.time() + _ON_TIME_S
-                )
+                if not signalled:
+                    # Input waits and nothing will wake the reader for it: some socket operation
+                    # took the edge without draining. (An arrival in the microseconds between the
+                    # two questions above looks the same; that is the count's only false alarm.)
+                    self.rescued += 1
+                    now = self.loop.time()
+                    log.info(
+                        "lost wake-up rescued by the safety timer (router=%s, last drain %.1f ms ago, last send %.1f ms ago)",
+                        self.routed,
+                        (now - self._last_drain) * 1e3,
+                        (now - self._last_send) * 1e3,
+                    )
+                # Either way our read of ZMQ_EVENTS has taken the signal: drain here.
+                self._schedule_drain()
             elif self._outboxes:  # even without POLLOUT: sends to a vanished peer fail fast and free memory
                 self._flush_outbox()
                 self._schedule_drain()  # the flush may have consumed an input edge
@@ -212,25 +223,6 @@ class SocketPump:
         finally:
             if not self._closed and self._recheck_s is not None:
                 self._arm_recheck()
-
-    def _confirm(self, drained_at: float, due: float) -> None:
-        if self._closed or self._drain_scheduled or self._flush_scheduled or self._last_drain != drained_at:
-            return  # the reader ran (or is about to): the wake-up was not lost
-        try:
-            if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
-                return
-            if self.loop.time() - due < _ON_TIME_S:  # after a blocked loop, not (provably) lost
-                self.rescued += 1
-                now = self.loop.time()
-                log.info(
-                    "lost wake-up rescued by the safety timer (router=%s, last drain %.1f ms ago, last send %.1f ms ago)",
-                    self.routed,
-                    (now - self._last_drain) * 1e3,
-                    (now - self._last_send) * 1e3,
-                )
-            self._drain()
-        except Exception:  # the safety net itself must never stop
-            log.exception("socket re-check failed")
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frames: list[Any], copy: bool = True) -> None:
