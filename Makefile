@@ -19,10 +19,12 @@ UV_INSTALL  = $(1)/bin/uv pip install --quiet --python $(1)/bin/python $(foreach
 
 .PHONY: setup test lint demo bench clean setup-vllm test-vllm soak
 
-# Bytecode for our own sources: an editable install writes none, and where PYTHONDONTWRITEBYTECODE
-# is set every process compiled them again (~0.1 s of CPU per node and trainer process).
+# uv installs no bytecode (compiling all of torch at install takes ~50 s here), so Python writes
+# it on first import, for the modules actually used; where PYTHONDONTWRITEBYTECODE is set, every
+# process would compile torch and transformers again (importing them took twice as long).
+unexport PYTHONDONTWRITEBYTECODE
+
 setup: $(STAMP)
-	@$(PY) -m compileall -q src
 	@# The python tool's sandbox is bubblewrap (rlasync/tools/builtin.py). As root with apt (CI) it is
 	@# installed here (~8 s, once); elsewhere, or if that fails, the tool needs `isolation: weaker`.
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
