@@ -171,9 +171,10 @@ async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(
     async with LocalCluster(nodes=3, config=FAST) as cluster:
         engines = await _three_engines(cluster, model_dir, max_batch=2)
         router = Router(engines, RouterConfig(on_engine_lost=policy, load_refresh_s=0.2))  # type: ignore[arg-type]
-        # Long enough (2 rows, 900 steps each) that engine-c (node-2) cannot finish even its
-        # first two requests before it is killed.
-        calls = [asyncio.ensure_future(router.generate(_req(f"r{i}", [5, 6, 7], 900))) for i in range(12)]
+        # Long enough (2 rows, 400 steps each: at least 0.4 s, where the kill follows the first
+        # step within ~10 ms) that engine-c (node-2) cannot finish even its first two requests
+        # before it is killed.
+        calls = [asyncio.ensure_future(router.generate(_req(f"r{i}", [5, 6, 7], 400))) for i in range(12)]
 
         async def all_decoding() -> bool:
             states = await asyncio.gather(*[e.stats() for e in engines])  # type: ignore[attr-defined]
@@ -187,7 +188,7 @@ async def test_a_killed_engine_node_moves_or_fails_its_requests_never_hangs(
         failed = [r for r in results if isinstance(r, BaseException)]
         if policy == "retry":
             assert not failed, failed
-            assert all(len(r.token_ids) == 900 and r.engine in ("engine-a", "engine-b") for r in served)
+            assert all(len(r.token_ids) == 400 and r.engine in ("engine-a", "engine-b") for r in served)
             assert router.stats().retries == 4
         else:
             assert len(failed) == 4 and all(isinstance(e, EngineLostError) for e in failed)
