@@ -23,6 +23,7 @@ Last line: ``{"calls_metrics_on_vs_off":…, "step_metrics_on_vs_off":…, ...}`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -50,6 +51,15 @@ from rlasync.modes.telemetry import TARGETS_FILE
 from rlasync.runtime.spawner import fork_children
 
 ROOT = Path(__file__).resolve().parents[1]
+# --smoke's quickstart runs: a few short trajectories a step and a few prompts to validate, drawn
+# from 64 synthetic problems (not 20,000: ~0.4 s a run to make).
+SMOKE_STEPS = [
+    "train.prompts_per_step=2",
+    "train.group_size=2",
+    "train.max_new_tokens=8",
+    "train.val_size=4",
+    "data.synthetic_train_size=64",
+]
 
 
 # A scraper of its own process, as a Prometheus server is: in this one it would compete with the
@@ -99,6 +109,14 @@ class Scraper:
         out, _ = self._proc.communicate("", timeout=30)  # stdin closes: it stops and reports
         self.scrapes = int(out.strip() or 0)
 
+    # Around calls to nodes this process heads: stopped off the event loop, which their /metrics
+    # (answered on it) need; blocked, a scrape under way would wait out its 2 s deadline.
+    async def __aenter__(self) -> Scraper:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.__exit__)
+
 
 # -- (a) actor calls ---------------------------------------------------------------------------
 async def bench_calls(calls: int, rounds: int, scrape_every: float) -> dict[str, Any]:
@@ -119,7 +137,7 @@ async def bench_calls(calls: int, rounds: int, scrape_every: float) -> dict[str,
         scrapes = 0
         for _ in range(rounds):
             rates["off"].append(calls / await _window(off.echo, calls, 1000))
-            with Scraper(",".join(addresses), scrape_every) as scraper:
+            async with Scraper(",".join(addresses), scrape_every) as scraper:
                 rates["on"].append(calls / await _window(on.echo, calls, 1000))
             scrapes += scraper.scrapes
     return {
@@ -137,7 +155,7 @@ def steps_per_s(run_dir: Path, skip: int) -> float:
 
 
 async def bench_steps(
-    model_dir: Path, out: Path, steps: int, rounds: int, scrape_every: float
+    model_dir: Path, out: Path, steps: int, rounds: int, scrape_every: float, extra: list[str]
 ) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"off": [], "on": []}
     scrapes = 0
@@ -154,6 +172,7 @@ async def bench_steps(
                 f"train.model_dir={model_dir}",
                 f"train.run_dir={run_dir}",
                 *(["runtime.metrics_port=0"] if mode == "on" else []),
+                *extra,
             ]
             config = load_config(ROOT / "configs" / "quickstart.yaml", overrides)
             with Scraper(str(run_dir / TARGETS_FILE), scrape_every) as scraper:
@@ -209,7 +228,9 @@ def main() -> None:
             f"   ({call_r['scrapes']} scrapes)",
             flush=True,
         )
-        step_r = rlasync.run(bench_steps(model_dir, Path(tmp), steps, rounds, scrape_every))
+        step_r = rlasync.run(
+            bench_steps(model_dir, Path(tmp), steps, rounds, scrape_every, SMOKE_STEPS if args.smoke else [])
+        )
         print(
             f"quickstart steps/s   off {step_r['steps_per_s_off']:.3f}   on {step_r['steps_per_s_on']:.3f}"
             f"   ({step_r['scrapes']} scrapes)"

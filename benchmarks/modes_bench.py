@@ -21,6 +21,10 @@ from the sync run's phase times: 2x only when the two phases take equally long. 
 
 Last line JSON: ``{"sim_speedup_async_vs_sync", "sim_speedup_one_step_vs_sync", "sim_partial_gain",
 "sim_async_fraction_of_ideal", "sim_sync_fraction_of_ideal", "real_speedup_async_vs_sync"}``.
+
+``--smoke`` (for ``make test``; its figures mean nothing): two simulated steps of each mode, 16
+samples a step, and one real pair of 2 steps of a few short trajectories from an untrained
+model, every run drawing its prompts from 64 synthetic problems (not 20,000).
 """
 
 from __future__ import annotations
@@ -54,9 +58,19 @@ GPUS, PROMPTS, GROUP, TRAIN_RATE, SYNC_S, BLOCK = 32, 32, 16, 10_000.0, 1.0, 16
 # GPUs drain), 5 -> 0.90, 6 -> 0.94 and 167 steps/h, 8 -> 0.84 (a pipeline that long has not
 # settled in 160 steps). 6: tokens at most 6 versions (24 steps) old.
 ASYNC = {"trigger_parameter_sync_step": 4, "staleness_threshold": 6.0, "require_batches": 1}
+# --smoke: 64 synthetic problems to draw prompts from, not 20,000 (making them took ~0.4 s a run).
+SMOKE_DATA = ["data.synthetic_train_size=64"]
 # --smoke's real runs: a few short trajectories a step, a few prompts to validate; what remains
 # is mostly the processes' start-up.
-REAL_SMOKE = ["train.prompts_per_step=2", "train.group_size=2", "train.max_new_tokens=8", "train.val_size=4"]
+REAL_SMOKE = [
+    "train.prompts_per_step=2",
+    "train.group_size=2",
+    "train.max_new_tokens=8",
+    "train.val_size=4",
+    *SMOKE_DATA,
+]
+# --smoke: SMOKE_DATA for the simulated runs too.
+SIM_EXTRA: list[str] = []
 
 
 class Mode(msgspec.Struct, kw_only=True):
@@ -108,6 +122,7 @@ def sim_config(mode: Mode, run_dir: str) -> Config:
         f"async_training.staleness_threshold={ASYNC['staleness_threshold']}",
         f"async_training.require_batches={ASYNC['require_batches']}",
         f"async_training.max_concurrent_samples={ASYNC.get('max_concurrent_samples', 0)}",
+        *SIM_EXTRA,
     ]
     return load_config(ROOT / "configs" / "quickstart.yaml", overrides)
 
@@ -382,10 +397,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     if args.smoke:
-        global MODES, PROMPTS, GROUP
+        global MODES, PROMPTS, GROUP, SIM_EXTRA
         PROMPTS, GROUP = 4, 4
         # Two steps: one left out as the pipeline filling (where a mode leaves any out), one counted.
         MODES = [msgspec.structs.replace(m, steps=2, warmup=min(m.warmup, 1)) for m in MODES]
+        SIM_EXTRA = SMOKE_DATA
         args.real_steps, args.real_repeats = 2, 1
     summary: dict[str, float] = {}
     if not args.skip_sim:

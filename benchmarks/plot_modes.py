@@ -9,6 +9,8 @@ reads their ``metrics.jsonl`` (``val_accuracy`` against ``elapsed_s``), and writ
 ``OUT/modes.png`` with ``rlasync plot`` (reward, held-out accuracy, staleness and throughput of
 both runs, against steps and wall time). ``--no-run`` plots runs already in ``OUT``. Last line JSON:
 ``{"sync_final", "async_final", "sync_wall_s", "async_wall_s", "speedup", "within_0.05", "async_faster"}``.
+``--smoke``: 2 short steps of each from an untrained model, the plot only if matplotlib is there.
+Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def smoke_overrides(out: Path) -> list[str]:
         "train.validate_every=1",
         "train.val_size=4",
         "train.checkpoint_every=0",
+        "data.synthetic_train_size=64",  # not 20,000 problems to draw from: ~0.4 s a run to make
     ]
 
 

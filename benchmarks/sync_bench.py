@@ -22,6 +22,9 @@ time). Measured, each as the best of ``--repeats``, on the sender and up to a ba
 Last line JSON: ``{"bytes", "sync_s", "raw_broadcast_s", "vs_raw_broadcast",
 "sync_while_decoding_s", "pause_s", "pause_vs_transfer", "shm_sync_s", "shm_vs_raw_broadcast", "shm_pause_s"}`` with ``vs_raw_broadcast`` = raw /
 ours (goal >= 0.8) and ``pause_vs_transfer`` = pause / transfer (goal <= 0.1).
+
+``--smoke`` (for ``make test``; its figures mean nothing): one repeat of each on a model of 2
+layers of width 256 (8 MB).
 """
 
 from __future__ import annotations
@@ -48,10 +51,13 @@ from rlasync.weights import (
     plan_for,
 )
 
+LAYERS = 16  # --smoke: 2
+
 
 def model_config(gb: float, seed: int) -> TinyLMConfig:
-    """A Qwen2-shaped model of about ``gb`` GB of float32 (16 layers, width to fit)."""
-    layers, hidden = 16, 256
+    """A Qwen2-shaped model of about ``gb`` GB of float32 (``LAYERS`` layers, width to fit; 256
+    at least)."""
+    layers, hidden = LAYERS, 256
     while True:
         per_layer = 3 * hidden * hidden + 3 * hidden * 4 * hidden  # attention (GQA) and MLP, roughly
         if layers * per_layer * 4 >= gb * 1e9 or hidden >= 4096:
@@ -96,6 +102,7 @@ def sender(args: argparse.Namespace) -> None:
         str(args.repeats),
         "--device",
         args.device,
+        *(["--smoke"] if args.smoke else []),  # the engine's model as small (LAYERS) as this one's
     ]
     child = subprocess.Popen(
         [sys.executable, __file__, "--role", "engine", "--port", str(port), *forwarded],
@@ -304,9 +311,13 @@ if __name__ == "__main__":
     parser.add_argument("--role", choices=["trainer", "engine"], default="trainer")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument(
-        "--smoke", action="store_true", help="a 20 MB model, one repeat (seconds; the figures mean nothing)"
+        "--smoke",
+        action="store_true",
+        help="an 8 MB model (2 layers), one repeat (seconds; the figures mean nothing)",
     )
     arguments = parser.parse_args()
     if arguments.smoke:
-        arguments.gb, arguments.repeats = 0.02, 1
+        arguments.gb, arguments.repeats = 0.001, 1
+        # 16 layers of the smallest width (256) are 63 MB. The engine's process gets --smoke: this too.
+        LAYERS = 2
     (engine if arguments.role == "engine" else sender)(arguments)
