@@ -57,6 +57,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip_gpu)
         if "multinode" in item.keywords and os.geteuid() != 0:
             item.add_marker(skip_root)
+    _long_ones_first(items)
+
+
+# Files whose tests take tens of seconds each (training runs, several processes, benchmark smokes).
+LONG = ("multinode/", "test_benchmarks.py", "test_readme.py", "launch/", "modes/test_cluster.py",
+        "modes/test_crash_resume.py", "agents/test_e2e.py", "modes/test_trackers.py")  # fmt: skip
+
+
+def _long_ones_first(items: list[pytest.Item]) -> None:
+    """Order the run so that each of pytest-xdist's two halves (``--dist worksteal`` hands each
+    worker one, then lets an idle one take tests from the end of the other's) starts with its
+    share of the long tests: the run then ends on short ones, not with one worker idle while the
+    other still has a minute-long test to go. Files keep their own order (module fixtures)."""
+    tests = Path(__file__).parent
+    long = [i for i in items if str(i.path.relative_to(tests)).startswith(LONG)]
+    if not long:
+        return
+    short = [i for i in items if i not in set(long)]
+    items[:] = [*long[0::2], *short[0::2], *long[1::2], *short[1::2]]
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
