@@ -108,8 +108,18 @@ class Cluster:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.log(0)}") from None
 
-    def log(self, rank: int) -> str:
-        return (self.run_dir.parent / ("head.log" if rank == 0 else f"node-{rank}.log")).read_text()[-4000:]
+    def log(self, rank: int, *, whole: bool = False) -> str:
+        text = (self.run_dir.parent / ("head.log" if rank == 0 else f"node-{rank}.log")).read_text()
+        return text if whole else text[-4000:]
+
+    def wait_for_log(self, rank: int, line: str, timeout: float = 60) -> None:
+        """Until ``line`` is in the log of node ``rank`` (the head's: 0)."""
+        wait_until_sync(
+            lambda: line in self.log(rank, whole=True),
+            timeout_s=timeout,
+            interval_s=0.1,
+            what=f"{line!r} is in node-{rank}'s log",
+        )
 
     def everything(self) -> list[int]:
         """Every live process of the cluster: the nodes and the processes they supervise."""
@@ -175,6 +185,10 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
             "cluster.trainer=[0]",
             "trainer.world_size=1",
             "async_training.staleness_threshold=1",
+            # Each engine lost stalls the next sync for node_dead_after_s and then this deadline
+            # (killed as well as cut off): 5 s is still ~100x a sync of this model (~0.05 s at most),
+            # and the cut-off node rejoins well within it (~0.5 s after the link is back).
+            "weights.timeout_s=5",
         ],
         nodes={1: hosts.b, 2: hosts.a, 3: hosts.b},
     )
@@ -183,7 +197,10 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
         cluster.processes[1].send_signal(signal.SIGKILL)  # engine-0's node, on host B
         cluster.wait_for_step(8)
         hosts.link(up=False)  # engine-2's node (host B) is cut off from the head
-        time.sleep(2 * DEAD_AFTER_S + 1)
+        # Cut for longer than node_dead_after_s on both sides: the head declared node-3 dead, and
+        # node-3 gave the head up (a fixed sleep of 2 * DEAD_AFTER_S + 1 waited this out in full).
+        cluster.wait_for_log(0, "node-3 declared dead")
+        cluster.wait_for_log(3, "node-3 lost the head")
         hosts.link(up=True)  # it rejoins as a new process; engine-2 starts there again
         assert cluster.processes[0].wait(timeout=300) == 0, cluster.log(0)
         assert cluster.processes[3].wait(timeout=30) == 0  # told by the head that the run ended

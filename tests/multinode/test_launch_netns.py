@@ -4,8 +4,8 @@ exec {host}'``, as it would through ssh.
 
 - the quickstart cluster trains across the three (held-out accuracy rises), and ``rlasync
   status`` lists the three nodes while it runs;
-- the same run started by real torchrun (c10d rendezvous) in each namespace (10 steps: that
-  the launch learns is the test above's);
+- the same run started by real torchrun (c10d rendezvous) in each namespace (4 short steps of
+  an untrained model: that the launch learns is the test above's);
 - a host that cannot start is an error naming it within ``launch.start_timeout_s``, and nothing
   is left running in any namespace;
 - Ctrl-C: every namespace's processes are gone within 30 s.
@@ -134,7 +134,7 @@ def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them
     three_hosts: Lan, tmp_path: Path, reverse_model: Path
 ) -> None:
     lan = three_hosts
-    proc, log, env = _launch(lan, tmp_path, reverse_model, "train.steps=100", "train.validate_every=50")
+    proc, log, env = _launch(lan, tmp_path, reverse_model, "train.steps=100", "train.validate_every=1000")
     try:
         _wait_for_step(proc, tmp_path, log, 3)
         status = subprocess.run(
@@ -183,7 +183,7 @@ def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them
 
 @pytest.mark.timeout(500)
 def test_the_same_run_started_by_torchrun_in_each_namespace(
-    three_hosts: Lan, tmp_path: Path, reverse_model: Path
+    three_hosts: Lan, tmp_path: Path, nano_model_dir: Path
 ) -> None:
     lan = three_hosts
     env = dict(os.environ, **{SECRET_ENV: new_secret()})
@@ -210,10 +210,12 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(
                 "--from-env",
                 str(CLUSTER),
                 f"train.run_dir={tmp_path / 'run'}",
-                f"train.model_dir={reverse_model}",
-                "train.steps=10",
-                "train.validate_every=1000",
-                "train.val_size=16",
+                f"train.model_dir={nano_model_dir}",
+                "train.steps=4",
+                "train.prompts_per_step=4",
+                "train.group_size=4",
+                "train.max_new_tokens=16",
+                "train.val_size=8",
                 *RUN,
             ],
             env,
@@ -225,7 +227,7 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(
     result = json.loads(
         next(line for line in reversed(head_log.splitlines()) if line.startswith('{"initial_accuracy"'))
     )
-    assert result["steps"] == 10 and [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 11)), (
+    assert result["steps"] == 4 and [r["step"] for r in _records(tmp_path)[1:]] == [1, 2, 3, 4], (
         result
     )  # learning: the test above
     assert "cluster: 3 node(s)" in head_log
