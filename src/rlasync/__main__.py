@@ -14,6 +14,10 @@ def main() -> None:
         from rlasync.cli import app
 
         app()
+    except SystemExit as done:  # every command ends here (typer exits), error or not
+        from rlasync.runtime.process import exit_process
+
+        exit_process(done.code)
     except KeyboardInterrupt:  # another command, interrupted while it loaded
         sys.stderr.write("rlasync: interrupted\n")
         sys.exit(130)

@@ -399,4 +399,7 @@ def main(argv: list[str]) -> int:
 
 # `python -c`, not `-m rlasync.runtime.spawner`: runpy would run this module a second time as
 # __main__, beside the copy its package has already imported.
-_LAUNCHED = "import sys; from rlasync.runtime.spawner import main; sys.exit(main(sys.argv[1:]))"
+_LAUNCHED = (
+    "import sys; from rlasync.runtime.spawner import main; from rlasync.runtime.process import exit_process; "
+    "exit_process(main(sys.argv[1:]))"
+)
