@@ -33,6 +33,14 @@ pytestmark = pytest.mark.multinode
 ROOT = Path(__file__).parents[2]
 CLUSTER = ROOT / "configs" / "quickstart_cluster.yaml"
 RUN = ["weights.transport=broadcast", "runtime.heartbeat_interval_s=0.3", "launch.port=29800"]
+# The runs that check how a cluster starts, not that it learns: 4 short steps of an untrained model.
+SHORT_RUN = [
+    "train.steps=4",
+    "train.prompts_per_step=4",
+    "train.group_size=4",
+    "train.max_new_tokens=16",
+    "train.val_size=8",
+]
 
 
 def _hosts_file(lan: Lan, path: Path, *extra: str) -> Path:
@@ -211,11 +219,7 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(
                 str(CLUSTER),
                 f"train.run_dir={tmp_path / 'run'}",
                 f"train.model_dir={nano_model_dir}",
-                "train.steps=4",
-                "train.prompts_per_step=4",
-                "train.group_size=4",
-                "train.max_new_tokens=16",
-                "train.val_size=8",
+                *SHORT_RUN,
                 *RUN,
             ],
             env,
@@ -329,11 +333,7 @@ def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(
                 str(CLUSTER),
                 f"train.run_dir={tmp_path / 'run'}",
                 f"train.model_dir={nano_model_dir}",
-                "train.steps=4",
-                "train.prompts_per_step=4",
-                "train.group_size=4",
-                "train.max_new_tokens=16",
-                "train.val_size=8",
+                *SHORT_RUN,
                 *RUN,
             ],
             dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"),
