@@ -61,8 +61,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Files whose tests take tens of seconds each (training runs, several processes, benchmark smokes).
-LONG = ("multinode/", "test_benchmarks.py", "test_readme.py", "launch/", "modes/test_cluster.py",
-        "modes/test_crash_resume.py", "agents/test_e2e.py", "modes/test_trackers.py")  # fmt: skip
+LONG = (
+    "multinode/",
+    "test_benchmarks.py",
+    "test_readme.py",
+    "launch/",
+    "modes/test_cluster.py",
+    "modes/test_crash_resume.py",
+    "agents/test_e2e.py",
+    "modes/test_trackers.py",
+)
 
 
 def _long_ones_first(items: list[pytest.Item]) -> None:
