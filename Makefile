@@ -14,7 +14,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # read pip's settings, so the folders of wheels pip is told to look in (PIP_FIND_LINKS, or pip's
 # config file) are passed on: that is where the CPU torch wheel lies.
 UV_VERSION := 0.13.8
-FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+# (`=`: asked only when something is installed, not on every make.)
+FIND_LINKS  = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL  = $(1)/bin/uv pip install --quiet --python $(1)/bin/python $(foreach d,$(FIND_LINKS),--find-links $(d))
 
 .PHONY: setup test lint demo bench clean setup-vllm test-vllm soak

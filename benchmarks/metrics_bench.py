@@ -91,12 +91,14 @@ print(done)
 
 class Scraper:
     """Scrapes ``source`` (a targets file, or ``host:port`` addresses joined by commas) every
-    ``every`` seconds from another process, while the ``with`` block runs; ``scrapes``: how many."""
+    ``every`` seconds from another process, while the ``async with`` block runs; ``scrapes``: how
+    many. Stopped off the event loop: the nodes this process heads answer /metrics on it, and a
+    scrape under way would otherwise wait out its 2 s deadline."""
 
     def __init__(self, source: str, every: float) -> None:
         self.source, self.every, self.scrapes = source, every, 0
 
-    def __enter__(self) -> Scraper:
+    async def __aenter__(self) -> Scraper:
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _SCRAPER, self.source, str(self.every)],
             stdin=subprocess.PIPE,
@@ -105,17 +107,10 @@ class Scraper:
         )
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        out, _ = self._proc.communicate("", timeout=30)  # stdin closes: it stops and reports
-        self.scrapes = int(out.strip() or 0)
-
-    # Around calls to nodes this process heads: stopped off the event loop, which their /metrics
-    # (answered on it) need; blocked, a scrape under way would wait out its 2 s deadline.
-    async def __aenter__(self) -> Scraper:
-        return self.__enter__()
-
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.__exit__)
+        # stdin closes: it stops and reports
+        out, _ = await asyncio.to_thread(self._proc.communicate, "", 30)
+        self.scrapes = int(out.strip() or 0)
 
 
 # -- (a) actor calls ---------------------------------------------------------------------------
@@ -175,7 +170,7 @@ async def bench_steps(
                 *extra,
             ]
             config = load_config(ROOT / "configs" / "quickstart.yaml", overrides)
-            with Scraper(str(run_dir / TARGETS_FILE), scrape_every) as scraper:
+            async with Scraper(str(run_dir / TARGETS_FILE), scrape_every) as scraper:
                 await train(config)
             scrapes += scraper.scrapes
             rates[mode].append(steps_per_s(run_dir, skip))

@@ -82,7 +82,8 @@ def _long_ones_first(items: list[pytest.Item]) -> None:
     long = [i for i in items if str(i.path.relative_to(tests)).startswith(LONG)]
     if not long:
         return
-    short = [i for i in items if i not in set(long)]
+    long_ids = {id(i) for i in long}
+    short = [i for i in items if id(i) not in long_ids]
     items[:] = [*long[0::2], *short[0::2], *long[1::2], *short[1::2]]
 
 
