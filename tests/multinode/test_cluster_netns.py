@@ -89,7 +89,8 @@ class Cluster:
     def records(self) -> list[dict[str, object]]:
         path = self.run_dir / "metrics.jsonl"
         return (
-            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            # Read while the run appends: a last line without its newline is still being written.
+            [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
             if path.is_file()
             else []
         )
