@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rlasync.config.cluster import NODE_MODULES
-from rlasync.runtime.spawner import Spawner, use_spawner
+from rlasync.runtime.spawner import COMMANDS_ENV, Spawner, use_spawner
 
 # The node processes tests start (local clusters, trainer ranks) are forked, as `rlasync node`
 # forks its own (runtime.spawner), from a spawner launched once per test process with torch, the
-# engines, the agent loops, transformers' model code and the trainer's rank imported: each starts
-# in a fraction of a second instead of importing them again (~1.4 s of CPU, and ~2.2 s more for
-# transformers' model code where it loads a model). RLASYNC_TEST_FORK=0 starts each from nothing.
-PRELOAD = (*NODE_MODULES, "rlasync.trainer.rank")
+# engines, the agent loops, transformers' model code, the trainer's rank and the CLI imported:
+# each starts in a fraction of a second instead of importing them again (~1.4 s of CPU, and
+# ~2.2 s more for transformers' model code where it loads a model). So do the `python -m rlasync`
+# commands tests run (RLASYNC_FORK_COMMANDS: the process started stands in for the forked
+# command; the suite runs ~60, ~5 s of CPU each). RLASYNC_TEST_FORK=0 starts each from nothing.
+PRELOAD = (*NODE_MODULES, "rlasync.trainer.rank", "rlasync.cli", "rlasync.modes", "rlasync.launcher")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -26,12 +30,16 @@ def _node_spawner() -> Iterator[None]:
     if os.environ.get("RLASYNC_TEST_FORK", "1") == "0":
         yield
         return
-    spawner = Spawner.launch(PRELOAD)
+    commands = str(Path(tempfile.mkdtemp(prefix="rlasync-commands-")) / "socket")  # short: a socket path
+    spawner = Spawner.launch(PRELOAD, commands=commands)
     use_spawner(spawner)
+    os.environ[COMMANDS_ENV] = commands
     yield
+    os.environ.pop(COMMANDS_ENV, None)
     use_spawner(None)
     if spawner is not None:
         spawner.close()
+    shutil.rmtree(Path(commands).parent, ignore_errors=True)
 
 
 def _has_cuda() -> bool:

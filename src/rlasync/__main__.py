@@ -1,9 +1,23 @@
 """The ``rlasync`` command (``python -m rlasync``, or the ``rlasync`` script)."""
 
+import os
 import sys
 
 
 def main() -> None:
+    # Where a spawner serves commands (the test suite's: rlasync.runtime.spawner), it runs this
+    # one forked with torch and transformers loaded, and this process stands in for it.
+    if os.environ.get("RLASYNC_FORK_COMMANDS"):
+        from rlasync.runtime.spawner import run_command
+
+        code = run_command("rlasync.__main__", "run", sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
+    run()
+
+
+def run() -> None:
+    """Run the command in ``sys.argv`` here, and end the process."""
     # `rlasync train` decides what Ctrl-C does once its run can act on it (rlasync.interrupts):
     # one that comes while it loads is held from this first instant, not a traceback.
     if sys.argv[1:2] == ["train"]:

@@ -22,6 +22,7 @@ from rlasync.config import RuntimeConfig
 from rlasync.launcher.status import cluster_status
 from rlasync.launcher.ticket import Ticket, TicketError, read_ticket
 from rlasync.runtime import JoinError
+from rlasync.runtime.spawner import COMMANDS_ENV
 from rlasync.runtime.types import VERSION
 
 ROOT = Path(__file__).parents[2]
@@ -101,8 +102,8 @@ def test_a_host_that_cannot_start_is_named_with_its_last_lines_and_nothing_is_le
     elif failure == "other_version":
         other = tmp_path / "other-python"
         other.write_text(
-            "#!/bin/sh\n# this interpreter's rlasync claims another version\n"
-            f'exec {sys.executable} -c "import importlib.metadata as m, runpy, sys; real = m.version; '
+            "#!/bin/sh\n# this interpreter's rlasync claims another version (another install: no spawner of this one's)\n"
+            f'exec env -u {COMMANDS_ENV} {sys.executable} -c "import importlib.metadata as m, runpy, sys; real = m.version; '
             "m.version = lambda name: '0.0.0-other' if name == 'rlasync' else real(name); sys.argv = ['rlasync', *sys.argv[3:]]; "
             "runpy.run_module('rlasync', run_name='__main__', alter_sys=True)\" \"$@\"\n"
         )

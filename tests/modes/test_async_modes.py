@@ -20,6 +20,7 @@ from waiting import wait_until_sync
 
 from rlasync.config import load_config
 from rlasync.modes import train
+from rlasync.runtime.spawner import COMMANDS_ENV
 from rlasync.trainer import RankLostError
 from rlasync.trainer.checkpoint import CheckpointError
 
@@ -225,6 +226,8 @@ def test_ctrl_c_stops_an_async_run_cleanly(tmp_path: Path, nano_model_dir: Path)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # exec'd, not forked by the test's spawner: its trainer ranks are then this process's descendants
+        env={k: v for k, v in os.environ.items() if k != COMMANDS_ENV},
     )
     metrics = tmp_path / "metrics.jsonl"
 

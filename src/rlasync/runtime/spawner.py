@@ -24,6 +24,17 @@ Its children are the spawner's: it reaps them and reports each exit to the node,
 The spawner dies with its node (``PR_SET_PDEATHSIG``, and end of file on its socket), and its
 children die with it (their parent), so nothing outlives the node. ``runtime.fork_children:
 false`` turns it off.
+
+A launched spawner can also fork whole ``python -m rlasync`` commands (``commands=PATH``, a
+Unix socket): where ``RLASYNC_FORK_COMMANDS`` names that socket, the command's process asks the
+spawner for a copy of itself that runs the command (``run_command``), in the asking process's
+working directory, environment, module path, standard streams, umask, CPUs and network
+namespace, and stands in for it: signals sent to it are passed on, its exit code (or death by a
+signal) is the command's, and killed, it takes the command with it. What differs from an exec'd
+command: its process id and parent (its children are not the asking process's descendants), its
+session, and the mount namespace (the spawner's). The test suite starts its commands so (each
+would import torch and transformers again: ~5 s of CPU); a test about a command's process tree
+unsets the variable.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import array
 import asyncio
 import gc
 import importlib
+import io
 import logging
 import os
 import select
@@ -58,6 +70,30 @@ class _Request(msgspec.Struct, frozen=True):
 # One request or report per datagram (a request carries file descriptors), up to this size: a
 # request holds the node's whole environment, a few kB.
 _MAX_MESSAGE = 1 << 20
+
+
+class _Command(msgspec.Struct, frozen=True):
+    """A command to fork, as the asking process would have run it: ``python -m MODULE ARGV``,
+    where ``MODULE.ENTRY()`` runs it and ends the process; its stdin, stdout, stderr and network
+    namespace come with it (SCM_RIGHTS)."""
+
+    module: str
+    entry: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    path: list[str]  # its sys.path
+    executable: str  # a spawner of another Python refuses
+    umask: int
+    cpus: list[int]
+
+
+COMMANDS_ENV = "RLASYNC_FORK_COMMANDS"
+"""Set to a spawner's command socket: ``python -m rlasync`` runs forked from it (``run_command``)."""
+
+_COMMAND_FDS = 4  # stdin, stdout, stderr, network namespace
+_COMMAND_START_S = 120.0  # a spawner still importing its modules answers late; then the command runs itself
+_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class _Report(msgspec.Struct, frozen=True):
@@ -131,19 +167,31 @@ class Spawner:
         return cls(pid, ours)
 
     @classmethod
-    def launch(cls, preload_modules: Sequence[str] = ()) -> Spawner | None:
+    def launch(cls, preload_modules: Sequence[str] = (), *, commands: str = "") -> Spawner | None:
         """Start a spawner as a process of its own that imports ``preload_modules`` first: for a
-        process that already runs threads or an event loop. None where there is no fork."""
+        process that already runs threads or an event loop. ``commands``: a path where it also
+        listens for ``python -m rlasync`` commands to fork (``run_command``; set
+        ``RLASYNC_FORK_COMMANDS`` to it). None where there is no fork."""
         if not hasattr(os, "fork"):
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener = None
+        if commands:  # listening from now: a command asking while the spawner imports waits for it
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            listener.bind(commands)
+            listener.listen(64)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env.pop(COMMANDS_ENV, None)
+        fds = [theirs.fileno()] + ([listener.fileno()] if listener is not None else [])
+        argv = [str(theirs.fileno()), str(os.getpid()), str(fds[1] if listener else -1), *preload_modules]
         process = subprocess.Popen(
-            [sys.executable, "-c", _LAUNCHED, str(theirs.fileno()), str(os.getpid()), *preload_modules],
-            pass_fds=(theirs.fileno(),),
+            [sys.executable, "-c", _LAUNCHED, *argv],
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             env=env,
         )
+        if listener is not None:
+            listener.close()
         theirs.close()
         return cls(process.pid, ours, process)
 
@@ -235,8 +283,9 @@ def current_spawner() -> Spawner | None:
 
 
 # -- the spawner process ---------------------------------------------------------------------
-def _serve(sock: socket.socket, node: int) -> int:
-    """Fork children on request, reap them, report both; return when the node is gone."""
+def _serve(sock: socket.socket, node: int, commands: socket.socket | None = None) -> int:
+    """Fork children on request (the node's on ``sock``, commands on ``commands``), reap them,
+    report both; return when the node is gone."""
     from .process import set_death_signal
 
     set_death_signal(signal.SIGKILL)  # the node is gone: so is the spawner, and with it its children
@@ -253,15 +302,56 @@ def _serve(sock: socket.socket, node: int) -> int:
     # ~140 ms each on a small machine, and touch every page it shares with the spawner.
     gc.collect()
     gc.freeze()
+    callers: dict[int, socket.socket] = {}  # connection fd -> a command's caller
+    running: dict[int, int] = {}  # a caller's connection fd -> its command's pid
+    commanded: dict[int, socket.socket | None] = {}  # a command's pid -> its caller (None: gone)
+
+    def close_copies() -> None:  # in a child: the spawner's sockets are not its own
+        os.close(wake_r)
+        os.close(wake_w)
+        sock.close()
+        for other in [commands, *callers.values()]:
+            if other is not None:
+                other.close()
+
     while True:
+        listening = [commands.fileno()] if commands is not None else []
         try:
-            readable: list[int] = select.select([sock.fileno(), wake_r], [], [], 1.0)[0]
+            readable: list[int] = select.select([sock.fileno(), wake_r, *listening, *callers], [], [], 1.0)[0]
         except InterruptedError:
             readable = []
         if wake_r in readable:
             os.read(wake_r, 4096)
         for pid, code in _reap():
-            _send(sock, _Report(pid=pid, code=code))
+            if pid not in commanded:
+                _send(sock, _Report(pid=pid, code=code))
+                continue
+            caller = commanded.pop(pid)
+            if caller is not None:  # the command's exit is its caller's
+                _send(caller, _Report(pid=pid, code=code))
+                callers.pop(caller.fileno(), None)
+                running.pop(caller.fileno(), None)
+                caller.close()
+        if commands is not None and commands.fileno() in readable:
+            try:
+                caller, _ = commands.accept()
+                callers[caller.fileno()] = caller
+            except OSError:
+                pass
+        for fd in [fd for fd in readable if fd in callers]:
+            caller = callers[fd]
+            if fd in running:  # a running command's caller sends nothing more: it went away
+                if _gone(caller):
+                    pid = running.pop(fd)
+                    os.kill(pid, signal.SIGKILL)  # killed, the caller takes its command with it
+                    commanded[pid] = None
+                    callers.pop(fd).close()
+                continue
+            command_pid = _fork_command(caller, close_copies)
+            if command_pid is None:
+                callers.pop(fd).close()
+            else:
+                running[fd], commanded[command_pid] = command_pid, caller
         if sock.fileno() not in readable:
             continue
         data, fds, flags, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
@@ -278,9 +368,7 @@ def _serve(sock: socket.socket, node: int) -> int:
                 os.close(fd)
             continue
         if pid == 0:
-            os.close(wake_r)
-            os.close(wake_w)
-            sock.close()
+            close_copies()
             _child(request, fds)  # never returns
         for fd in fds:  # the child's now
             os.close(fd)
@@ -310,33 +398,12 @@ def _child(request: _Request, stdio: list[int]) -> None:
     """In a forked child: become ``python -m rlasync.runtime.worker ARGV`` and exit with its code."""
     code = 1
     try:
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        if request.stdio and len(stdio) == 2:  # the node's stdout and stderr, as an exec'd child's
-            os.dup2(stdio[0], 1)
-            os.dup2(stdio[1], 2)
-        for fd in stdio:
-            os.close(fd)
-        if request.cwd:
-            os.chdir(request.cwd)
+        if not (request.stdio and len(stdio) == 2):  # no streams of the node's: the spawner's
+            for fd in stdio:
+                os.close(fd)
+            stdio = []
         sys.argv = [sys.executable, "-m", "rlasync.runtime.worker", *request.argv]
-        _name_process(sys.argv)  # before the environment changes: setproctitle finds its memory beside it
-        os.environ.clear()
-        os.environ.update(request.env)
-        # The path the node had when it asked (as PYTHONPATH gives an exec'd child): actor classes
-        # are imported by module name, from folders the node may have added since the fork.
-        wanted = [p for p in request.env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = list(dict.fromkeys([*wanted, *sys.path]))
-        for name in ("", "rlasync.events"):  # the worker configures logging under its own name;
-            logger = logging.getLogger(name)  # milestones are printed by a launched node only
-            for handler in list(logger.handlers):
-                logger.removeHandler(handler)
-            logger.propagate = True
+        _adopt([os.open(os.devnull, os.O_RDONLY), *stdio], request.cwd, request.env, sys.path, sys.argv)
         from .worker import main
 
         code = main(request.argv)
@@ -350,6 +417,156 @@ def _child(request: _Request, stdio: list[int]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _adopt(streams: list[int], cwd: str, env: dict[str, str], path: list[str], title: list[str]) -> None:
+    """In a forked child: take the asking process's standard streams (stdin, then stdout and
+    stderr if given), working directory, environment and module path, and default signals; show
+    ``title`` as its command line."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in enumerate(streams):
+        os.dup2(fd, target)
+    for fd in set(streams) - {0, 1, 2}:
+        os.close(fd)
+    if cwd:
+        os.chdir(cwd)
+    _name_process(title)  # before the environment changes: setproctitle finds its memory beside it
+    os.environ.clear()
+    os.environ.update(env)
+    # The path the asker had (as PYTHONPATH gives an exec'd child): actor classes are imported by
+    # module name, from folders it may have added since the fork.
+    wanted = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = list(dict.fromkeys([*wanted, *path]))
+    for name in ("", "rlasync.events"):  # the worker configures logging under its own name;
+        logger = logging.getLogger(name)  # milestones are printed by a launched node only
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def _fork_command(caller: socket.socket, close_copies: Any) -> int | None:
+    """Read a command from ``caller`` and fork it; its pid, or None (told to the caller) if it
+    cannot run here."""
+    try:
+        data, fds, flags, _ = socket.recv_fds(caller, _MAX_MESSAGE, _COMMAND_FDS)
+    except OSError:
+        return None
+    try:
+        if not data:
+            return None  # the caller went away before asking
+        error = ""
+        command = msgspec.json.decode(data, type=_Command)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != _COMMAND_FDS:
+            error = "the command or its file descriptors were cut"
+        elif command.executable != sys.executable:
+            error = f"this spawner runs {sys.executable}, not {command.executable}"
+        if error:
+            _send(caller, _Report(error=error))
+            return None
+        if _gone(caller):  # it stopped waiting (and runs the command itself)
+            return None
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _send(caller, _Report(error=str(exc)))
+            return None
+        if pid == 0:
+            close_copies()
+            _command_child(command, fds)  # never returns
+        _send(caller, _Report(pid=pid))
+        return pid
+    except msgspec.DecodeError as exc:
+        _send(caller, _Report(error=f"not a command: {exc}"))
+        return None
+    finally:
+        for fd in fds:  # the child's now (or nobody's)
+            os.close(fd)
+
+
+def _gone(caller: socket.socket) -> bool:
+    """Has the caller closed its end (it exited, or was killed)?"""
+    try:
+        return not caller.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _command_child(command: _Command, fds: list[int]) -> None:
+    """In a forked child: become ``python -m rlasync ARGV`` as the caller would have run it."""
+    from .process import set_death_signal
+
+    code = 1
+    try:
+        os.setsid()  # a session of its own, as the caller's process group is not the spawner's
+        set_death_signal(signal.SIGKILL)  # the spawner (the test session) ended: so does the command
+        *streams, netns = fds
+        _enter_network_namespace(netns)
+        title = [command.executable, "-m", command.module.removesuffix(".__main__"), *command.argv]
+        _adopt(streams, command.cwd, command.env, command.path, title)
+        os.umask(command.umask)
+        if command.cpus:
+            os.sched_setaffinity(0, command.cpus)
+        _reopen_standard_streams()
+        module = importlib.import_module(command.module)
+        sys.argv = [str(module.__file__), *command.argv]
+        sys.modules["__main__"] = module  # as under `python -m` (click names the program by it)
+        getattr(module, command.entry)()  # ends the process
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _enter_network_namespace(fd: int) -> None:
+    """Join the caller's network namespace (``ip netns exec``), if it is not the spawner's."""
+    if os.fstat(fd).st_ino == os.stat("/proc/self/ns/net").st_ino:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"cannot join the caller's network namespace: {os.strerror(error)}")
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _reopen_standard_streams() -> None:
+    """``sys.stdout`` and ``sys.stderr`` anew on the caller's descriptors: buffered as an exec'd
+    process's would be (line by line on a terminal, unbuffered under ``PYTHONUNBUFFERED``), not
+    as the spawner's were."""
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        tty = os.isatty(fd)
+        raw = io.FileIO(fd, "w", closefd=False)
+        binary: Any = raw if unbuffered else io.BufferedWriter(raw)
+        setattr(
+            sys,
+            name,
+            io.TextIOWrapper(
+                binary,
+                encoding=old.encoding,
+                errors=old.errors,
+                line_buffering=tty or name == "stderr",
+                write_through=unbuffered or name == "stderr",
+            ),
+        )
 
 
 def _name_process(argv: list[str]) -> None:
@@ -389,12 +606,14 @@ def fork_children(config: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """A launched spawner (``Spawner.launch``): ``SOCKET_FD NODE_PID [MODULE ...]``."""
-    fd, node, *modules = argv
+    """A launched spawner (``Spawner.launch``): ``SOCKET_FD NODE_PID COMMANDS_FD [MODULE ...]``
+    (``COMMANDS_FD`` -1: no commands)."""
+    fd, node, listener, *modules = argv
     sock = socket.socket(fileno=int(fd))
+    commands = socket.socket(fileno=int(listener)) if int(listener) >= 0 else None
     for module in modules:
         importlib.import_module(module)
-    return _serve(sock, int(node))
+    return _serve(sock, int(node), commands)
 
 
 # `python -c`, not `-m rlasync.runtime.spawner`: runpy would run this module a second time as
@@ -403,3 +622,77 @@ _LAUNCHED = (
     "import sys; from rlasync.runtime.spawner import main; from rlasync.runtime.process import exit_process; "
     "exit_process(main(sys.argv[1:]))"
 )
+
+
+# -- a command's side -------------------------------------------------------------------------
+def run_command(module: str, entry: str, argv: list[str]) -> int | None:
+    """Run ``python -m MODULE ARGV`` (``MODULE.ENTRY()`` runs it and ends the process) forked by
+    the spawner listening at ``$RLASYNC_FORK_COMMANDS``, and stand in for it until it ends:
+    signals this process gets are passed on, and killed, it takes the command with it. The
+    command's exit code (-N: killed by signal N), or None if no spawner takes it (none listens,
+    or it runs another Python): then run it here."""
+    where = os.environ.get(COMMANDS_ENV)
+    if not where:
+        return None
+    caller = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    opened: list[int] = []
+    try:
+        caller.settimeout(_COMMAND_START_S)
+        caller.connect(where)
+        fds = [fd if _open_fds(fd) else _devnull(opened) for fd in (0, 1, 2)]
+        fds.append(_opened(opened, "/proc/self/ns/net"))
+        umask = os.umask(0)
+        os.umask(umask)
+        command = _Command(
+            module=module,
+            entry=entry,
+            argv=argv,
+            env=dict(os.environ),
+            cwd=_cwd(),
+            path=list(sys.path),
+            executable=sys.executable,
+            umask=umask,
+            cpus=sorted(os.sched_getaffinity(0)),
+        )
+        socket.send_fds(caller, [msgspec.json.encode(command)], fds)
+        report = msgspec.json.decode(caller.recv(_MAX_MESSAGE), type=_Report)
+    except (OSError, msgspec.DecodeError):  # none listens, or it did not answer in time
+        caller.close()
+        return None
+    finally:
+        for fd in opened:
+            os.close(fd)
+    if report.error:
+        caller.close()
+        return None
+    pid = report.pid
+
+    def relay(sig: int, _: Any) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in _RELAYED:
+        signal.signal(sig, relay)
+    caller.settimeout(None)  # the command runs as long as it runs; its end, or the spawner's, answers
+    data = caller.recv(_MAX_MESSAGE)
+    caller.close()
+    if not data:
+        sys.stderr.write("rlasync: the spawner that ran this command ended before it\n")
+        return 1
+    code = msgspec.json.decode(data, type=_Report).code
+    if code is not None and code < 0:  # killed by a signal: so is this process, as the command was
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code is not None else 1
+
+
+def _devnull(opened: list[int]) -> int:
+    return _opened(opened, os.devnull, os.O_RDWR)
+
+
+def _opened(opened: list[int], path: str, flags: int = os.O_RDONLY) -> int:
+    fd = os.open(path, flags)
+    opened.append(fd)
+    return fd
