@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rlasync.runtime.spawner import FORKED_SCRIPT
+
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 # gpu_sync.sh needs two GPUs (it is the NCCL run of sync_bench.py, whose smoke runs here).
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
@@ -43,7 +45,14 @@ def test_the_benchmark_runs_in_its_smoke_mode(script: str, tmp_path: Path) -> No
         else []
     )
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--smoke", *extra],
+        [
+            sys.executable,
+            "-c",
+            FORKED_SCRIPT,
+            str(BENCHMARKS / script),
+            "--smoke",
+            *extra,
+        ],  # as `python SCRIPT`
         capture_output=True,
         text=True,
         timeout=280,

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rlasync.runtime.spawner import FORKED_SCRIPT
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
@@ -17,7 +19,7 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 def _run(script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run(
-        [sys.executable, str(script), *args],
+        [sys.executable, "-c", FORKED_SCRIPT, str(script), *args],  # as `python SCRIPT`
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -42,6 +44,8 @@ def test_the_embedding_example_runs_and_leaves_nothing_behind() -> None:
         done = subprocess.run(
             [
                 sys.executable,
+                "-c",
+                FORKED_SCRIPT,  # as `python examples/embed.py`
                 str(ROOT / "examples" / "embed.py"),
                 "--steps",
                 "2",

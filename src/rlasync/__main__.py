@@ -10,7 +10,7 @@ def main() -> None:
     if os.environ.get("RLASYNC_FORK_COMMANDS"):
         from rlasync.runtime.spawner import run_command
 
-        code = run_command("rlasync.__main__", "run", sys.argv[1:])
+        code = run_command(sys.argv[1:], module="rlasync.__main__", entry="run")
         if code is not None:
             sys.exit(code)
     run()

@@ -51,6 +51,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,7 +78,7 @@ class _Command(msgspec.Struct, frozen=True):
     where ``MODULE.ENTRY()`` runs it and ends the process; its stdin, stdout, stderr and network
     namespace come with it (SCM_RIGHTS)."""
 
-    module: str
+    module: str  # or, where ``script`` is set, none: ``python SCRIPT ARGV``
     entry: str
     argv: list[str]
     env: dict[str, str]
@@ -86,6 +87,7 @@ class _Command(msgspec.Struct, frozen=True):
     executable: str  # a spawner of another Python refuses
     umask: int
     cpus: list[int]
+    script: str = ""
 
 
 COMMANDS_ENV = "RLASYNC_FORK_COMMANDS"
@@ -436,6 +438,7 @@ def _adopt(streams: list[int], cwd: str, env: dict[str, str], path: list[str], t
     _name_process(title)  # before the environment changes: setproctitle finds its memory beside it
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # found again from this environment (TMPDIR), not the spawner's
     # The path the asker had (as PYTHONPATH gives an exec'd child): actor classes are imported by
     # module name, from folders it may have added since the fork.
     wanted = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -506,12 +509,15 @@ def _command_child(command: _Command, fds: list[int]) -> None:
         set_death_signal(signal.SIGKILL)  # the spawner (the test session) ended: so does the command
         *streams, netns = fds
         _enter_network_namespace(netns)
-        title = [command.executable, "-m", command.module.removesuffix(".__main__"), *command.argv]
+        how = [command.script] if command.script else ["-m", command.module.removesuffix(".__main__")]
+        title = [command.executable, *how, *command.argv]
         _adopt(streams, command.cwd, command.env, command.path, title)
         os.umask(command.umask)
         if command.cpus:
             os.sched_setaffinity(0, command.cpus)
         _reopen_standard_streams()
+        if command.script:
+            _run_script(command.script, command.argv)
         module = importlib.import_module(command.module)
         sys.argv = [str(module.__file__), *command.argv]
         sys.modules["__main__"] = module  # as under `python -m` (click names the program by it)
@@ -625,12 +631,12 @@ _LAUNCHED = (
 
 
 # -- a command's side -------------------------------------------------------------------------
-def run_command(module: str, entry: str, argv: list[str]) -> int | None:
-    """Run ``python -m MODULE ARGV`` (``MODULE.ENTRY()`` runs it and ends the process) forked by
-    the spawner listening at ``$RLASYNC_FORK_COMMANDS``, and stand in for it until it ends:
-    signals this process gets are passed on, and killed, it takes the command with it. The
-    command's exit code (-N: killed by signal N), or None if no spawner takes it (none listens,
-    or it runs another Python): then run it here."""
+def run_command(argv: list[str], *, module: str = "", entry: str = "", script: str = "") -> int | None:
+    """Run ``python -m MODULE ARGV`` (``MODULE.ENTRY()`` runs it and ends the process), or
+    ``python SCRIPT ARGV``, forked by the spawner listening at ``$RLASYNC_FORK_COMMANDS``, and
+    stand in for it until it ends: signals this process gets are passed on, and killed, it
+    takes the command with it. The command's exit code (-N: killed by signal N), or None if no
+    spawner takes it (none listens, or it runs another Python): then run it here."""
     where = os.environ.get(COMMANDS_ENV)
     if not where:
         return None
@@ -646,6 +652,7 @@ def run_command(module: str, entry: str, argv: list[str]) -> int | None:
         command = _Command(
             module=module,
             entry=entry,
+            script=os.path.abspath(script) if script else "",
             argv=argv,
             env=dict(os.environ),
             cwd=_cwd(),
@@ -686,6 +693,36 @@ def run_command(module: str, entry: str, argv: list[str]) -> int | None:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code if code is not None else 1
+
+
+def run_script(argv: list[str]) -> None:
+    """``python -c FORKED_SCRIPT SCRIPT ARG...``: ``python SCRIPT ARG...``, forked as
+    ``run_command`` forks a command where a spawner serves them, else run here."""
+    script, *args = argv
+    code = run_command(args, script=script)
+    if code is None:
+        _run_script(script, args)
+    sys.exit(code)
+
+
+FORKED_SCRIPT = "import sys; from rlasync.runtime.spawner import run_script; run_script(sys.argv[1:])"
+"""``[sys.executable, "-c", FORKED_SCRIPT, SCRIPT, *ARGS]`` runs ``python SCRIPT ARGS`` (``run_script``)."""
+
+
+def _run_script(script: str, argv: list[str]) -> None:
+    """Run ``script`` as ``python SCRIPT ARGV`` would, in this process, and end it."""
+    import runpy
+
+    from .process import exit_process
+
+    sys.argv = [script, *argv]
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *(p for p in sys.path if p)]  # as python SCRIPT
+    code: object = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:
+        code = done.code
+    exit_process(code)
 
 
 def _devnull(opened: list[int]) -> int:
