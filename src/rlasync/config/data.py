@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -30,5 +30,11 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     ``exact_numeric``, ``boxed_math``, ``tool_format``, or one you register)."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by ``train.seed``; resumable)."""
+    sampler: str | dict[str, Any] = "uniform"
+    """Which rows each step trains on: ``uniform`` (every row once per epoch), ``pass_rate`` (a
+    curriculum: rows the policy always or never solves are mostly skipped; options ``low``,
+    ``high``, ``revisit``, ``pass_reward``), a sampler a plugin registered, or a class by import
+    path (``my_package.curriculum:HardFirst``). Options: ``{name: pass_rate, revisit: 0.2}``.
+    Its state is saved in checkpoints (``rlasync.data.samplers``)."""
     synthetic_train_size: PositiveInt = 20000
     """Distinct training problems drawn from the synthetic task (when there are no files)."""

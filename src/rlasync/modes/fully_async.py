@@ -278,6 +278,7 @@ async def train_fully_async(
             record = await train_step(run, step, [sample for _, sample in taken], version)
             record.processing = Processing.of([t.finished_at - t.admitted_at for t in tickets])
             record.data_rows = rollouter.trained(tickets)
+            run.learned(record.data_rows, [sample for _, sample in taken])
             if step % per_version == 0 or step == cfg.steps:
                 report, pause = await _sync(
                     run, queue, version + 1, partial=acfg.partial_rollout, advance=step % per_version == 0

@@ -100,6 +100,7 @@ async def train_one_step_off(
             pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
             record = await train_step(run, step, batch.samples, version=step - 1)
             record.data_rows = batch.uses
+            run.learned(batch.uses, batch.samples)
             took = time.perf_counter() - t0
             record.rollout_s, record.train_s, record.trainer_idle_ratio = waited, took - waited, waited / took
             if synced is not None:

@@ -22,7 +22,7 @@ from ..agents import get_loop
 from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
 from ..config import Config, ConfigError, EngineConfig
 from ..config.cluster import with_node_modules
-from ..data import Row, RowSampler, load_rows, synthetic_rows
+from ..data import Row, RowResult, Sampler, load_rows, make_sampler, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
 from ..metrics import Stamp, StepRecord
@@ -211,7 +211,7 @@ class Run:
     val_rows: list[Row]
     tools: dict[str, Any]  # agent.tools, built (checked against the rows)
     _files: tuple[list[Row], list[Row]] | None  # the rows of data.train_files/val_files, read at once
-    sampler: RowSampler
+    sampler: Sampler
     tokenizer: Any
     pad: int
     _reading: asyncio.Future[None]  # the thread reading the rows and tokenizer (_compose)
@@ -366,7 +366,9 @@ class Run:
         a simulated run's is already set) and its pad id. Blocking: runs in a thread."""
         config = self.config
         self.train_rows, self.val_rows = self._files or read_rows(config)
-        self.sampler = RowSampler(self.train_rows, seed=config.train.seed, shuffle=config.data.shuffle)
+        self.sampler = make_sampler(
+            config.data.sampler, self.train_rows, seed=config.train.seed, shuffle=config.data.shuffle
+        )
         if load_tokenizer is not None:
             self.tokenizer = load_tokenizer(self.model_dir)
         self.pad = int(self.tokenizer.pad_token_id or 0)
@@ -568,6 +570,13 @@ class Run:
         record as trained (``data/rows``), so a run's data can be checked across restarts."""
         uses = self.sampler.next_uses(n)
         return uses, [dict(self.train_rows[index]) for _, index in uses]
+
+    def learned(self, uses: list[tuple[int, int]], groups: list[list[Any]]) -> None:
+        """A step trained these rows (``uses``) on these groups of trajectories: the sampler
+        hears each row's rewards (a curriculum moves on from them)."""
+        self.sampler.update(
+            [RowResult(index, [float(t.reward) for t in group]) for (_, index), group in zip(uses, groups)]
+        )
 
     async def rollout(
         self,

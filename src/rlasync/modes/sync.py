@@ -54,6 +54,10 @@ async def train_sync(
             trajectories = await run.rollout(rows, name=f"step{step}")
             t1 = time.perf_counter()
             batch, train_batch = run.train_batch(trajectories)
+            run.learned(
+                uses,
+                [trajectories[i : i + cfg.group_size] for i in range(0, len(trajectories), cfg.group_size)],
+            )
             train_metrics = await run.trainer.step(train_batch, temperature=cfg.temperature)
             synced = await run.synchronizer.sync(step)
             t2 = time.perf_counter()

@@ -1,0 +1,205 @@
+"""Which training rows a run draws next: the uniform epoch sampler, curriculum samplers that
+learn from each step's rewards (verl's ``AbstractCurriculumSampler``), and their registry.
+
+    data:
+      sampler: pass_rate                              # a registered name
+      sampler: {name: pass_rate, low: 0.0, high: 1.0, revisit: 0.1}
+      sampler: my_package.curriculum:HardFirst        # a class, by import path (or a plugin's name)
+
+A sampler hands out *uses*, ``(epoch, row index)`` (what ``metrics.jsonl`` records as trained);
+after each training step the run calls ``update`` with the group rewards of every row the step
+trained; ``state_dict`` / ``load_state_dict`` go into checkpoints, so a resumed run draws on as
+the uninterrupted one would have. A sampler of your own:
+
+    @register_sampler("hard_first")
+    class HardFirst(Sampler):
+        def __init__(self, rows, *, seed, shuffle=True, **options): ...
+        def next_uses(self, n): ...                 # [(epoch, row index), ...]
+        def update(self, results): ...              # [RowResult(index, rewards), ...]
+        def state_dict(self): ...                   # JSON-safe
+        def load_state_dict(self, state): ...
+
+No torch.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from ..config import ConfigError
+from .datasets import Row, RowSampler
+
+
+class RowResult(msgspec.Struct, frozen=True):
+    """One trained row of a step: its index and the rewards of its group (one per sample)."""
+
+    index: int
+    rewards: list[float]
+
+
+class Sampler(abc.ABC):
+    """What a run draws its training rows with (see the module docstring)."""
+
+    @abc.abstractmethod
+    def next_uses(self, n: int) -> list[tuple[int, int]]:
+        """The next ``n`` rows to train on, as ``(epoch, row index)``."""
+
+    def update(self, results: list[RowResult]) -> None:  # noqa: B027  (optional: a plain sampler learns nothing)
+        """A training step ended: the rewards of the rows it trained (verl's ``update(batch)``)."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to draw on exactly (JSON-safe: it goes into ``state.json``)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class UniformSampler(RowSampler, Sampler):
+    """Every row once per epoch, in a seeded shuffled order (``data.shuffle``): ``RowSampler``."""
+
+
+class PassRateSampler(UniformSampler):
+    """A curriculum: rows whose measured pass rate lies outside the learning band are mostly
+    skipped, so the steps go to rows the policy sometimes solves (in the spirit of DAPO's
+    dynamic sampling and prime-rl's difficulty pools; under GRPO a group whose rewards are all
+    equal teaches nothing).
+
+    Rows come in the uniform sampler's epoch order, so every row is tried once in the first
+    epoch. After a step, a row's pass rate is the share of its group's rewards at least
+    ``pass_reward``. From then on a row at or below ``low`` (never solved) or at or above
+    ``high`` (always solved) is skipped, except with probability ``revisit`` per epoch
+    (a fixed draw per row and epoch, so resuming draws the same), since the policy changes: a
+    row revisited gets a fresh pass rate. When every row left in an epoch is skipped, rows are
+    taken anyway (a batch is never short)."""
+
+    def __init__(
+        self,
+        rows: Iterable[Row],
+        *,
+        seed: int,
+        shuffle: bool = True,
+        low: float = 0.0,
+        high: float = 1.0,
+        revisit: float = 0.1,
+        pass_reward: float = 1.0,
+    ) -> None:
+        super().__init__(rows, seed=seed, shuffle=shuffle)
+        if not 0.0 <= low < high <= 1.0:
+            raise ValueError(f"pass_rate sampler: expected 0 <= low < high <= 1, got low={low}, high={high}")
+        if not 0.0 <= revisit <= 1.0:
+            raise ValueError(f"pass_rate sampler: revisit is a probability, got {revisit}")
+        self.low, self.high, self.revisit, self.pass_reward = low, high, revisit, pass_reward
+        self.pass_rates: dict[int, float] = {}
+        """Row index -> the pass rate of its latest trained group."""
+        self.skipped = 0
+        """Rows passed over so far (outside the band, not revisited)."""
+
+    def next_uses(self, n: int) -> list[tuple[int, int]]:
+        uses: list[tuple[int, int]] = []
+        passed_over = 0  # in a row: once a whole epoch's worth is passed over, take rows anyway
+        while len(uses) < n:
+            (use,) = super().next_uses(1)
+            if passed_over < len(self.rows) and self._skips(*use):
+                passed_over += 1
+                self.skipped += 1
+                continue
+            passed_over = 0
+            uses.append(use)
+        return uses
+
+    def _skips(self, epoch: int, index: int) -> bool:
+        rate = self.pass_rates.get(index)
+        if rate is None or self.low < rate < self.high:
+            return False
+        digest = hashlib.blake2b(f"{self.seed}/{epoch}/{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 >= self.revisit
+
+    def update(self, results: list[RowResult]) -> None:
+        for result in results:
+            if result.rewards:
+                passed = sum(reward >= self.pass_reward for reward in result.rewards)
+                self.pass_rates[result.index] = passed / len(result.rewards)
+
+    def in_band(self) -> float:
+        """Share of the rows measured so far whose pass rate lies inside the band."""
+        rates = self.pass_rates.values()
+        return sum(self.low < rate < self.high for rate in rates) / len(rates) if rates else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "pass_rates": {str(index): rate for index, rate in self.pass_rates.items()},
+            "skipped": self.skipped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pass_rates = {int(index): float(rate) for index, rate in state.get("pass_rates", {}).items()}
+        self.skipped = int(state.get("skipped", 0))
+
+
+SamplerFactory = Callable[..., Sampler]
+_SAMPLERS: dict[str, SamplerFactory] = {"uniform": UniformSampler, "pass_rate": PassRateSampler}
+
+
+def register_sampler(name: str) -> Callable[[SamplerFactory], SamplerFactory]:
+    """Make a sampler class (or factory) available as ``data.sampler: NAME``."""
+
+    def add(factory: SamplerFactory) -> SamplerFactory:
+        _SAMPLERS[name] = factory
+        return factory
+
+    return add
+
+
+def registered_samplers() -> list[str]:
+    return sorted(_SAMPLERS)
+
+
+class SamplerError(ConfigError):
+    """``data.sampler`` names no sampler, or its options do not fit it."""
+
+
+def make_sampler(spec: str | dict[str, Any], rows: list[Row], *, seed: int, shuffle: bool = True) -> Sampler:
+    """The sampler ``data.sampler`` asks for: a name (registered, or ``module:Class`` /
+    ``module.Class``), or ``{name: ..., option: value, ...}``."""
+    options = dict(spec) if isinstance(spec, dict) else {"name": spec}
+    name = options.pop("name", None)
+    if not isinstance(name, str) or not name:
+        raise SamplerError(f"data.sampler: {{name: ...}} needs the sampler's name, got {spec!r}")
+    factory = _SAMPLERS.get(name) or _import(name)
+    try:
+        sampler = factory(rows, seed=seed, shuffle=shuffle, **options)
+    except TypeError as exc:
+        raise SamplerError(f"data.sampler {name!r}: {exc}") from exc
+    except ValueError as exc:
+        raise SamplerError(f"data.sampler {name!r}: {exc}") from exc
+    if not isinstance(sampler, Sampler):
+        raise SamplerError(
+            f"data.sampler {name!r} made a {type(sampler).__name__}, not a rlasync.data.Sampler"
+        )
+    return sampler
+
+
+def _import(name: str) -> SamplerFactory:
+    module, sep, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    known = ", ".join(registered_samplers())
+    if not sep or not module:
+        raise SamplerError(
+            f"data.sampler: unknown sampler {name!r}; registered: {known} (or give module:Class, "
+            "or load a plugin that registers it)"
+        )
+    try:
+        found = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SamplerError(f"data.sampler: cannot import {name!r} ({exc}); registered: {known}") from exc
+    if not callable(found):
+        raise SamplerError(f"data.sampler: {name!r} is not a class or factory")
+    return found
