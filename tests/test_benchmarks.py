@@ -31,6 +31,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "launch_bench.py",
         "resume_bench.py",
         "metrics_bench.py",
+        "curriculum_bench.py",
     } <= set(SCRIPTS)
 
 

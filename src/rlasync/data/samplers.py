@@ -76,8 +76,8 @@ class PassRateSampler(UniformSampler):
     ``pass_reward``. From then on a row at or below ``low`` (never solved) or at or above
     ``high`` (always solved) is skipped, except with probability ``revisit`` per epoch
     (a fixed draw per row and epoch, so resuming draws the same), since the policy changes: a
-    row revisited gets a fresh pass rate. When every row left in an epoch is skipped, rows are
-    taken anyway (a batch is never short)."""
+    row revisited gets a fresh pass rate. When every row would be skipped, rows are taken anyway (a
+    batch is never short)."""
 
     def __init__(
         self,
@@ -103,10 +103,12 @@ class PassRateSampler(UniformSampler):
 
     def next_uses(self, n: int) -> list[tuple[int, int]]:
         uses: list[tuple[int, int]] = []
-        passed_over = 0  # in a row: once a whole epoch's worth is passed over, take rows anyway
+        # Passed over in a row: 2 x the rows always hold one whole epoch, so past that every row
+        # would be skipped, and rows are taken anyway.
+        passed_over = 0
         while len(uses) < n:
             (use,) = super().next_uses(1)
-            if passed_over < len(self.rows) and self._skips(*use):
+            if passed_over < 2 * len(self.rows) and self._skips(*use):
                 passed_over += 1
                 self.skipped += 1
                 continue

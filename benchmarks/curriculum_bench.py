@@ -1,0 +1,170 @@
+"""The pass-rate curriculum (``data.sampler: pass_rate``) against the uniform sampler: samples
+generated until held-out accuracy on the learnable prompts reaches a target, in one run.
+
+    .venv/bin/python benchmarks/curriculum_bench.py [--seed 4] [--max-steps 300] [--smoke]
+
+The task mixes three kinds of string-reversal prompts in equal parts (JSONL rows with a ``kind``
+field, scored by the reward registered here): *easy* ones (every answer scores 1), *impossible*
+ones (every answer scores 0) and *learnable* ones (1 for the exact reversed word). Under GRPO a
+group of an easy or an impossible prompt has no reward variance and teaches nothing, so a third
+of the uniform sampler's samples count. Held out: learnable prompts of the validation split.
+
+Both arms start from the same warm-started quickstart model (``--seed``) with the quickstart's
+recipe (16 prompts x 8 samples a step, lr 5e-4) and the same seeds; only ``data.sampler``
+differs. Every ``--check-every`` steps they validate greedily on ``--val-size`` held-out
+prompts; the target is the starting accuracy plus ``--gain`` (0.15). Samples to target: steps
+until the first validation at or above it, times 128. Last line: JSON
+``{"uniform_samples_to_target", "curriculum_samples_to_target", "samples_saved", ...}``,
+``samples_saved`` = 1 - curriculum / uniform; goal >= 0.25. An arm that never reaches the target
+counts ``--max-steps`` (and says so: ``*_reached``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rlasync.config import load_config
+from rlasync.data import make_problems
+from rlasync.modes import RunInterrupted, train
+from rlasync.modes.warmstart import DEFAULT_SETTINGS, warm_start
+from rlasync.rewards import RewardInput, register_reward
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES_PER_STEP = 16 * 8
+
+
+@register_reward("curriculum_bench")
+def mixed_difficulty(inp: RewardInput) -> float:
+    """Easy rows: always 1; impossible rows: always 0; learnable rows: the exact reversed word."""
+    kind = inp.extra.get("kind")
+    if kind == "easy":
+        return 1.0
+    if kind == "impossible":
+        return 0.0
+    return float(inp.response_text.strip() == (inp.ground_truth or "").strip())
+
+
+def write_rows(folder: Path, per_kind: int, val_size: int, seed: int) -> tuple[Path, Path]:
+    """``per_kind`` training rows of each kind, and ``val_size`` learnable held-out rows."""
+    problems = make_problems("reverse", 3 * per_kind, seed=seed, split="train")
+    kinds = ["easy", "learnable", "impossible"]
+    train_file, val_file = folder / "train.jsonl", folder / "val.jsonl"
+    with train_file.open("w") as f:
+        for i, p in enumerate(problems):
+            row = {"messages": p.messages, "ground_truth": p.answer, "kind": kinds[i % 3], "uid": p.key}
+            f.write(json.dumps(row) + "\n")
+    with val_file.open("w") as f:
+        for p in make_problems("reverse", val_size, seed=seed, split="val"):
+            f.write(
+                json.dumps({"messages": p.messages, "ground_truth": p.answer, "kind": "learnable"}) + "\n"
+            )
+    return train_file, val_file
+
+
+def arm(
+    sampler: str, model: Path, data: tuple[Path, Path], run_dir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One training run until the target (or ``--max-steps``): the steps and samples it took."""
+    config = load_config(
+        ROOT / "configs" / "quickstart.yaml",
+        [
+            f"train.model_dir={model}",
+            f"train.run_dir={run_dir}",
+            f"train.seed={args.seed}",
+            f"train.steps={args.max_steps}",
+            f"train.validate_every={args.check_every}",
+            f"train.val_size={args.val_size}",
+            "train.checkpoint_every=0",
+            "train.trace_every=0",
+            "trainer.cosine=false",  # the same learning rate whenever an arm reaches the target
+            f"data.train_files=[{data[0]}]",
+            f"data.val_files=[{data[1]}]",
+            "data.reward=curriculum_bench",
+            f"data.sampler={sampler}",
+        ],
+    )
+    stop = asyncio.Event()
+    seen: dict[str, Any] = {"start": None, "reached_at": None, "history": []}
+
+    def on_step(record: dict[str, Any]) -> None:
+        if "val_accuracy" not in record:
+            return
+        if seen["start"] is None:  # the starting weights' validation: metrics.jsonl's step 0
+            first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+            seen["start"] = float(first["val_accuracy"])
+        accuracy, step = float(record["val_accuracy"]), int(record["step"])
+        seen["history"].append((step, round(accuracy, 3)))
+        if seen["reached_at"] is None and accuracy >= seen["start"] + args.gain:
+            seen["reached_at"] = step
+            stop.set()
+
+    started = time.perf_counter()
+    try:
+        asyncio.run(train(config, on_step=on_step, stop=stop))
+    except RunInterrupted:
+        pass
+    steps = seen["reached_at"] or args.max_steps
+    print(
+        f"{sampler:>10}: start {seen['start']:.3f}, target {seen['start'] + args.gain:.3f}, "
+        f"{'reached at step ' + str(steps) if seen['reached_at'] else 'not reached in ' + str(steps) + ' steps'} "
+        f"({time.perf_counter() - started:.0f} s); validations {seen['history']}",
+        flush=True,
+    )
+    return {
+        "samples": steps * SAMPLES_PER_STEP,
+        "reached": seen["reached_at"] is not None,
+        "start": seen["start"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument("--per-kind", type=int, default=64, help="training rows of each kind")
+    parser.add_argument("--max-steps", type=int, default=300)
+    parser.add_argument("--check-every", type=int, default=10)
+    parser.add_argument("--val-size", type=int, default=64)
+    parser.add_argument("--gain", type=float, default=0.15)
+    parser.add_argument("--smoke", action="store_true", help="a few steps each, for the test suite")
+    args = parser.parse_args()
+    if args.smoke:
+        args.per_kind, args.max_steps, args.check_every, args.val_size = 8, 3, 1, 8
+    with tempfile.TemporaryDirectory(prefix="curriculum-bench-") as tmp:
+        root = Path(tmp)
+        settings = DEFAULT_SETTINGS["reverse"]  # as the quickstart warm-starts (greedy threshold 0.4)
+        settings = msgspec.structs.replace(settings, greedy_threshold=0.4)
+        if args.smoke:  # an untrained model is enough to run through
+            settings = msgspec.structs.replace(
+                settings, max_steps=2, check_every=1, group_size=0, refine_every=0
+            )
+        model = warm_start("reverse", run_dir=root / "warm", seed=args.seed, settings=settings)
+        data = write_rows(root, args.per_kind, args.val_size, args.seed)
+        uniform = arm("uniform", model, data, root / "uniform", args)
+        curriculum = arm("pass_rate", model, data, root / "pass_rate", args)
+    saved = 1.0 - curriculum["samples"] / uniform["samples"]
+    print(
+        json.dumps(
+            {
+                "uniform_samples_to_target": uniform["samples"],
+                "curriculum_samples_to_target": curriculum["samples"],
+                "samples_saved": round(saved, 3),
+                "uniform_reached": uniform["reached"],
+                "curriculum_reached": curriculum["reached"],
+                "target_gain": args.gain,
+                "start_accuracy": uniform["start"],
+                "goal_samples_saved": 0.25,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

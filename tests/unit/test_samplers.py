@@ -1,0 +1,102 @@
+"""``data.sampler``: the registry, import paths, and the pass-rate curriculum (``rlasync.data.samplers``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from rlasync.data import (
+    PassRateSampler,
+    RowResult,
+    Sampler,
+    SamplerError,
+    UniformSampler,
+    make_sampler,
+    register_sampler,
+    registered_samplers,
+)
+
+ROWS: list[dict[str, Any]] = [{"i": i} for i in range(30)]
+EASY, LEARNABLE = set(range(10)), set(range(10, 20))  # the rest: never solved
+
+
+def _rewards(index: int) -> list[float]:
+    """A group of 4: easy rows always solved, learnable ones half the time, the rest never."""
+    return [1.0] * 4 if index in EASY else [1.0, 0.0, 1.0, 0.0] if index in LEARNABLE else [0.0] * 4
+
+
+def _train(sampler: Sampler, steps: int, per_step: int = 6) -> list[int]:
+    drawn: list[int] = []
+    for _ in range(steps):
+        uses = sampler.next_uses(per_step)
+        drawn += [index for _, index in uses]
+        sampler.update([RowResult(index, _rewards(index)) for _, index in uses])
+    return drawn
+
+
+def test_after_one_epoch_the_pass_rate_sampler_draws_mostly_rows_in_the_learning_band() -> None:
+    uniform, curriculum = UniformSampler(ROWS, seed=1), PassRateSampler(ROWS, seed=1, revisit=0.1)
+    assert sorted(_train(curriculum, 5)) == list(range(30))  # the first epoch tries every row once
+    later = _train(curriculum, 20)
+    share = sum(index in LEARNABLE for index in later) / len(later)
+    assert share > 0.8, share  # a third of the rows, most of the draws
+    assert sum(index in LEARNABLE for index in _train(uniform, 25)[30:]) / 120 < 0.5
+    assert curriculum.skipped > 0 and curriculum.in_band() == pytest.approx(1 / 3)
+    assert all(0 <= index < 30 for index in later)
+
+
+def test_rows_left_out_come_back_with_revisit_and_a_batch_is_never_short() -> None:
+    nothing_learnable = PassRateSampler(ROWS, seed=0, revisit=0.0)
+    nothing_learnable.update([RowResult(i, [1.0]) for i in range(30)])  # every row always solved
+    assert len(nothing_learnable.next_uses(12)) == 12  # skipped all, then taken anyway
+    revisiting = PassRateSampler(ROWS, seed=0, revisit=1.0)
+    revisiting.update([RowResult(i, [1.0]) for i in range(30)])
+    assert sorted(index for _, index in revisiting.next_uses(30)) == list(range(30))
+
+
+def test_a_restored_curriculum_draws_what_the_uninterrupted_one_does() -> None:
+    whole = PassRateSampler(ROWS, seed=5)
+    expected = _train(whole, 12)
+    first = PassRateSampler(ROWS, seed=5)
+    drawn = _train(first, 7)
+    state = json.loads(json.dumps(first.state_dict()))  # as state.json keeps it
+    second = PassRateSampler(ROWS, seed=5)
+    second.load_state_dict(state)
+    assert drawn + _train(second, 5) == expected
+
+
+def test_a_sampler_by_name_by_import_path_and_with_options() -> None:
+    assert isinstance(make_sampler("uniform", ROWS, seed=0), UniformSampler)
+    assert make_sampler({"name": "pass_rate", "revisit": 0.5}, ROWS, seed=0).revisit == 0.5  # type: ignore[attr-defined]
+    by_path = make_sampler("rlasync.data.samplers:PassRateSampler", ROWS, seed=0)
+    assert isinstance(by_path, PassRateSampler)
+
+    @register_sampler("test_every_other")
+    class EveryOther(UniformSampler):
+        def next_uses(self, n: int) -> list[tuple[int, int]]:
+            return super().next_uses(2 * n)[::2]
+
+    assert "test_every_other" in registered_samplers()
+    assert len(make_sampler("test_every_other", ROWS, seed=0).next_uses(4)) == 4
+
+
+def not_a_sampler(rows: Any, **options: Any) -> str:
+    return "a sampler in name only"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("hardest_first", "unknown sampler 'hardest_first'; registered: .*pass_rate.*uniform"),
+        ("no_such_module:Thing", "cannot import 'no_such_module:Thing'"),
+        ({"name": "pass_rate", "low": 0.9, "high": 0.1}, "expected 0 <= low < high <= 1"),
+        ({"name": "pass_rate", "temperature": 2}, "unexpected keyword argument 'temperature'"),
+        ({"revisit": 0.1}, "needs the sampler's name"),
+        (f"{__name__}:not_a_sampler", "made a str, not a rlasync.data.Sampler"),
+    ],
+)
+def test_a_bad_sampler_is_a_config_error_naming_what_to_change(spec: Any, message: str) -> None:
+    with pytest.raises(SamplerError, match=message):
+        make_sampler(spec, ROWS, seed=0)
