@@ -49,6 +49,9 @@ def _config(tmp_path: Path, model_dir: Path, *overrides: str) -> Any:
         "train.max_new_tokens=24",
         "train.val_size=8",
         "train.validate_every=1000",
+        # A few steps of 4 prompts: 256 problems, not 20,000 built in the head's reading thread
+        # while its loop must answer heartbeats within FAST's 2 s on a loaded machine.
+        "data.synthetic_train_size=256",
         "trainer.lr=1e-3",
         *FAST,
     ]

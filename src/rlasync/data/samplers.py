@@ -4,7 +4,7 @@ learn from each step's rewards (verl's ``AbstractCurriculumSampler``), and their
     data:
       sampler: pass_rate                              # a registered name
       sampler: {name: pass_rate, low: 0.0, high: 1.0, revisit: 0.1}
-      sampler: my_package.curriculum:HardFirst        # a class, by import path (or a plugin's name)
+      sampler: my_package.curriculum:HardFirst        # a class, by import path
 
 A sampler hands out *uses*, ``(epoch, row index)`` (what ``metrics.jsonl`` records as trained);
 after each training step the run calls ``update`` with the group rewards of every row the step
@@ -196,7 +196,7 @@ def _import(name: str) -> SamplerFactory:
     if not sep or not module:
         raise SamplerError(
             f"data.sampler: unknown sampler {name!r}; registered: {known} (or give module:Class, "
-            "or load a plugin that registers it)"
+            "or import the module that registers it before the run)"
         )
     try:
         found = getattr(importlib.import_module(module), attr)
