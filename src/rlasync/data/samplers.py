@@ -179,9 +179,7 @@ def make_sampler(spec: str | dict[str, Any], rows: list[Row], *, seed: int, shuf
     factory = _SAMPLERS.get(name) or _import(name)
     try:
         sampler = factory(rows, seed=seed, shuffle=shuffle, **options)
-    except TypeError as exc:
-        raise SamplerError(f"data.sampler {name!r}: {exc}") from exc
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:  # an option it does not take, or a bad value
         raise SamplerError(f"data.sampler {name!r}: {exc}") from exc
     if not isinstance(sampler, Sampler):
         raise SamplerError(
