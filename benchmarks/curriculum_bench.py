@@ -13,7 +13,7 @@ For each of ``--seeds``, both arms start from the same warm-started quickstart m
 quickstart's recipe (16 prompts x 8 samples a step, lr 5e-4, constant) and the same seeds;
 only ``data.sampler`` differs. Every ``--check-every`` steps they validate greedily on ``--val-size`` held-out
 prompts; the target is the starting accuracy plus ``--gain`` (0.15). Samples to target: steps
-until the first validation at or above it, times 128, summed over the seeds (one seed's figure
+until the first validation at or above it, times the samples a step generates (128), summed over the seeds (one seed's figure
 is noisy). Last line: JSON ``{"uniform_samples_to_target", "curriculum_samples_to_target",
 "samples_saved", "per_seed", ...}``, ``samples_saved`` = 1 - curriculum / uniform; goal >= 0.25.
 An arm that never reaches the target counts ``--max-steps`` (``all_reached`` says whether all did).
@@ -38,7 +38,6 @@ from rlasync.modes.warmstart import DEFAULT_SETTINGS, warm_start
 from rlasync.rewards import RewardInput, register_reward
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES_PER_STEP = 16 * 8
 
 
 @register_reward("curriculum_bench")
@@ -119,7 +118,7 @@ def arm(
         flush=True,
     )
     return {
-        "samples": steps * SAMPLES_PER_STEP,
+        "samples": steps * config.train.prompts_per_step * config.train.group_size,
         "reached": seen["reached_at"] is not None,
         "start": seen["start"],
     }
