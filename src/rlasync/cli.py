@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from .config import Config, RuntimeConfig
+    from .config import Config
 
 app = typer.Typer(
     help="rlasync: asynchronous RL post-training without Ray.",
@@ -53,14 +53,24 @@ def node(
         raise typer.BadParameter(
             f"TCP nodes authenticate with a shared secret: export {SECRET_ENV} (make one with `rlasync secret`)"
         )
-    raise typer.Exit(_serve_node(rank, listen, head, cfg.runtime, secret))
+    raise typer.Exit(_serve_node(rank, listen, head, _with_plugins(cfg, []), secret))
+
+
+def _with_plugins(cfg: Config, extra: list[str]) -> Config:
+    """``cfg`` with the ``--plugin`` ones added to its ``plugins``, file paths made absolute: the
+    processes it reaches (nodes, launched hosts) may run elsewhere."""
+    import msgspec
+
+    from .plugins import resolved
+
+    return msgspec.structs.replace(cfg, plugins=list(resolved([*cfg.plugins, *extra])))
 
 
 def _serve_node(
     rank: int,
     listen: str,
     head: str | None,
-    runtime: RuntimeConfig,
+    cfg: Config,
     secret: str | None,
     *,
     watch_stdin: bool = False,
@@ -70,13 +80,20 @@ def _serve_node(
     import uvloop
 
     from .config.cluster import with_node_modules
+    from .plugins import PluginError, load_all
     from .runtime.errors import RuntimeErrorBase
     from .runtime.spawner import fork_children
     from .runtime.worker import serve
 
-    # A node of a training run hosts engines and agent loops: torch and the engines load before it
-    # joins, while no heartbeat waits on it (loaded later, they hold the GIL for seconds).
-    runtime = with_node_modules(runtime)
+    # A node of a training run hosts engines and agent loops (the run's plugins' among them): torch
+    # and the engines load before it joins, while no heartbeat waits on it (loaded later, they hold
+    # the GIL for seconds).
+    runtime = with_node_modules(cfg.runtime, *cfg.plugins)
+    try:
+        load_all(cfg.plugins)
+    except PluginError as exc:
+        typer.echo(f"node-{rank}: {exc}", err=True)
+        return 2
     fork_children(runtime)  # before any thread or event loop: the processes it supervises are forked
     if watch_stdin:
         from .launcher.ticket import stop_when_stdin_closes
@@ -96,13 +113,18 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest checkpoint in train.run_dir."
     ),
+    plugin: list[str] = typer.Option(
+        [],
+        "--plugin",
+        help="A module or .py file to import first (its loops, tools, rewards, samplers...); adds to `plugins`.",
+    ),
 ) -> None:
     """Train with the schedule `train.mode` names (sync, one_step_off, fully_async); ends
     with one JSON line of the result."""
     from .config import ConfigError, load_config
 
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = _with_plugins(load_config(config, overrides or []), plugin)
     except ConfigError as exc:
         typer.echo(f"rlasync train: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -131,10 +153,17 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     interrupts.hold()
     from .config.cluster import with_node_modules
     from .modes import fully_async, one_step_off, sync, train  # noqa: F401  (the schedules, torch with them: loaded before the fork below)
+    from .plugins import PluginError, load_all
     from .runtime.spawner import fork_children
 
-    # The nodes and trainer ranks this process starts are forked, with what they host loaded.
-    fork_children(with_node_modules(cfg.runtime))
+    try:  # before the config's names are looked up: the plugins register them
+        load_all(cfg.plugins)
+    except PluginError as exc:
+        typer.echo(f"rlasync train: {exc}", err=True)
+        return 2
+    # The nodes and trainer ranks this process starts are forked, with what they host (and the
+    # run's plugins) loaded.
+    fork_children(with_node_modules(cfg.runtime, *cfg.plugins))
     if watch_stdin:
         from .launcher.ticket import stop_when_stdin_closes
 
@@ -194,8 +223,9 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
         return 130
     finally:
         interrupts.disarm()
+    start = "at the start" if cfg.train.model_dir else "after the warm-start"  # model_dir: none was made
     typer.echo(
-        f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} after the warm-start -> {result.final_accuracy:.3f} after RL"
+        f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} {start} -> {result.final_accuracy:.3f} after RL"
     )
     typer.echo(json.dumps(msgspec.to_builtins(result)))
     return 0
@@ -225,6 +255,9 @@ def launch(
     from_stdin: bool = typer.Option(
         False, "--from-stdin", hidden=True, help="Be the node the launcher's ticket on stdin names."
     ),
+    plugin: list[str] = typer.Option(
+        [], "--plugin", help="A module or .py file every node imports first; adds to `plugins`."
+    ),
 ) -> None:
     """Start a run on many machines: `--nodes hosts.txt` starts a node on every host (the first
     one is the head, which runs the controller) and relays their output; `--from-env` is one
@@ -242,16 +275,18 @@ def launch(
         raise typer.Exit(2)
     try:
         if nodes is not None:
-            code = _launch_hosts(config, overrides or [], nodes, via)
+            code = _launch_hosts(config, overrides or [], nodes, via, plugin)
         else:
-            code = _launched_from_env(load_config(config, overrides or []))
+            code = _launched_from_env(_with_plugins(load_config(config, overrides or []), plugin))
     except ConfigError as exc:
         typer.echo(f"rlasync launch: {exc}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 
 
-def _launch_hosts(path: str, overrides: list[str], hosts_file: str, via: str | None) -> int:
+def _launch_hosts(
+    path: str, overrides: list[str], hosts_file: str, via: str | None, plugin: list[str]
+) -> int:
     import uvloop
 
     from .config import load_config
@@ -269,7 +304,9 @@ def _launch_hosts(path: str, overrides: list[str], hosts_file: str, via: str | N
         "cluster.start=external",
         f"cluster.listen={head}",
     ]
-    cfg = load_config(path, [*overrides, *extra, *([f"launch.via={via}"] if via else [])])
+    cfg = _with_plugins(
+        load_config(path, [*overrides, *extra, *([f"launch.via={via}"] if via else [])]), plugin
+    )
     Placement.of(cfg)  # a placement that does not fit the hosts fails here, before anything starts
     secret = os.environ.get(SECRET_ENV) or new_secret()
     return int(uvloop.run(Launch(hosts, cfg, secret=secret).run()))
@@ -297,7 +334,7 @@ def _launched_from_stdin() -> int:
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s node-{ticket.rank} %(name)s %(levelname)s %(message)s"
     )
-    return _serve_node(ticket.rank, ticket.listen, ticket.head, cfg.runtime, ticket.secret, watch_stdin=True)
+    return _serve_node(ticket.rank, ticket.listen, ticket.head, cfg, ticket.secret, watch_stdin=True)
 
 
 def _launched_from_env(cfg: Config) -> int:
@@ -338,7 +375,7 @@ def _launched_from_env(cfg: Config) -> int:
     )
     head = find_head(me, timeout)
     runtime = msgspec.structs.replace(cfg.runtime, join_timeout_s=timeout)
-    return _serve_node(me.rank, "tcp://[::]:0", head, runtime, secret)
+    return _serve_node(me.rank, "tcp://[::]:0", head, msgspec.structs.replace(cfg, runtime=runtime), secret)
 
 
 @app.command()

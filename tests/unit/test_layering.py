@@ -19,7 +19,7 @@ SRC = Path(rlasync.__file__).parent
 
 LAYERS: list[set[str]] = [
     {"config", "interrupts"},
-    {"transport", "models", "algorithms", "tools", "rewards", "data", "metrics"},
+    {"transport", "models", "algorithms", "tools", "rewards", "data", "metrics", "plugins"},
     {"runtime"},
     {"weights"},
     {"engines", "agents", "trainer", "launcher"},

@@ -1,4 +1,5 @@
-"""Agent loops: how one trajectory is rolled out (single turn, tools, simulated users).
+"""Agent loops: how one trajectory is rolled out (single turn, tools, simulated users:
+``agent.interaction``, ``register_interaction``).
 
     loop = get_loop(row.get("agent_name", config.default_loop))(router, tokenizer, config, tools=tools)
     trajectory = await loop.run(SamplingParams(temperature=1.0, seed=7), **row)
@@ -9,6 +10,7 @@ per trajectory; a second concurrent ``run``, or a ``run`` with another row, rais
 
 from .base import AgentLoop, Interaction, LoopReuseError, RewardFn, get_loop, register, registered_reward
 from .batch import RolloutBatch, collate
+from .interactions import InteractionError, RetryInteraction, register_interaction, registered_interactions
 from .loops import LoopState, ResumableLoop, SingleTurnAgentLoop, ToolAgentLoop
 from .template import ChatTurns, TemplateError
 from .trajectory import Trajectory, TrajectoryMetrics
@@ -21,10 +23,12 @@ __all__ = [
     "AgentWorkerSpec",
     "ChatTurns",
     "Interaction",
+    "InteractionError",
     "LoopReuseError",
     "LoopState",
     "NoWorkerError",
     "ResumableLoop",
+    "RetryInteraction",
     "RewardFn",
     "RolloutBatch",
     "SingleTurnAgentLoop",
@@ -35,5 +39,7 @@ __all__ = [
     "collate",
     "get_loop",
     "register",
+    "register_interaction",
+    "registered_interactions",
     "registered_reward",
 ]

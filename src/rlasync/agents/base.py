@@ -41,7 +41,9 @@ class Generator(Protocol):
 
 
 class Interaction(abc.ABC):
-    """A simulated user: after a model turn without tool calls, it may answer (INTERACTING)."""
+    """A simulated user: after a model turn without tool calls, it may answer (INTERACTING).
+    One object per trajectory; from the config (``agent.interaction``) it is built as
+    ``cls(score, **options)`` (``rlasync.agents.interactions``)."""
 
     @abc.abstractmethod
     async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:

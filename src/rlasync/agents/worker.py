@@ -29,8 +29,9 @@ from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
 from ..runtime import Actor, ActorError, ActorNotFound, ActorRef, NodeLostError, endpoint
-from .base import AgentLoop, RewardFn, get_loop, registered_reward
+from .base import AgentLoop, Interaction, RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
+from .interactions import conversation_score, interaction_factory
 from .loops import LoopState, ResumableLoop
 from .telemetry import LoopCounters
 from .trajectory import Trajectory, TrajectoryMetrics
@@ -74,6 +75,9 @@ class AgentLoopWorker(Actor):
         self._engine = engine
         self.tokenizer = tokenizer
         self._reward_fn = reward_fn
+        self._interaction: Callable[[], Interaction] | None = (
+            None  # each loop's simulated user (agent.interaction)
+        )
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
         self.counters = LoopCounters()  # what finished trajectories did (rlasync_agent_* on /metrics)
@@ -96,6 +100,9 @@ class AgentLoopWorker(Actor):
             self._reward_fn = loop_reward(self.spec.task)
         elif self._reward_fn is None and self.spec.reward:
             self._reward_fn = registered_reward(self.spec.reward, ground_truth_key=self.spec.ground_truth_key)
+        self._interaction = interaction_factory(
+            self.spec.agent.interaction, conversation_score(self._reward_fn)
+        )
         if self.node.metrics is not None:
             self._unexport = self.node.metrics.add(self._metric_families)
 
@@ -153,6 +160,7 @@ class AgentLoopWorker(Actor):
             self.spec.agent,
             tools=self.tools,
             reward_fn=self._reward_fn,
+            interaction=self._interaction() if self._interaction else None,
             trajectory_id=trajectory_id,
         )
         if state is not None and isinstance(loop, ResumableLoop):

@@ -1,4 +1,5 @@
-"""RL algorithms as pure tensor functions: advantages, policy losses, off-policy correction.
+"""RL algorithms as pure tensor functions: advantages, policy losses, off-policy correction,
+reward shaping.
 
 No actors, no I/O, no torch.distributed: the trainer calls these on local tensors. Every
 function documents its formula and is tested against hand-computed values
@@ -13,6 +14,7 @@ from .advantages import (
 )
 from .correction import offpolicy_metrics, rejection_mask, tis_weights
 from .losses import aggregate, entropy_from_logits, kl_penalty, policy_loss
+from .shaping import overlong_penalty
 
 __all__ = [
     "aggregate",
@@ -21,6 +23,7 @@ __all__ = [
     "grpo_advantages",
     "kl_penalty",
     "offpolicy_metrics",
+    "overlong_penalty",
     "policy_loss",
     "reinforce_pp_baseline_advantages",
     "rejection_mask",

@@ -52,9 +52,23 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     it was given, all their turns and tool calls. A worker that has not answered by then fails
     the step with ``CallTimeout`` (a lost worker's rows run again on another at once)."""
 
+    interaction: str | dict[str, Any] = ""
+    """A simulated user, by name, or name and options: ``retry`` (a wrong answer is told so and
+    tried again; options ``max_attempts``, ``feedback``, ``pass_reward``), or one registered with
+    ``rlasync.agents.register_interaction`` (``{name: retry, max_attempts: 2}``). It answers
+    each model turn that calls no tool (``max_user_turns`` caps its turns); needs a loop that
+    talks with one (``default_loop: tool``). "": none, the model's answer ends the trajectory."""
+
     stream: bool = False
     """Stream each model turn into its loop token by token. On: a turn cut by a lost engine or a
     cancelled loop keeps the tokens it had and resumes where it stopped, at one controller
     wake-up per token per trajectory. Off (verl's way): a turn arrives whole; one lost with its
     engine is generated again from its start on another (the same tokens when seeded). A turn
     cut by a weight sync (``pause("abort")``) keeps its tokens either way."""
+
+    def __post_init__(self) -> None:
+        if self.interaction and self.default_loop == "single_turn":
+            raise ValueError(
+                "agent.interaction needs a loop that talks with a simulated user: set agent.default_loop: tool "
+                "(single_turn ends at the model's first answer)"
+            )

@@ -41,5 +41,12 @@ class AsyncTrainingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     trainer's recomputed logprobs: costs one forward pass per step)."""
     rollout_is_threshold: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     """The truncation ``C`` of the IS weights (``min(rho, C)``)."""
+    rollout_rs: Literal["none", "token", "sequence"] = "none"
+    """Rejection sampling (verl's ``rollout_rs``): tokens whose ratio proximal / behaviour leaves
+    ``[1 / rollout_rs_threshold, rollout_rs_threshold]`` are left out of the loss (``token``),
+    or whole samples whose geometric-mean ratio does (``sequence``). Needs the trainer's
+    recomputed logprobs (one forward pass per step); ``offpolicy/rejected_*`` count them."""
+    rollout_rs_threshold: Annotated[float, msgspec.Meta(gt=1)] = 2.0
+    """The upper ratio bound of ``rollout_rs``; the lower one is its inverse."""
     max_concurrent_samples: Annotated[int, msgspec.Meta(ge=0)] = 0
     """Samples (prompt groups) generating at once; 0: as many as the staleness bound admits."""

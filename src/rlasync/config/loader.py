@@ -52,6 +52,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
     async_training: AsyncTrainingConfig = msgspec.field(default_factory=AsyncTrainingConfig)
     launch: LaunchConfig = msgspec.field(default_factory=LaunchConfig)
+    plugins: list[str] = []
+    """User code every process of the run imports first: module names (``my_package.rl``) or
+    Python files (``./my_plugin.py``) whose registrations (loops, tools, rewards, samplers,
+    generators, interactions) the config then names (``rlasync.plugins``); ``rlasync train
+    --plugin PATH`` adds one."""
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

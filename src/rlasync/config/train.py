@@ -112,6 +112,21 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     0.15): RL then starts from a policy that emits the format but is often wrong."""
     advantage: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
     std_normalize: bool = True
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): groups whose rewards are all
+    equal (no GRPO signal) are dropped and more prompts are rolled out until the step has
+    ``prompts_per_step`` groups with signal, or ``max_gen_batches`` rounds were made (it then
+    trains on the groups it has). ``rollout/gen_batches`` and ``rollout/dropped_groups`` say what
+    it cost. ``train.mode=sync`` only."""
+    max_gen_batches: PositiveInt = 4
+    """Rollout rounds of ``prompts_per_step`` prompts one step may make (``dynamic_sampling``)."""
+    overlong_buffer: NonNegativeInt = 0
+    """DAPO's soft overlong punishment (verl's ``reward_model.overlong_buffer``): a response in
+    the last this many tokens before ``agent.response_length`` loses reward linearly, up to
+    ``overlong_penalty`` at the limit (the trained reward; ``rollout/overlong_penalty`` is its
+    mean). 0: off."""
+    overlong_penalty: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    """The reward a response at ``agent.response_length`` loses (``overlong_buffer``)."""
     validate_every: PositiveInt = 25
     val_size: PositiveInt = 128
     """Held-out problems scored greedily at each validation."""
@@ -148,3 +163,10 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     wandb_project: str = "rlasync"
     """The W&B project runs are logged to (``trackers: [wandb]``); the run is named after
     ``run_dir``."""
+
+    def __post_init__(self) -> None:
+        if self.dynamic_sampling and self.mode != "sync":
+            raise ValueError(
+                f"train.dynamic_sampling runs with train.mode=sync, not {self.mode} (the asynchronous modes "
+                "admit a fixed number of samples per weight version)"
+            )

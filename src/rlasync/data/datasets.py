@@ -300,19 +300,20 @@ def _drop_nulls(value: Any) -> Any:
 def synthetic_rows(task: str, n: int, *, seed: int, split: Split) -> list[Row]:
     """``n`` distinct problems of a synthetic task as rows (``make_problems``' problems, the
     same for the same arguments). ``problem`` holds the ``Problem`` for the task's own reward;
-    ``calc`` rows carry the calculator's schema and pick the ``tool`` loop."""
+    ``calc`` rows carry the calculator's schema and pick the ``tool`` loop; the others name no
+    loop, so ``agent.default_loop`` picks theirs (``tool`` to talk with ``agent.interaction``)."""
     rows = []
     for p in make_problems(task, n, seed=seed, split=split):
         row: Row = {
             "messages": [dict(m) for m in p.messages],
             "ground_truth": p.answer,
-            "agent_name": "tool" if p.tools else "single_turn",
             "uid": f"{task}:{p.key}",
             "task": task,
             "problem": p,
         }
         if p.tools:
             row["tools"] = list(p.tools)
+            row["agent_name"] = "tool"
         rows.append(row)
     return rows
 

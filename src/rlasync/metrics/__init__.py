@@ -19,7 +19,7 @@ schedules use it.
 from __future__ import annotations
 
 from .reduce import REDUCTIONS, Reduction, reduce_metrics, reduction
-from .step import Flat, Processing, QueueStats, Staleness, Stamp, StepRecord, Weights
+from .step import Flat, Processing, QueueStats, Rollouts, Staleness, Stamp, StepRecord, Weights
 
 __all__ = [
     "REDUCTIONS",
@@ -27,6 +27,7 @@ __all__ = [
     "Processing",
     "QueueStats",
     "Reduction",
+    "Rollouts",
     "Stamp",
     "Staleness",
     "StepRecord",

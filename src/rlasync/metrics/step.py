@@ -152,6 +152,46 @@ class Processing(Flat, kw_only=True):
         return cls(mean=sum(times) / len(times), p50=pct(0.5), p95=pct(0.95), p99=pct(0.99), max=times[-1])
 
 
+class Rollouts(Flat, kw_only=True):
+    """What the step's trajectories did (verl's agent-loop metrics, per step): turns (the prompt,
+    model turns and tool/user turns, verl's count), tool calls and failed ones, model turns cut
+    by a weight sync and resumed, and the share of trajectories that ended each way."""
+
+    turns_mean: float = msgspec.field(name="rollout/turns_mean")
+    turns_max: int = msgspec.field(name="rollout/turns_max")
+    tool_calls_mean: float = msgspec.field(name="rollout/tool_calls_mean")
+    tool_errors_mean: float = msgspec.field(name="rollout/tool_errors_mean")
+    aborts: int = msgspec.field(name="rollout/aborts")
+    termination: dict[str, float] = msgspec.field(name="rollout/termination/")
+    """Share of the step's trajectories per ``Trajectory.termination`` (``stop``, ``interaction``...)."""
+    overlong_penalty: float | None = msgspec.field(default=None, name="rollout/overlong_penalty")
+    """Mean reward taken from the step's responses for their length (``train.overlong_buffer``)."""
+    gen_batches: int | None = msgspec.field(default=None, name="rollout/gen_batches")
+    """Rollout rounds the step made (``train.dynamic_sampling``)."""
+    dropped_groups: int | None = msgspec.field(default=None, name="rollout/dropped_groups")
+    """Groups rolled out and not trained on: all rewards equal, or past ``prompts_per_step``."""
+
+    @classmethod
+    def of(cls, trajectories: Sequence[Any], **extra: Any) -> Rollouts | None:
+        """Of these trajectories (``num_turns``, ``termination``, ``metrics``) and the ``extra``
+        fields given; None for none."""
+        n = len(trajectories)
+        if not n:
+            return None
+        ends: dict[str, float] = {}
+        for t in trajectories:
+            ends[t.termination] = ends.get(t.termination, 0.0) + 1.0 / n
+        return cls(
+            turns_mean=sum(t.num_turns for t in trajectories) / n,
+            turns_max=max(t.num_turns for t in trajectories),
+            tool_calls_mean=sum(t.metrics.tool_calls for t in trajectories) / n,
+            tool_errors_mean=sum(t.metrics.tool_errors for t in trajectories) / n,
+            aborts=sum(t.metrics.aborts for t in trajectories),
+            termination={k: round(v, 6) for k, v in sorted(ends.items())},
+            **extra,
+        )
+
+
 class QueueStats(Flat, kw_only=True):
     """The fully asynchronous schedule's sample queue after a step (``SampleQueue.stats``)."""
 
@@ -188,6 +228,7 @@ class StepRecord(Flat, kw_only=True):
     weights: Weights | None = None
     data_rows: list[tuple[int, int]] | None = msgspec.field(default=None, name="data/rows")  # (epoch, row)
     staleness: Staleness | None = None
+    rollouts: Rollouts | None = None
     processing: Processing | None = None
     trainer_idle_ratio: float | None = msgspec.field(default=None, name="trainer/idle_ratio")
     trainer_idle_ratio_total: float | None = msgspec.field(default=None, name="trainer/idle_ratio_total")

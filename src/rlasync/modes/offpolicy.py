@@ -6,7 +6,8 @@ A step takes whole samples (prompt groups). They are trained on in mini-batches 
 With ``use_rollout_log_probs`` (the default) PPO's ratio is taken against the engine's
 behaviour logprobs; otherwise the trainer first recomputes the logprobs under its current
 parameters (the proximal policy) and the loss is decoupled PPO. ``rollout_is`` adds truncated
-importance weights from the behaviour to the proximal policy.
+importance weights from the behaviour to the proximal policy; ``rollout_rs`` leaves tokens (or
+samples) whose ratio between the two is out of bounds out of the loss.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import msgspec
 import torch
 
-from ..algorithms import offpolicy_metrics, tis_weights
+from ..algorithms import offpolicy_metrics, rejection_mask, tis_weights
 from ..metrics import Staleness, StepRecord, reduce_metrics
 from .parts import Run
 
@@ -32,7 +33,7 @@ async def train_step(run: Run, step: int, samples: list[list[Any]], version: int
         trajectories = [t for sample in samples[start : start + per_update] for t in sample]
         batch, train_batch = run.train_batch(trajectories)
         extra: dict[str, float] = {}
-        if not acfg.use_rollout_log_probs or acfg.rollout_is != "none":
+        if not acfg.use_rollout_log_probs or acfg.rollout_is != "none" or acfg.rollout_rs != "none":
             proximal = await run.trainer.compute_logprobs(train_batch, temperature=temperature)
             mask = train_batch.response_mask
             extra.update(
@@ -53,6 +54,16 @@ async def train_step(run: Run, step: int, samples: list[list[Any]], version: int
                 )
                 train_batch = msgspec.structs.replace(train_batch, is_weights=weights)
                 extra.update({f"offpolicy/{k}": v for k, v in is_metrics.items()})
+            if acfg.rollout_rs != "none":
+                kept, rs_metrics = rejection_mask(
+                    proximal,
+                    train_batch.logprobs,
+                    mask,
+                    level=acfg.rollout_rs,
+                    high=acfg.rollout_rs_threshold,
+                )
+                train_batch = msgspec.structs.replace(train_batch, response_mask=kept)
+                extra.update({f"offpolicy/{k}": v for k, v in rs_metrics.items()})
         metrics = await run.trainer.step(train_batch, temperature=temperature)
         parts.append((float(metrics.get("tokens", 0.0)), {**metrics, **extra}))
         rewards.append(batch.rewards)

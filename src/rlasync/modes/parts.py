@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import torch
 
+from .. import plugins
 from ..agents import get_loop
-from ..algorithms import grpo_advantages, reinforce_pp_baseline_advantages, rloo_advantages
+from ..agents.interactions import conversation_score, interaction_factory
+from ..algorithms import grpo_advantages, overlong_penalty, reinforce_pp_baseline_advantages, rloo_advantages
 from ..config import Config, ConfigError, EngineConfig
 from ..config.cluster import with_node_modules
 from ..data import Row, RowResult, Sampler, load_rows, make_sampler, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
-from ..metrics import Stamp, StepRecord
+from ..metrics import Rollouts, Stamp, StepRecord
 from ..metrics.trackers import Tracker, TrackerUnavailable, open_trackers, tracker_names
 from ..runtime.node import rank_of
 from ..tools import SandboxUnavailable, build_tools
@@ -230,6 +232,7 @@ class Run:
     def __init__(self, config: Config, *, stop: asyncio.Event | None = None) -> None:
         cfg = config.train
         self.config = config
+        plugins.load_all(config.plugins)  # first: the names below may be theirs
         self.placement = Placement.of(config)  # every placement mistake before anything starts
         self.run_dir = Path(cfg.run_dir)
         # What would make the run fail is found here, before anything starts: the data files are
@@ -239,6 +242,12 @@ class Run:
         if self._files is None and cfg.val_size > synthetic_capacity(cfg.task, "val"):
             raise ConfigError(
                 f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that"
+            )
+        interaction_factory(config.agent.interaction, conversation_score(None))  # its name and options
+        if cfg.overlong_buffer > config.agent.response_length:
+            raise ConfigError(
+                f"train.overlong_buffer={cfg.overlong_buffer} is longer than agent.response_length={config.agent.response_length}: "
+                "the penalty starts that many tokens before the length limit"
             )
         self.tools = build_run_tools(
             config,
@@ -254,6 +263,9 @@ class Run:
         self.trackers: list[Tracker] = []  # train.trackers beside metrics.jsonl, opened by ``start``
         self.traces: Any = None  # the open traces.jsonl (train.trace_every)
         self._traceable: list[Any] = []  # the last training batch's trajectories
+        self._trained: list[Any] = []  # every trajectory trained on since the last record (rollout/*)
+        self._penalties: list[float] = []  # their overlong penalties (train.overlong_buffer)
+        self._sampling: dict[str, int] = {}  # the last step's dynamic sampling (train.dynamic_sampling)
         self.rng = random.Random(cfg.seed)  # the sampling seeds
         self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         self.started = time.perf_counter()
@@ -602,8 +614,56 @@ class Run:
 
         self._count_reward_errors(trajectories)
         self._traceable = trajectories  # the step's, for traces.jsonl (``write``)
+        self._trained += trajectories
         batch = collate(trajectories, self.pad)
-        return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, batch.rewards))
+        rewards = batch.rewards
+        if self.config.train.overlong_buffer:  # the trained reward; batch.rewards (reported) stays raw
+            penalty = overlong_penalty(
+                torch.tensor([len(t.response_ids) for t in trajectories]),
+                limit=self.config.agent.response_length,
+                buffer=self.config.train.overlong_buffer,
+                penalty=self.config.train.overlong_penalty,
+            )
+            self._penalties += penalty.tolist()
+            rewards = rewards + penalty.to(rewards.dtype)
+        return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, rewards))
+
+    async def with_signal(
+        self, uses: list[tuple[int, int]], trajectories: list[Any], name: str
+    ) -> tuple[list[tuple[int, int]], list[Any]]:
+        """DAPO's dynamic sampling (``train.dynamic_sampling``): of these rolled-out rows (``uses``,
+        their groups in ``trajectories``), the groups whose rewards differ; more rows are drawn and
+        rolled out, ``prompts_per_step`` at a time, until there are ``prompts_per_step`` such groups
+        or ``max_gen_batches`` rounds were made. The sampler hears of the groups left out now (of
+        the kept ones when the schedule calls ``learned``). No group with signal at all: the last
+        round's are kept (a step that changes nothing but stays a step)."""
+        cfg = self.config.train
+        want, size = cfg.prompts_per_step, cfg.group_size
+        kept_uses: list[tuple[int, int]] = []
+        kept: list[Any] = []
+        left_uses: list[tuple[int, int]] = []
+        left: list[list[Any]] = []
+        rounds = 1
+        while True:
+            for use, start in zip(uses, range(0, len(trajectories), size)):
+                group = trajectories[start : start + size]
+                if len(kept_uses) < want and len({float(t.reward) for t in group}) > 1:
+                    kept_uses.append(use)
+                    kept += group
+                else:
+                    left_uses.append(use)
+                    left.append(group)
+            if len(kept_uses) >= want or rounds >= cfg.max_gen_batches:
+                break
+            uses, rows = self.draw(want)
+            trajectories = await self.rollout(rows, name=f"{name}/{rounds}")
+            rounds += 1
+        if not kept_uses:
+            kept_uses, kept = left_uses[-len(uses) :], [t for group in left[-len(uses) :] for t in group]
+            left_uses, left = left_uses[: -len(uses)], left[: -len(uses)]
+        self.learned(left_uses, left)
+        self._sampling = {"gen_batches": rounds, "dropped_groups": len(left_uses)}
+        return kept_uses, kept
 
     async def restore(self, folder: Path, state: dict[str, Any]) -> tuple[float, float]:
         """Resume from checkpoint ``folder`` (``state``: its ``state.json``): the trainer's
@@ -713,6 +773,10 @@ class Run:
                 rejoins=self.rejoins,
                 reward_errors=self.reward_errors,
             )
+        if record.rollouts is None and self._trained:
+            penalty = sum(self._penalties) / len(self._penalties) if self._penalties else None
+            record.rollouts = Rollouts.of(self._trained, overlong_penalty=penalty, **self._sampling)
+        self._trained, self._penalties, self._sampling = [], [], {}
         if self.telemetry is not None:
             self.telemetry.observe(record)
         line = record.as_dict()
@@ -848,7 +912,9 @@ async def open_cluster(config: Config, placement: Placement) -> Any:
 
     # Engine nodes import torch and the engines (vLLM's big C extensions too) before joining,
     # when no heartbeat waits on them: loaded later, they hold the GIL for seconds.
-    runtime = with_node_modules(config.runtime, *BACKEND_MODULES.get(config.engine.backend, ()))
+    runtime = with_node_modules(
+        config.runtime, *BACKEND_MODULES.get(config.engine.backend, ()), *plugins.resolved(config.plugins)
+    )
     if config.cluster.start == "external":
         cluster: Any = ExternalCluster(placement.nodes, config.cluster.listen, config=runtime)
     else:

@@ -5,7 +5,9 @@ Each step, in order:
 1. sample ``prompts_per_step`` training rows (``data.*``: files, or the synthetic task), each
    ``group_size`` times;
 2. roll them out with the agent loops on the engine (the policy's current weights);
-3. score them (the task's reward), and turn rewards into group-relative advantages;
+   with ``train.dynamic_sampling``, drop groups whose rewards are all equal and roll out more;
+3. score them (the task's reward; ``train.overlong_buffer`` docks long responses), and turn
+   rewards into group-relative advantages;
 4. one optimiser step on the batch (on-policy: the PPO ratio starts at 1);
 5. push the new weights to the engine (``rlasync.weights``: a bucketed broadcast from the
    trainer's rank 0 into a staging copy, then a swap);
@@ -52,6 +54,8 @@ async def train_sync(
             t0 = time.perf_counter()
             uses, rows = run.draw(cfg.prompts_per_step)
             trajectories = await run.rollout(rows, name=f"step{step}")
+            if cfg.dynamic_sampling:  # only groups with signal, refilled
+                uses, trajectories = await run.with_signal(uses, trajectories, name=f"step{step}")
             t1 = time.perf_counter()
             batch, train_batch = run.train_batch(trajectories)
             run.learned(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import socket
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 import zmq
 
+from .. import plugins
 from ..config import RuntimeConfig
 from ..metrics.timings import Timings
 from ..transport import Codec
@@ -197,7 +197,8 @@ class Node:
         for module in self.config.preload_modules:
             # Before joining, when nobody waits for our heartbeats: loading a large C
             # extension (torch) holds the GIL for seconds and would starve them later.
-            importlib.import_module(module)
+            # A user's plugin file (``plugins: [./x.py]``) is imported by its path.
+            plugins.load(module)
         sockets = self.ctx = zmq.Context()
         router = sockets.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)

@@ -57,6 +57,8 @@ from typing import Any
 
 import msgspec
 
+from .. import plugins
+
 log = logging.getLogger(__name__)
 
 
@@ -607,7 +609,7 @@ def fork_children(config: Any) -> None:
     if not getattr(config, "fork_children", False) or current_spawner() is not None:
         return
     for module in config.preload_modules:
-        importlib.import_module(module)
+        plugins.load(module)
     use_spawner(Spawner.start())
 
 
@@ -618,7 +620,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(fd))
     commands = socket.socket(fileno=int(listener)) if int(listener) >= 0 else None
     for module in modules:
-        importlib.import_module(module)
+        plugins.load(module)
     return _serve(sock, int(node), commands)
 
 

@@ -1,0 +1,150 @@
+"""Simulated users chosen in the config (``agent.interaction``): a registry and a built-in one.
+
+    agent:
+      default_loop: tool                  # the loop that talks with a simulated user
+      interaction: {name: retry, max_attempts: 3}
+
+After each model turn without a tool call, the loop hands the conversation to its trajectory's
+interaction, which ends it or answers as the user (verl's ``BaseInteraction``; a turn of the
+environment: not trained on). The trajectory's reward is the run's reward of its final answer.
+
+An interaction class is built once per trajectory as ``cls(score, **options)``: ``score(messages,
+row)`` is the run's reward of a conversation ending with the model's last turn (0.0 if the reward
+fails), for interactions that judge; others may ignore it. Register your own:
+
+    @register_interaction("hint")
+    class Hint(Interaction):
+        def __init__(self, score, *, hint: str = "Think about the last character first.") -> None:
+            self.score, self.hint, self.given = score, hint, False
+
+        async def respond(self, messages, row):
+            right = await self.score(messages, row) >= 1.0
+            done, self.given = right or self.given, True
+            return done, "" if done else self.hint, float(right)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..config.loader import ConfigError
+from .base import Interaction, RewardFn
+from .trajectory import Trajectory, TrajectoryMetrics
+
+Score = Callable[[list[dict[str, Any]], dict[str, Any]], Awaitable[float]]
+"""``score(messages, row)``: the run's reward of the conversation so far."""
+
+
+class InteractionError(ConfigError):
+    """``agent.interaction`` names no registered interaction, or options it does not take."""
+
+
+_INTERACTIONS: dict[str, type[Interaction]] = {}
+
+
+def register_interaction(name: str) -> Callable[[type[Interaction]], type[Interaction]]:
+    """Class decorator: make the interaction available as ``agent.interaction: <name>``."""
+
+    def add(cls: type[Interaction]) -> type[Interaction]:
+        existing = _INTERACTIONS.get(name)
+        if existing is not None and (existing.__module__, existing.__qualname__) != (
+            cls.__module__,
+            cls.__qualname__,
+        ):
+            raise ValueError(
+                f"an interaction named {name!r} is already registered ({existing.__module__}.{existing.__qualname__})"
+            )
+        _INTERACTIONS[name] = cls
+        return cls
+
+    return add
+
+
+def registered_interactions() -> list[str]:
+    return sorted(_INTERACTIONS)
+
+
+def interaction_factory(spec: str | dict[str, Any], score: Score) -> Callable[[], Interaction] | None:
+    """What makes each trajectory's interaction from ``agent.interaction`` (``name`` or ``{name:
+    ..., option: value}``; "" or ``{}``: none). One is built now, so a wrong name or option is
+    an ``InteractionError`` at start-up rather than a failed trajectory each time."""
+    options = dict(spec) if isinstance(spec, dict) else {"name": spec} if spec else {}
+    if not options:
+        return None
+    name = options.pop("name", None)
+    if not isinstance(name, str) or name not in _INTERACTIONS:
+        raise InteractionError(
+            f"agent.interaction: {'no interaction named ' + repr(name) if name else 'give its name'} "
+            f"(registered: {', '.join(registered_interactions())}; register yours with "
+            "@rlasync.agents.register_interaction in a plugin)"
+        )
+    cls: Callable[..., Interaction] = _INTERACTIONS[name]  # built as cls(score, **options)
+    try:
+        cls(score, **options)
+    except (TypeError, ValueError) as exc:
+        raise InteractionError(f"agent.interaction {name!r}: {exc}") from None
+    return lambda: cls(score, **options)
+
+
+def conversation_score(reward_fn: RewardFn | None) -> Score:
+    """``score(messages, row)`` from a loop's reward: the reward of a trajectory holding just the
+    conversation (what rewards read: its last assistant message). A failing reward scores 0.0."""
+
+    async def score(messages: list[dict[str, Any]], row: dict[str, Any]) -> float:
+        if reward_fn is None:
+            return 0.0
+        conversation = Trajectory(
+            prompt_ids=[],
+            response_ids=[],
+            response_mask=[],
+            logprobs=[],
+            versions=[],
+            reward=0.0,
+            num_turns=0,
+            termination="",
+            metrics=TrajectoryMetrics(),
+            messages=messages,
+        )
+        try:
+            value = reward_fn(row, conversation)
+            return float(await value if inspect.isawaitable(value) else value)
+        except Exception:  # the loop's own reward of the final answer records the error
+            return 0.0
+
+    return score
+
+
+@register_interaction("retry")
+class RetryInteraction(Interaction):
+    """A user who checks each answer: a wrong one is answered with ``feedback`` and the model
+    tries again, up to ``max_attempts`` answers in all (verl's GSM8K interaction). Right (its
+    score at least ``pass_reward``) or out of attempts, the conversation ends; the trajectory is
+    rewarded on its final answer, so a model that corrects itself earns the reward."""
+
+    def __init__(
+        self,
+        score: Score,
+        *,
+        max_attempts: int = 3,
+        feedback: str = "Your answer is wrong. Try again.",
+        pass_reward: float = 1.0,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.score, self.max_attempts, self.feedback, self.pass_reward = (
+            score,
+            max_attempts,
+            feedback,
+            pass_reward,
+        )
+
+    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
+        value = await self.score(messages, row)
+        # Counted from the conversation, not kept: a trajectory resumed from a checkpoint goes on
+        # with a new interaction object.
+        attempts = 1 + sum(m.get("role") == "user" and m.get("content") == self.feedback for m in messages)
+        if value >= self.pass_reward or attempts >= self.max_attempts:
+            return True, "", value
+        return False, self.feedback, value

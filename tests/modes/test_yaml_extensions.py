@@ -1,0 +1,210 @@
+"""What a user adds from a YAML file, through ``rlasync train``: plugins (their loop and reward
+run on another node), a simulated user (``agent.interaction``), and the filters and corrections
+(dynamic sampling, the overlong penalty, rejection sampling), each seen in ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+PLUGIN = '''\
+"""A user's plugin: a reward and a loop, registered when rlasync imports this file."""
+from rlasync.agents import SingleTurnAgentLoop, register
+from rlasync.rewards import register_reward
+
+
+@register_reward("quarter")
+def quarter(inp):
+    return 0.25
+
+
+@register("tagged")
+class Tagged(SingleTurnAgentLoop):
+    async def run(self, params, **row):
+        trajectory = await super().run(params, **row)
+        trajectory.termination = "tagged"  # seen per step in rollout/termination/tagged
+        return trajectory
+'''
+
+BASE = """\
+train:
+  model_dir: {model}
+  run_dir: {run_dir}
+  steps: {steps}
+  prompts_per_step: 4
+  group_size: 4
+  max_new_tokens: 12
+  validate_every: 1000
+  val_size: 8
+  trace_every: 1
+trainer:
+  lr: 1.0e-4
+engine:
+  max_batch: 16
+data:
+  synthetic_train_size: 64
+"""
+
+
+def _train(cwd: Path, config: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (cwd / "run.yaml").write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "rlasync", "train", "run.yaml", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["step"] > 0]
+
+
+def test_a_plugin_file_adds_the_reward_and_the_loop_a_cluster_run_uses_on_its_engine_node(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    (tmp_path / "my_plugin.py").write_text(PLUGIN)
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": f"Reverse {w}", "ground_truth": w[::-1]}) + "\n"
+            for w in ["abc", "dog", "xyz", "moon"]
+        )
+    )
+    config = BASE.format(model=nano_model_dir, run_dir=tmp_path / "run", steps=2) + (
+        "  train_files: [rows.jsonl]\n"
+        "  val_files: [rows.jsonl]\n"
+        "  reward: quarter\n"
+        "agent:\n"
+        "  default_loop: tagged\n"
+        "cluster:\n"  # the loops run on node 1, a process of its own: it imported the plugin too
+        "  engines: [1]\n"
+        "  trainer: [0]\n"
+        "  agent_loops: engines\n"
+    )
+    done = _train(tmp_path, config, "--plugin", "./my_plugin.py")  # relative to where rlasync runs
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "agent loops next to their engines" in done.stderr
+    records = _records(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["reward"] == 0.25 and r["rollout/termination/tagged"] == 1.0 for r in records), records
+
+
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        (
+            "./missing_plugin.py",
+            "missing_plugin.py': no such file (a relative path is taken from the directory rlasync runs in)",
+        ),
+        ("no_such_package.rl", "plugin 'no_such_package.rl': no module named 'no_such_package'"),
+        (
+            "./broken.py",
+            "broken.py' failed while importing: ZeroDivisionError: division by zero (/",
+        ),
+    ],
+)
+def test_a_plugin_that_does_not_import_stops_the_run_with_one_line(
+    tmp_path: Path, nano_model_dir: Path, plugin: str, message: str
+) -> None:
+    (tmp_path / "broken.py").write_text("x = 1\ny = x / 0\n")
+    config = BASE.format(model=nano_model_dir, run_dir=tmp_path / "run", steps=1) + f"plugins: [{plugin}]\n"
+    done = _train(tmp_path, config)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_simulated_user_makes_the_model_try_again_in_an_async_run_with_rejection_sampling(
+    tmp_path: Path, reverse_model: Path
+) -> None:
+    """The retry interaction answers every wrong answer once (max_attempts 2): a wrong first
+    answer gets the feedback as a user turn and a second try, rewarded on its final answer."""
+    run_dir = tmp_path / "run"
+    config = BASE.format(model=reverse_model, run_dir=run_dir, steps=3) + (
+        "agent:\n"
+        "  default_loop: tool\n"
+        "  interaction: {name: retry, max_attempts: 2, feedback: Wrong. Try again.}\n"
+        "async_training:\n"
+        "  rollout_rs: token\n"
+        "  rollout_rs_threshold: 1.5\n"
+    )
+    done = _train(tmp_path, config, "train.mode=fully_async", "train.trace_samples=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _records(run_dir)
+    assert len(records) == 3
+    ends = {k: sum(r.get(k, 0.0) for r in records) for k in ("rollout/termination/interaction",)}
+    assert ends["rollout/termination/interaction"] > 0, records
+    assert any(r["rollout/turns_max"] == 4 for r in records), records  # prompt, answer, feedback, answer
+    assert all("train/offpolicy/rejected_token_frac" in r for r in records), records[0]
+    traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    retried = [t for t in traces if any(m.get("content") == "Wrong. Try again." for m in t["messages"])]
+    assert retried, traces[:2]
+    for t in retried:  # the feedback is the user's turn, between two of the model's
+        roles = [m["role"] for m in t["messages"]]
+        assert roles[-3:] == ["assistant", "user", "assistant"], roles
+
+
+def test_dynamic_sampling_trains_only_groups_with_signal_and_long_responses_lose_reward(
+    tmp_path: Path, reverse_model: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    config = BASE.format(model=reverse_model, run_dir=run_dir, steps=3) + (
+        "agent:\n  response_length: 12\n  default_loop: single_turn\n"
+    )
+    done = _train(
+        tmp_path,
+        config,
+        "train.dynamic_sampling=true",
+        "train.max_gen_batches=3",
+        "train.overlong_buffer=4",
+        "train.overlong_penalty=0.5",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _records(run_dir)
+    for r in records:
+        assert 1 <= r["rollout/gen_batches"] <= 3
+        rolled = 4 * r["rollout/gen_batches"]
+        assert r["rollout/dropped_groups"] == rolled - len(r["data/rows"]), r
+        assert len(r["data/rows"]) == 4 or r["rollout/gen_batches"] == 3, r
+        assert -0.5 <= r["rollout/overlong_penalty"] <= 0.0
+    assert any(r["rollout/dropped_groups"] > 0 for r in records), (
+        records
+    )  # the warm-start's groups: 44 % mixed
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["agent.interaction=retry"], "agent.interaction needs a loop that talks with a simulated user"),
+        (
+            ["agent.default_loop=tool", "agent.interaction=nagging"],
+            "agent.interaction: no interaction named 'nagging'",
+        ),
+        (
+            ["agent.default_loop=tool", "agent.interaction={name: retry, max_attempts: 0}"],
+            "agent.interaction 'retry': max_attempts must be at least 1, got 0",
+        ),
+        (
+            ["train.mode=fully_async", "train.dynamic_sampling=true"],
+            "train.dynamic_sampling runs with train.mode=sync",
+        ),
+        (
+            ["train.overlong_buffer=2000"],
+            "train.overlong_buffer=2000 is longer than agent.response_length=1024",
+        ),
+    ],
+)
+def test_a_wrong_setting_stops_the_run_before_it_starts(
+    tmp_path: Path, nano_model_dir: Path, overrides: list[str], message: str
+) -> None:
+    done = _train(tmp_path, BASE.format(model=nano_model_dir, run_dir=tmp_path / "run", steps=1), *overrides)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
