@@ -14,6 +14,7 @@ from rlasync.algorithms import (
     grpo_advantages,
     kl_penalty,
     offpolicy_metrics,
+    overlong_penalty,
     policy_loss,
     reinforce_pp_baseline_advantages,
     rejection_mask,
@@ -360,3 +361,11 @@ def test_offpolicy_metrics() -> None:
     assert m["kl_k3"] == pytest.approx(0.5 / 3, abs=1e-6)
     assert m["training_ppl"] == pytest.approx(3.5, abs=1e-5)
     assert m["rollout_ppl"] == pytest.approx((math.sqrt(8) + 2.5) / 2, abs=1e-5)
+
+
+def test_overlong_penalty_falls_linearly_over_the_buffer_to_the_limit() -> None:
+    lengths = torch.tensor([0, 12, 13, 14, 16])
+    got = overlong_penalty(lengths, limit=16, buffer=4, penalty=0.5)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5]))
+    with pytest.raises(ValueError, match="buffer <= limit"):
+        overlong_penalty(lengths, limit=4, buffer=8)

@@ -15,6 +15,7 @@ from rlasync.metrics import (
     REDUCTIONS,
     Processing,
     QueueStats,
+    Rollouts,
     Staleness,
     Stamp,
     StepRecord,
@@ -309,3 +310,28 @@ async def test_steps_stop_at_the_end_of_the_step_asked_with_its_checkpoint() -> 
         await _schedule(run, {})
     assert (stopped.value.step, stopped.value.checkpoint) == (3, "step_3")
     assert run.lines[-1]["step"] == 3 and run.lines[-1]["checkpoint"] == "step_3"
+
+
+def test_rollouts_aggregate_a_steps_trajectories() -> None:
+    def trajectory(turns: int, end: str, calls: int, errors: int) -> SimpleNamespace:
+        metrics = SimpleNamespace(tool_calls=calls, tool_errors=errors, aborts=1)
+        return SimpleNamespace(num_turns=turns, termination=end, metrics=metrics)
+
+    rollouts = Rollouts.of(
+        [trajectory(2, "stop", 0, 0), trajectory(4, "interaction", 1, 0), trajectory(6, "stop", 3, 1)],
+        gen_batches=2,
+    )
+    assert rollouts is not None and Rollouts.of([]) is None
+    line = StepRecord(step=1, rollouts=rollouts).as_dict()
+    assert line == {
+        "step": 1,
+        "rollout/turns_mean": 4.0,
+        "rollout/turns_max": 6,
+        "rollout/tool_calls_mean": 4 / 3,
+        "rollout/tool_errors_mean": 1 / 3,
+        "rollout/aborts": 3,
+        "rollout/termination/interaction": round(1 / 3, 6),
+        "rollout/termination/stop": round(2 / 3, 6),
+        "rollout/gen_batches": 2,
+    }
+    assert StepRecord.from_dict(line) == StepRecord(step=1, rollouts=rollouts)
