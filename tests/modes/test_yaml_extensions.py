@@ -208,3 +208,33 @@ def test_a_wrong_setting_stops_the_run_before_it_starts(
     done = _train(tmp_path, BASE.format(model=nano_model_dir, run_dir=tmp_path / "run", steps=1), *overrides)
     assert done.returncode == 2, done.stderr[-3000:]
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_generator_adds_harder_rows_that_later_epochs_train_on_and_a_resumed_run_keeps_them(
+    tmp_path: Path, reverse_model: Path
+) -> None:
+    """``rising_difficulty`` with ``pass_reward: 0`` (every sample counts as passed, so each
+    window of 4 trained rows adds rows): 8 rows of 7 letters after step 1, 8 of 8 letters after
+    step 2, then no more (max_length 8). Epoch 2 (steps 3-4) draws from all 24 rows."""
+    run_dir = tmp_path / "run"
+    generator = "{name: rising_difficulty, threshold: 1.0, window: 4, batch: 8, start_length: 7, max_length: 8, pass_reward: 0.0}"
+    config = BASE.format(model=reverse_model, run_dir=run_dir, steps=4).replace(
+        "synthetic_train_size: 64", f"synthetic_train_size: 8\n  generator: {generator}"
+    )
+    done = _train(tmp_path, config, "train.checkpoint_every=2", "train.max_new_tokens=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((run_dir / "checkpoints" / "step_000004" / "state.json").read_text())
+    made = state["generator"]["rows"]
+    assert state["generator"]["state"]["length"] == 8 and len(made) == 16
+    assert sorted(len(row["ground_truth"]) for row in made) == [7] * 8 + [8] * 8
+    records = _records(run_dir)
+    first_epoch = {i for r in records[:2] for _, i in r["data/rows"]}
+    second_epoch = {i for r in records[2:] for _, i in r["data/rows"]}
+    assert first_epoch == set(range(8)) and max(second_epoch) >= 8, (first_epoch, second_epoch)
+    assert state["sampler"]["num_rows"] == 24
+
+    resumed = _train(tmp_path, config.replace("steps: 4", "steps: 6"), "--resume", "train.max_new_tokens=16")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = json.loads((run_dir / "checkpoints" / "step_000006" / "state.json").read_text())
+    assert after["generator"]["rows"] == made and after["sampler"]["num_rows"] == 24
+    assert [r["step"] for r in _records(run_dir)] == list(range(1, 7))

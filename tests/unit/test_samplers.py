@@ -100,3 +100,65 @@ def not_a_sampler(rows: Any, **options: Any) -> str:
 def test_a_bad_sampler_is_a_config_error_naming_what_to_change(spec: Any, message: str) -> None:
     with pytest.raises(SamplerError, match=message):
         make_sampler(spec, ROWS, seed=0)
+
+
+def test_rows_added_mid_epoch_join_the_next_epoch_and_restore_exactly() -> None:
+    rows = [{"i": i} for i in range(4)]
+    sampler = make_sampler("uniform", rows, seed=1)
+    first = sampler.next_uses(2)
+    sampler.add_rows([{"i": 4}, {"i": 5}])
+    rest_of_epoch = sampler.next_uses(2)
+    assert {i for _, i in first + rest_of_epoch} == {0, 1, 2, 3}  # epoch 0 is the rows it began with
+    saved = sampler.state_dict()
+    assert saved["num_rows"] == 6 and saved["size"] == 4
+    epoch_1 = sampler.next_uses(6)
+    assert {e for e, _ in epoch_1} == {1} and {i for _, i in epoch_1} == set(range(6))
+    again = make_sampler("uniform", rows[:4], seed=1)
+    again.add_rows([{"i": 4}, {"i": 5}])  # what a resumed run does: the generated rows first
+    again.load_state_dict(saved)
+    assert again.next_uses(6) == epoch_1
+
+
+def test_rising_difficulty_adds_longer_words_each_time_the_window_passes() -> None:
+    from rlasync.data import GeneratorError, make_generator
+
+    grow = make_generator(
+        {
+            "name": "rising_difficulty",
+            "threshold": 0.5,
+            "window": 2,
+            "batch": 3,
+            "start_length": 4,
+            "max_length": 5,
+        },
+        seed=0,
+    )
+    assert grow is not None and make_generator("", seed=0) is None
+    assert grow.generate([RowResult(0, [0.0, 0.0]), RowResult(1, [0.0, 1.0])], rows=[]) == []  # 0.25 < 0.5
+    added = grow.generate([RowResult(2, [1.0, 1.0])], rows=[])
+    assert [len(r["ground_truth"]) for r in added] == [4, 4, 4]
+    assert all(r["messages"][0]["content"] == f"Reverse {r['ground_truth'][::-1]}" for r in added)
+    state = grow.state_dict()
+    assert grow.generate([RowResult(3, [1.0])], rows=[]) == []  # counting afresh after an addition
+    longer = grow.generate([RowResult(4, [1.0])], rows=[])
+    assert [len(r["ground_truth"]) for r in longer] == [5, 5, 5]
+    assert grow.generate([RowResult(5, [1.0]), RowResult(6, [1.0])], rows=[]) == []  # max_length reached
+    twin = make_generator(
+        {
+            "name": "rising_difficulty",
+            "threshold": 0.5,
+            "window": 2,
+            "batch": 3,
+            "start_length": 4,
+            "max_length": 5,
+        },
+        seed=0,
+    )
+    assert twin is not None
+    twin.load_state_dict(state)
+    twin.generate([RowResult(3, [1.0])], rows=[])
+    assert twin.generate([RowResult(4, [1.0])], rows=[]) == longer  # the same rows after a restore
+    with pytest.raises(GeneratorError, match="no generator named 'harder'"):
+        make_generator("harder", seed=0)
+    with pytest.raises(GeneratorError, match="data.generator 'rising_difficulty': .*unexpected keyword"):
+        make_generator({"name": "rising_difficulty", "speed": 2}, seed=0)

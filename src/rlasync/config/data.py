@@ -36,5 +36,12 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     ``high``, ``revisit``, ``pass_reward``), one registered with ``rlasync.data.register_sampler``,
     or a class by import path (``my_package.curriculum:HardFirst``). Options: ``{name: pass_rate, revisit: 0.2}``.
     Its state is saved in checkpoints (``rlasync.data.samplers``)."""
+    generator: str | dict[str, Any] = ""
+    """Rows added during the run (verl's dynamic datasets): after each step the generator hears
+    the trained rows' rewards and may add rows, which the sampler hands out from its next epoch.
+    ``rising_difficulty`` (the ``reverse`` task: words one letter longer each time the pass rate
+    over ``window`` rows reaches ``threshold``; options ``batch``, ``start_length``,
+    ``max_length``), or one registered with ``rlasync.data.register_generator``. The rows it made
+    and its state are saved in checkpoints. "": none."""
     synthetic_train_size: PositiveInt = 20000
     """Distinct training problems drawn from the synthetic task (when there are no files)."""

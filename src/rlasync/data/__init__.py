@@ -1,7 +1,16 @@
-"""Task data: dataset rows (JSONL, Parquet, saved ``datasets``), resumable samplers (a curriculum among them), and
-synthetic problems with answers, SFT targets and rewards (no torch)."""
+"""Task data: dataset rows (JSONL, Parquet, saved ``datasets``), resumable samplers (a curriculum among them),
+generators that add rows during a run, and synthetic problems with answers, SFT targets and
+rewards (no torch)."""
 
 from .datasets import DatasetError, Row, RowSampler, load_rows, synthetic_rows
+from .generators import (
+    DataGenerator,
+    GeneratorError,
+    RisingDifficulty,
+    make_generator,
+    register_generator,
+    registered_generators,
+)
 from .samplers import (
     PassRateSampler,
     RowResult,
@@ -25,9 +34,12 @@ from .synthetic import (
 
 __all__ = [
     "TASKS",
+    "DataGenerator",
     "DatasetError",
+    "GeneratorError",
     "PassRateSampler",
     "Problem",
+    "RisingDifficulty",
     "Row",
     "RowResult",
     "RowSampler",
@@ -39,9 +51,12 @@ __all__ = [
     "iter_problems",
     "load_rows",
     "loop_reward",
+    "make_generator",
     "make_problems",
     "make_sampler",
+    "register_generator",
     "register_sampler",
+    "registered_generators",
     "registered_samplers",
     "split_of",
     "synthetic_rows",

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .synthetic import Split, make_problems
+from .synthetic import Problem, Split, make_problems
 
 Row = dict[str, Any]
 """One dataset row (see the module docstring for its fields)."""
@@ -302,20 +302,22 @@ def synthetic_rows(task: str, n: int, *, seed: int, split: Split) -> list[Row]:
     same for the same arguments). ``problem`` holds the ``Problem`` for the task's own reward;
     ``calc`` rows carry the calculator's schema and pick the ``tool`` loop; the others name no
     loop, so ``agent.default_loop`` picks theirs (``tool`` to talk with ``agent.interaction``)."""
-    rows = []
-    for p in make_problems(task, n, seed=seed, split=split):
-        row: Row = {
-            "messages": [dict(m) for m in p.messages],
-            "ground_truth": p.answer,
-            "uid": f"{task}:{p.key}",
-            "task": task,
-            "problem": p,
-        }
-        if p.tools:
-            row["tools"] = list(p.tools)
-            row["agent_name"] = "tool"
-        rows.append(row)
-    return rows
+    return [problem_row(p) for p in make_problems(task, n, seed=seed, split=split)]
+
+
+def problem_row(p: Problem, *, uid: str = "") -> Row:
+    """The row of one synthetic problem (``uid``: default ``task:key``)."""
+    row: Row = {
+        "messages": [dict(m) for m in p.messages],
+        "ground_truth": p.answer,
+        "uid": uid or f"{p.task}:{p.key}",
+        "task": p.task,
+        "problem": p,
+    }
+    if p.tools:
+        row["tools"] = list(p.tools)
+        row["agent_name"] = "tool"
+    return row
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -339,6 +341,8 @@ class RowSampler:
         self.epoch = 0
         self.position = 0
         """Rows of the current epoch already handed out."""
+        self.size = len(self.rows)
+        """Rows the current epoch visits: rows added during it (``add_rows``) join the next one."""
         self._order_epoch = -1
         self._order: list[int] = []
 
@@ -347,7 +351,7 @@ class RowSampler:
 
     def order(self, epoch: int) -> list[int]:
         """The row indices of one epoch, in the order they are handed out."""
-        order = list(range(len(self.rows)))
+        order = list(range(self.size))
         if self.shuffle:
             random.Random(f"rlasync.RowSampler/{self.seed}/{epoch}").shuffle(
                 order
@@ -364,32 +368,45 @@ class RowSampler:
             raise ValueError(f"batch size must be >= 0, got {n}")
         if self.drop_last and n > len(self.rows):
             raise ValueError(f"drop_last: a batch of {n} cannot fit in an epoch of {len(self.rows)} rows")
-        if self.drop_last and self.position + n > len(self.rows):
-            self.epoch, self.position = self.epoch + 1, 0
+        if self.drop_last and self.position + n > self.size:
+            self._next_epoch()
         uses: list[tuple[int, int]] = []
         while len(uses) < n:
-            if self.position == len(self.rows):
-                self.epoch, self.position = self.epoch + 1, 0
+            if self.position == self.size:
+                self._next_epoch()
             if self._order_epoch != self.epoch:
                 self._order, self._order_epoch = self.order(self.epoch), self.epoch
-            take = min(n - len(uses), len(self.rows) - self.position)
+            take = min(n - len(uses), self.size - self.position)
             uses.extend((self.epoch, i) for i in self._order[self.position : self.position + take])
             self.position += take
         return uses
 
+    def _next_epoch(self) -> None:
+        self.epoch, self.position, self.size = self.epoch + 1, 0, len(self.rows)
+
+    def add_rows(self, rows: Iterable[Row]) -> None:
+        """More rows (a ``data.generator``'s): handed out from the next epoch on."""
+        self.rows.extend(rows)
+
     def state_dict(self) -> dict[str, int]:
         """Plain ints (JSON-safe). ``num_rows`` lets a restore notice that the data changed."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_rows": len(self.rows)}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_rows": len(self.rows),
+            "size": self.size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (its seed replaces this sampler's)."""
         num_rows = state.get("num_rows", len(self.rows))
         if num_rows != len(self.rows):
             raise ValueError(f"sampler state is for {num_rows} rows, this dataset has {len(self.rows)}")
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= len(self.rows):
+        epoch, position, size = int(state["epoch"]), int(state["position"]), int(state.get("size", num_rows))
+        if epoch < 0 or not 0 <= position <= size <= len(self.rows):
             raise ValueError(
-                f"sampler state out of range: epoch {epoch}, position {position} of {len(self.rows)}"
+                f"sampler state out of range: epoch {epoch}, position {position} of {size} ({len(self.rows)} rows)"
             )
-        self.seed, self.epoch, self.position = int(state["seed"]), epoch, position
+        self.seed, self.epoch, self.position, self.size = int(state["seed"]), epoch, position, size
         self._order_epoch = -1

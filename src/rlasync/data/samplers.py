@@ -60,6 +60,10 @@ class Sampler(abc.ABC):
     @abc.abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def add_rows(self, rows: list[Row]) -> None:
+        """Rows added during the run (``data.generator``), after the ones it was made with."""
+        raise TypeError(f"{type(self).__name__} cannot take rows added during a run (data.generator)")
+
 
 class UniformSampler(RowSampler, Sampler):
     """Every row once per epoch, in a seeded shuffled order (``data.shuffle``): ``RowSampler``."""

@@ -83,7 +83,11 @@ def split_of(task: str, key: str) -> Split:
 
 # -- reverse ----------------------------------------------------------------------------------
 def _reverse(rng: random.Random) -> Problem:
-    word = "".join(rng.choice(REVERSE_ALPHABET) for _ in range(rng.randint(3, 6)))
+    return reverse_problem("".join(rng.choice(REVERSE_ALPHABET) for _ in range(rng.randint(3, 6))))
+
+
+def reverse_problem(word: str) -> Problem:
+    """The ``reverse`` problem of ``word`` (any length; the task draws 3 to 6 letters)."""
     answer = word[::-1]
     return Problem(
         task="reverse",

@@ -137,7 +137,7 @@ class Rollouter:
         RNG of the same instant (no await: a sample admitted after is admitted again on resume,
         never lost). Partial samples' loops come later (``fill_loops``)."""
         queue, finished = self.queue.state()
-        position = {"sampler": self.run.sampler.state_dict(), "rng": self.run.rng.getstate()}
+        position = {**self.run.data_state(), "rng": self.run.rng.getstate()}
         samples = [
             msgspec.structs.replace(self.admitted[index], trajectories=finished.get(index))
             for index, *_ in queue.open

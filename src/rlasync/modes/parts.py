@@ -24,7 +24,16 @@ from ..agents.interactions import conversation_score, interaction_factory
 from ..algorithms import grpo_advantages, overlong_penalty, reinforce_pp_baseline_advantages, rloo_advantages
 from ..config import Config, ConfigError, EngineConfig
 from ..config.cluster import with_node_modules
-from ..data import Row, RowResult, Sampler, load_rows, make_sampler, synthetic_rows
+from ..data import (
+    DataGenerator,
+    Row,
+    RowResult,
+    Sampler,
+    load_rows,
+    make_generator,
+    make_sampler,
+    synthetic_rows,
+)
 from ..data.synthetic import synthetic_capacity
 from ..engines import EngineGroup, SamplingParams
 from ..metrics import Rollouts, Stamp, StepRecord
@@ -214,6 +223,7 @@ class Run:
     tools: dict[str, Any]  # agent.tools, built (checked against the rows)
     _files: tuple[list[Row], list[Row]] | None  # the rows of data.train_files/val_files, read at once
     sampler: Sampler
+    generator: DataGenerator | None  # data.generator: adds rows as the run learns
     tokenizer: Any
     pad: int
     _reading: asyncio.Future[None]  # the thread reading the rows and tokenizer (_compose)
@@ -244,6 +254,7 @@ class Run:
                 f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that"
             )
         interaction_factory(config.agent.interaction, conversation_score(None))  # its name and options
+        make_generator(config.data.generator, seed=cfg.seed)  # its name and options, before anything starts
         if cfg.overlong_buffer > config.agent.response_length:
             raise ConfigError(
                 f"train.overlong_buffer={cfg.overlong_buffer} is longer than agent.response_length={config.agent.response_length}: "
@@ -381,6 +392,8 @@ class Run:
         self.sampler = make_sampler(
             config.data.sampler, self.train_rows, seed=config.train.seed, shuffle=config.data.shuffle
         )
+        self.generator = make_generator(config.data.generator, seed=config.train.seed)
+        self._given_rows = len(self.train_rows)  # the rest were generated during the run
         if load_tokenizer is not None:
             self.tokenizer = load_tokenizer(self.model_dir)
         self.pad = int(self.tokenizer.pad_token_id or 0)
@@ -586,9 +599,38 @@ class Run:
     def learned(self, uses: list[tuple[int, int]], groups: list[list[Any]]) -> None:
         """A step trained these rows (``uses``) on these groups of trajectories: the sampler
         hears each row's rewards (a curriculum moves on from them)."""
-        self.sampler.update(
-            [RowResult(index, [float(t.reward) for t in group]) for (_, index), group in zip(uses, groups)]
-        )
+        results = [
+            RowResult(index, [float(t.reward) for t in group]) for (_, index), group in zip(uses, groups)
+        ]
+        self.sampler.update(results)
+        if (
+            self.generator is not None
+            and results
+            and (added := self.generator.generate(results, self.train_rows))
+        ):
+            self.train_rows.extend(added)
+            self.sampler.add_rows(added)
+            log.info("data.generator added %d rows (%d in all)", len(added), len(self.train_rows))
+
+    def data_state(self) -> dict[str, Any]:
+        """Where the data stands, for a checkpoint (JSON-safe): the sampler's position, and the
+        generator's state with the rows it made (``restore_data`` adds them back first)."""
+        state: dict[str, Any] = {"sampler": self.sampler.state_dict()}
+        if self.generator is not None:
+            state["generator"] = {
+                "state": self.generator.state_dict(),
+                "rows": msgspec.to_builtins(self.train_rows[self._given_rows :]),
+            }
+        return state
+
+    def restore_data(self, state: dict[str, Any]) -> None:
+        """Continue from ``data_state``'s ``state``."""
+        if self.generator is not None and "generator" in state:
+            made = state["generator"]["rows"]
+            self.train_rows.extend(made)
+            self.sampler.add_rows(made)
+            self.generator.load_state_dict(state["generator"]["state"])
+        self.sampler.load_state_dict(state["sampler"])
 
     async def rollout(
         self,
@@ -671,7 +713,7 @@ class Run:
         sampling RNG. (initial accuracy, accuracy so far)."""
         await self._saving_trainer().load(folder)
         await self.synchronizer.sync(state["weight_version"])
-        self.sampler.load_state_dict(state["sampler"])
+        self.restore_data(state)
         self.rng.setstate(as_random_state(state["rng"]))
         log.info("resumed from %s (step %d)", folder, state["step"])
         return float(state["initial_accuracy"]), float(state["accuracy"])
@@ -715,7 +757,7 @@ class Run:
             return None
         full = {
             "mode": cfg.mode,
-            "sampler": self.sampler.state_dict(),
+            **self.data_state(),
             "rng": self.rng.getstate(),
             **state,
         }  # state's own win (taken earlier)
