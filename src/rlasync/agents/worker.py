@@ -78,6 +78,7 @@ class AgentLoopWorker(Actor):
         self._interaction: Callable[[], Interaction] | None = (
             None  # each loop's simulated user (agent.interaction)
         )
+        self._mcp: Any = None  # agent.mcp_servers, started (rlasync.tools.mcp.MCPServers)
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
         self.counters = LoopCounters()  # what finished trajectories did (rlasync_agent_* on /metrics)
@@ -92,6 +93,12 @@ class AgentLoopWorker(Actor):
 
             self.tokenizer = await asyncio.to_thread(load_tokenizer, self.spec.model)
         self.tools = build_tools(self.spec.agent.tools)
+        if self.spec.agent.mcp_servers:  # their tools beside agent.tools; the servers stop with this worker
+            from ..tools.mcp import MCPServers
+
+            self._mcp = MCPServers(self.spec.agent.mcp_servers)
+            await self._mcp.__aenter__()
+            self.tools = {**self._mcp.tools, **self.tools}  # a clash is refused at start-up (the run's check)
         if self._engine is None:
             if not self.spec.engines:
                 raise ValueError("AgentLoopWorker needs engines: AgentWorkerSpec(engines=[engine refs])")
@@ -117,6 +124,8 @@ class AgentLoopWorker(Actor):
     async def on_stop(self) -> None:
         if self._unexport is not None:
             self._unexport()
+        if self._mcp is not None:
+            await self._mcp.close()
         if isinstance(self._engine, Router):
             await self._engine.close()
 

@@ -10,6 +10,21 @@ NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
+class MCPServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One MCP server started over stdio (``agent.mcp_servers.<name>``; ``rlasync.tools.mcp``)."""
+
+    command: str
+    """The program, e.g. ``python``, ``npx``, ``uvx``."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    """Added to the few variables MCP passes on (``PATH``, ``HOME``...)."""
+    cwd: str | None = None
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    """Deadline of one tool call (the model then reads a timeout error)."""
+    start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    """Deadline for the server to start and list its tools."""
+
+
 class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """How trajectories are rolled out (``agent.*``; verl's ``rollout.multi_turn.*`` names)."""
 
@@ -46,6 +61,11 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """Built-in or registered tools offered to the model: by name (``[calculator, python]``), or
     name -> its settings (``{python: {wall_time_s: 5, isolation: weaker}}``; see each tool's
     class, e.g. ``rlasync.tools.PythonTool``)."""
+
+    mcp_servers: dict[str, MCPServerConfig] = {}
+    """MCP servers (Model Context Protocol, stdio) whose tools are offered beside ``tools``: name
+    -> ``{command: python, args: [server.py], env: {...}, timeout_s: 30}``. Each agent-loop
+    worker starts its own and stops them with it (``rlasync.tools.mcp``; needs ``rlasync[mcp]``)."""
 
     rollout_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
     """Deadline of one call from the head to an agent-loop worker: every trajectory of the rows

@@ -77,7 +77,8 @@ class RunInterrupted(Exception):
 
 def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
     """``agent.tools``, built; fails at start-up, not mid-run, on a loop or tool the rows need
-    and the config lacks."""
+    and the config lacks (tools the rows name may be an MCP server's: then ``check_mcp_servers``
+    checks them, once the servers have listed theirs)."""
     try:
         tools = build_tools(config.agent.tools)
     except SandboxUnavailable as exc:
@@ -89,12 +90,38 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
             get_loop(str(row.get("agent_name") or config.agent.default_loop))
         except KeyError as exc:
             raise ConfigError(f"agent.default_loop or a row's agent_name: {exc.args[0]}") from None
-        missing = {str(t.get("function", t).get("name")) for t in row.get("tools") or []} - set(tools)
+    if not config.agent.mcp_servers:
+        check_rows_tools(rows, set(tools))
+    return tools
+
+
+def check_rows_tools(rows: list[Row], provided: set[str]) -> None:
+    """A ``ConfigError`` if a row offers the model a tool nothing provides."""
+    for row in rows:
+        missing = {str(t.get("function", t).get("name")) for t in row.get("tools") or []} - provided
         if missing:
             raise ConfigError(
-                f"rows offer the tool(s) {sorted(missing)} that agent.tools does not provide: add them to agent.tools"
+                f"rows offer the tool(s) {sorted(missing)} that neither agent.tools nor agent.mcp_servers provide: "
+                "add them to agent.tools"
             )
-    return tools
+
+
+async def check_mcp_servers(config: Config, tools: dict[str, Any], rows: list[Row]) -> None:
+    """``agent.mcp_servers`` start here once and list their tools, none named like one of
+    ``agent.tools`` (``tools``, built), and together they provide every tool ``rows`` offer; a
+    ``ConfigError`` naming the server or the tool otherwise."""
+    from ..tools.mcp import MCPServers, MCPUnavailable
+
+    try:
+        async with MCPServers(config.agent.mcp_servers) as servers:
+            offered = {name: tool.server for name, tool in servers.tools.items()}
+    except MCPUnavailable as exc:
+        raise ConfigError(f"agent.mcp_servers: {exc}") from None
+    for name in sorted(set(offered) & set(tools)):
+        raise ConfigError(
+            f"agent.mcp_servers: server {offered[name]!r} offers a tool named {name!r}, as agent.tools does: drop one"
+        )
+    check_rows_tools(rows, set(tools) | set(offered))
 
 
 def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
@@ -260,12 +287,12 @@ class Run:
                 f"train.overlong_buffer={cfg.overlong_buffer} is longer than agent.response_length={config.agent.response_length}: "
                 "the penalty starts that many tokens before the length limit"
             )
-        self.tools = build_run_tools(
-            config,
+        self._sample_rows = (  # what the run's rows need (a synthetic task's are all alike)
             [*self._files[0], *self._files[1]]
             if self._files
-            else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val"),
+            else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val")
         )
+        self.tools = build_run_tools(config, self._sample_rows)
         unknown = sorted(set(cfg.trackers) - {"jsonl", *tracker_names()})
         if unknown:
             raise ConfigError(
@@ -312,6 +339,8 @@ class Run:
     async def start(self, *, metrics_upto: int | None = None, simulated: Simulated | None = None) -> None:
         """Build and start everything, as ``open`` describes; closed again if that fails."""
         config = self.config
+        if config.agent.mcp_servers:  # a server that does not start is a config error, before anything starts
+            await check_mcp_servers(config, self.tools, self._sample_rows)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
         if simulated is None:
