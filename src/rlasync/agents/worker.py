@@ -75,9 +75,8 @@ class AgentLoopWorker(Actor):
         self._engine = engine
         self.tokenizer = tokenizer
         self._reward_fn = reward_fn
-        self._interaction: Callable[[], Interaction] | None = (
-            None  # each loop's simulated user (agent.interaction)
-        )
+        # Each loop's simulated user (agent.interaction), made by this.
+        self._interaction: Callable[[], Interaction] | None = None
         self._mcp: Any = None  # agent.mcp_servers, started (rlasync.tools.mcp.MCPServers)
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs

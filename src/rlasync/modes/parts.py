@@ -251,6 +251,8 @@ class Run:
     _files: tuple[list[Row], list[Row]] | None  # the rows of data.train_files/val_files, read at once
     sampler: Sampler
     generator: DataGenerator | None  # data.generator: adds rows as the run learns
+    _given_rows: int  # rows of the data; those after them were generated during the run
+    _sample_rows: list[Row]  # the rows start-up checks stand for (a synthetic task's: one)
     tokenizer: Any
     pad: int
     _reading: asyncio.Future[None]  # the thread reading the rows and tokenizer (_compose)
@@ -287,7 +289,7 @@ class Run:
                 f"train.overlong_buffer={cfg.overlong_buffer} is longer than agent.response_length={config.agent.response_length}: "
                 "the penalty starts that many tokens before the length limit"
             )
-        self._sample_rows = (  # what the run's rows need (a synthetic task's are all alike)
+        self._sample_rows = (  # a synthetic task's rows are all alike: one stands for them
             [*self._files[0], *self._files[1]]
             if self._files
             else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val")
@@ -422,7 +424,7 @@ class Run:
             config.data.sampler, self.train_rows, seed=config.train.seed, shuffle=config.data.shuffle
         )
         self.generator = make_generator(config.data.generator, seed=config.train.seed)
-        self._given_rows = len(self.train_rows)  # the rest were generated during the run
+        self._given_rows = len(self.train_rows)
         if load_tokenizer is not None:
             self.tokenizer = load_tokenizer(self.model_dir)
         self.pad = int(self.tokenizer.pad_token_id or 0)
