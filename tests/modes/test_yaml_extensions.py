@@ -186,7 +186,7 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_long_responses_lose
         (["agent.interaction=retry"], "agent.interaction needs a loop that talks with a simulated user"),
         (
             ["agent.default_loop=tool", "agent.interaction=nagging"],
-            "agent.interaction: no interaction named 'nagging'",
+            "agent.interaction: no entry named 'nagging' (registered: retry; register yours with @rlasync.agents.register_interaction",
         ),
         (
             ["agent.default_loop=tool", "agent.interaction={name: retry, max_attempts: 0}"],

@@ -122,17 +122,15 @@ def test_rows_added_mid_epoch_join_the_next_epoch_and_restore_exactly() -> None:
 def test_rising_difficulty_adds_longer_words_each_time_the_window_passes() -> None:
     from rlasync.data import GeneratorError, make_generator
 
-    grow = make_generator(
-        {
-            "name": "rising_difficulty",
-            "threshold": 0.5,
-            "window": 2,
-            "batch": 3,
-            "start_length": 4,
-            "max_length": 5,
-        },
-        seed=0,
-    )
+    spec = {
+        "name": "rising_difficulty",
+        "threshold": 0.5,
+        "window": 2,
+        "batch": 3,
+        "start_length": 4,
+        "max_length": 5,
+    }
+    grow = make_generator(spec, seed=0)
     assert grow is not None and make_generator("", seed=0) is None
     assert grow.generate([RowResult(0, [0.0, 0.0]), RowResult(1, [0.0, 1.0])], rows=[]) == []  # 0.25 < 0.5
     added = grow.generate([RowResult(2, [1.0, 1.0])], rows=[])
@@ -143,22 +141,14 @@ def test_rising_difficulty_adds_longer_words_each_time_the_window_passes() -> No
     longer = grow.generate([RowResult(4, [1.0])], rows=[])
     assert [len(r["ground_truth"]) for r in longer] == [5, 5, 5]
     assert grow.generate([RowResult(5, [1.0]), RowResult(6, [1.0])], rows=[]) == []  # max_length reached
-    twin = make_generator(
-        {
-            "name": "rising_difficulty",
-            "threshold": 0.5,
-            "window": 2,
-            "batch": 3,
-            "start_length": 4,
-            "max_length": 5,
-        },
-        seed=0,
-    )
+    twin = make_generator(spec, seed=0)
     assert twin is not None
     twin.load_state_dict(state)
     twin.generate([RowResult(3, [1.0])], rows=[])
     assert twin.generate([RowResult(4, [1.0])], rows=[]) == longer  # the same rows after a restore
-    with pytest.raises(GeneratorError, match="no generator named 'harder'"):
+    with pytest.raises(
+        GeneratorError, match=r"data.generator: no entry named 'harder' \(registered: rising_difficulty; "
+    ):
         make_generator("harder", seed=0)
     with pytest.raises(GeneratorError, match="data.generator 'rising_difficulty': .*unexpected keyword"):
         make_generator({"name": "rising_difficulty", "speed": 2}, seed=0)

@@ -29,7 +29,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..config.loader import ConfigError
+from ..config.loader import ConfigError, registry_choice
 from .base import Interaction, RewardFn
 from .trajectory import Trajectory, TrajectoryMetrics
 
@@ -70,17 +70,13 @@ def interaction_factory(spec: str | dict[str, Any], score: Score) -> Callable[[]
     """What makes each trajectory's interaction from ``agent.interaction`` (``name`` or ``{name:
     ..., option: value}``; "" or ``{}``: none). One is built now, so a wrong name or option is
     an ``InteractionError`` at start-up rather than a failed trajectory each time."""
-    options = dict(spec) if isinstance(spec, dict) else {"name": spec} if spec else {}
-    if not options:
+    choice = registry_choice(
+        spec, "agent.interaction", _INTERACTIONS, "@rlasync.agents.register_interaction", InteractionError
+    )
+    if choice is None:
         return None
-    name = options.pop("name", None)
-    if not isinstance(name, str) or name not in _INTERACTIONS:
-        raise InteractionError(
-            f"agent.interaction: {'no interaction named ' + repr(name) if name else 'give its name'} "
-            f"(registered: {', '.join(registered_interactions())}; register yours with "
-            "@rlasync.agents.register_interaction in a plugin)"
-        )
-    cls: Callable[..., Interaction] = _INTERACTIONS[name]  # built as cls(score, **options)
+    name, found, options = choice
+    cls: Callable[..., Interaction] = found  # built as cls(score, **options)
     try:
         cls(score, **options)
     except (TypeError, ValueError) as exc:

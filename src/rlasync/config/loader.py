@@ -8,6 +8,7 @@ A bad value is rejected with its dotted path and what was expected.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,6 +58,28 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     Python files (``./my_plugin.py``) whose registrations (loops, tools, rewards, samplers,
     generators, interactions) the config then names (``rlasync.plugins``); ``rlasync train
     --plugin PATH`` adds one."""
+
+
+def registry_choice(
+    spec: str | dict[str, Any],
+    setting: str,
+    registered: Mapping[str, T],
+    register: str,
+    error: type[ConfigError],
+) -> tuple[str, T, dict[str, Any]] | None:
+    """A setting that picks from a registry by ``name`` or ``{name: ..., option: value}``: the
+    name, what it names and the options; None for "" or ``{}``. An unknown name is ``error``,
+    listing the registered ones and how to add one (``register``, e.g. the decorator)."""
+    options = dict(spec) if isinstance(spec, dict) else {"name": spec} if spec else {}
+    if not options:
+        return None
+    name = options.pop("name", None)
+    if not isinstance(name, str) or name not in registered:
+        raise error(
+            f"{setting}: {'no entry named ' + repr(name) if name else 'give a name'} (registered: "
+            f"{', '.join(sorted(registered))}; register yours with {register} in a plugin)"
+        )
+    return name, registered[name], options
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import ConfigError
+from ..config.loader import registry_choice
 from .datasets import Row, problem_row
 from .samplers import RowResult
 from .synthetic import REVERSE_ALPHABET, reverse_problem
@@ -73,18 +74,14 @@ def registered_generators() -> list[str]:
 def make_generator(spec: str | dict[str, Any], *, seed: int) -> DataGenerator | None:
     """The generator ``data.generator`` asks for (a name, or ``{name: ..., option: value}``);
     None for "" (no generator)."""
-    options = dict(spec) if isinstance(spec, dict) else {"name": spec} if spec else {}
-    if not options:
+    choice = registry_choice(
+        spec, "data.generator", _GENERATORS, "@rlasync.data.register_generator", GeneratorError
+    )
+    if choice is None:
         return None
-    name = options.pop("name", None)
-    if not isinstance(name, str) or name not in _GENERATORS:
-        raise GeneratorError(
-            f"data.generator: {'no generator named ' + repr(name) if name else 'give its name'} "
-            f"(registered: {', '.join(registered_generators())}; register yours with "
-            "@rlasync.data.register_generator in a plugin)"
-        )
+    name, factory, options = choice
     try:
-        return _GENERATORS[name](seed=seed, **options)
+        return factory(seed=seed, **options)
     except (TypeError, ValueError) as exc:
         raise GeneratorError(f"data.generator {name!r}: {exc}") from None
 
