@@ -95,6 +95,9 @@ async def _run(
 
 
 # -- learning: the quickstart on its cluster placement, as a user runs it ---------------------------
+# The run's own deadline (400 s), plus the warm-start the first test asking for reverse_model
+# builds: pytest's default 120 s (which, under xdist, kills the worker) is below a loaded run's time.
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("mode", ["sync", "fully_async"])
 async def test_the_quickstart_cluster_learns(tmp_path: Path, reverse_model: Path, mode: str) -> None:
     """3 node processes: 2 engine replicas with their loops on nodes 1 and 2, trainer ranks on

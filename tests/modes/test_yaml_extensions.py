@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).parents[2]
+# Each test is one or two short runs (300 s deadline each); the first to ask for reverse_model
+# also builds it.
+pytestmark = pytest.mark.timeout(600)
 
 PLUGIN = '''\
 """A user's plugin: a reward and a loop, registered when rlasync imports this file."""
