@@ -77,8 +77,10 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 # The engine contract suite and a quickstart rollout, on vLLM for real.
+# vLLM leaves its ZeroMQ sockets (ipc://<TMPDIR>/<uuid>) behind: they go into a folder removed after.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest tests/engines/test_contract.py tests/engines/test_vllm.py
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		TMPDIR="$$tmp" $(VLLM_PY) -m pytest tests/engines/test_contract.py tests/engines/test_vllm.py
 
 # Ten minutes of hostile peers (a fuzzing member, an outsider holding connections, a member
 # flooding a slow endpoint) against a 3-node cluster that trains: tests/soak/test_soak.py.

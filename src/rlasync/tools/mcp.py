@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shlex
 from typing import Any
 
 from ..config.agent import MCPServerConfig
 from .base import Tool, ToolContext, ToolError
+
+log = logging.getLogger(__name__)
 
 
 class MCPUnavailable(RuntimeError):
@@ -113,7 +116,9 @@ class MCPServers:
                 ready.set_result([MCPTool(session, tool, name, config.timeout_s) for tool in listed.tools])
                 await self._stop.wait()
         except Exception as exc:  # mcp raises its own errors, OSError for a missing command, grouped ones
-            if not ready.done():
+            if ready.done():  # it had started: its tools answer every call with an error from now on
+                log.warning("MCP server %r stopped: %s; calls of its tools now fail", name, _reason(exc))
+            else:
                 ready.set_exception(
                     MCPUnavailable(
                         f"MCP server {name!r} ({shlex.join([config.command, *config.args])}) did not start: {_reason(exc)}"
