@@ -120,7 +120,7 @@ def test_rows_added_mid_epoch_join_the_next_epoch_and_restore_exactly() -> None:
 
 
 def test_rising_difficulty_adds_longer_words_each_time_the_window_passes() -> None:
-    from rlasync.data import GeneratorError, make_generator
+    from rlasync.data import GeneratorError, make_generator, split_of
 
     spec = {
         "name": "rising_difficulty",
@@ -135,6 +135,7 @@ def test_rising_difficulty_adds_longer_words_each_time_the_window_passes() -> No
     assert grow.generate([RowResult(0, [0.0, 0.0]), RowResult(1, [0.0, 1.0])], rows=[]) == []  # 0.25 < 0.5
     added = grow.generate([RowResult(2, [1.0, 1.0])], rows=[])
     assert [len(r["ground_truth"]) for r in added] == [4, 4, 4]
+    assert all(split_of("reverse", r["problem"].key) == "train" for r in added)  # never a held-out problem
     assert all(r["messages"][0]["content"] == f"Reverse {r['ground_truth'][::-1]}" for r in added)
     state = grow.state_dict()
     assert grow.generate([RowResult(3, [1.0])], rows=[]) == []  # counting afresh after an addition

@@ -30,7 +30,7 @@ from ..config import ConfigError
 from ..config.loader import registry_choice
 from .datasets import Row, problem_row
 from .samplers import RowResult
-from .synthetic import REVERSE_ALPHABET, reverse_problem
+from .synthetic import REVERSE_ALPHABET, reverse_problem, split_of
 
 
 class DataGenerator(abc.ABC):
@@ -128,7 +128,15 @@ class RisingDifficulty(DataGenerator):
         self.length += 1
         self.recent = []
         rng = random.Random(f"rlasync.rising_difficulty/{self.seed}/{self.length}")
-        words = {"".join(rng.choice(REVERSE_ALPHABET) for _ in range(self.length)) for _ in range(self.batch)}
+        words: set[str] = set()
+        for _ in range(20 * self.batch):  # bounded: about 9 words in 10 are of the training split
+            if len(words) == self.batch:
+                break
+            word = "".join(rng.choice(REVERSE_ALPHABET) for _ in range(self.length))
+            if (
+                split_of("reverse", word) == "train"
+            ):  # never a held-out problem (6 letters and fewer are the task's)
+                words.add(word)
         return [problem_row(reverse_problem(w), uid=f"reverse:generated:{w}") for w in sorted(words)]
 
     def state_dict(self) -> dict[str, Any]:
