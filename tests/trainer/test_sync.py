@@ -275,7 +275,10 @@ def test_a_config_typo_is_a_one_line_error_naming_the_key(override: str, needle:
     ("overrides", "needle"),
     [
         ([], "train.model_dir=/nonexistent is not a model folder"),
-        (["train.task=calc"], "agent.tools does not provide"),  # calc rows offer the calculator
+        (
+            ["train.task=calc"],
+            "neither agent.tools nor agent.mcp_servers provide",
+        ),  # calc rows offer the calculator
         (["data.train_files=[x.jsonl]"], "data.val_files"),
         (["train.val_size=100000"], "train.val_size=100000: the reverse task has"),
     ],
