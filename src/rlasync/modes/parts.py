@@ -283,7 +283,9 @@ class Run:
                 f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that"
             )
         interaction_factory(config.agent.interaction, conversation_score(None))  # its name and options
-        make_generator(config.data.generator, seed=cfg.seed)  # its name and options, before anything starts
+        self.generator = make_generator(
+            config.data.generator, seed=cfg.seed
+        )  # a bad name fails before anything starts
         if cfg.overlong_buffer > config.agent.response_length:
             raise ConfigError(
                 f"train.overlong_buffer={cfg.overlong_buffer} is longer than agent.response_length={config.agent.response_length}: "
@@ -423,7 +425,6 @@ class Run:
         self.sampler = make_sampler(
             config.data.sampler, self.train_rows, seed=config.train.seed, shuffle=config.data.shuffle
         )
-        self.generator = make_generator(config.data.generator, seed=config.train.seed)
         self._given_rows = len(self.train_rows)
         if load_tokenizer is not None:
             self.tokenizer = load_tokenizer(self.model_dir)
