@@ -1,7 +1,7 @@
 """The pass-rate curriculum (``data.sampler: pass_rate``) against the uniform sampler: samples
 generated until held-out accuracy on the learnable prompts reaches a target, in one run.
 
-    .venv/bin/python benchmarks/curriculum_bench.py [--seeds 2 4] [--max-steps 300] [--smoke]
+    .venv/bin/python benchmarks/curriculum_bench.py [--seeds 2 4] [--max-steps 300] [--set KEY=VALUE] [--smoke]
 
 The task mixes three kinds of string-reversal prompts in equal parts (JSONL rows with a ``kind``
 field, scored by the reward registered here): *easy* ones (every answer scores 1), *impossible*
@@ -88,6 +88,7 @@ def arm(
             f"data.val_files=[{data[1]}]",
             "data.reward=curriculum_bench",
             f"data.sampler={sampler}",
+            *args.set,
         ],
     )
     stop = asyncio.Event()
@@ -132,10 +133,14 @@ def main() -> None:
     parser.add_argument("--check-every", type=int, default=10)
     parser.add_argument("--val-size", type=int, default=64)
     parser.add_argument("--gain", type=float, default=0.15)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for both arms"
+    )
     parser.add_argument("--smoke", action="store_true", help="a few steps each, for the test suite")
     args = parser.parse_args()
-    if args.smoke:
+    if args.smoke:  # an untrained model writes to its token limit: few, short samples
         args.seeds, args.per_kind, args.max_steps, args.check_every, args.val_size = [0], 8, 3, 1, 8
+        args.set += ["train.prompts_per_step=4", "train.group_size=4", "train.max_new_tokens=8"]
     per_seed: dict[int, dict[str, Any]] = {}
     for seed in args.seeds:
         args.seed = seed

@@ -69,6 +69,7 @@ class MCPServers:
         self.servers = servers
         self.tools: dict[str, MCPTool] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._started: list[asyncio.Future[list[MCPTool]]] = []  # one per task: set once it listed its tools
         self._stop = asyncio.Event()
 
     async def __aenter__(self) -> MCPServers:
@@ -76,6 +77,7 @@ class MCPServers:
             for name, config in self.servers.items():
                 ready: asyncio.Future[list[MCPTool]] = asyncio.get_running_loop().create_future()
                 self._tasks.append(asyncio.create_task(self._serve(name, config, ready), name=f"mcp-{name}"))
+                self._started.append(ready)
                 try:
                     tools = await asyncio.wait_for(asyncio.shield(ready), config.start_timeout_s)
                 except TimeoutError:
@@ -128,10 +130,12 @@ class MCPServers:
     async def close(self) -> None:
         """Stop every server (each gets its stdin closed, then is killed if it lingers)."""
         self._stop.set()
-        for task in self._tasks:
+        for task, ready in zip(self._tasks, self._started, strict=True):
+            if not ready.done():  # still starting (it waits on the server, not on _stop): cut it off now
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, 10.0)
-        self._tasks = []
+        self._tasks, self._started = [], []
 
 
 def _reason(exc: BaseException) -> str:
