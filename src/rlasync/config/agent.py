@@ -62,6 +62,11 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     name -> its settings (``{python: {wall_time_s: 5, isolation: weaker}}``; see each tool's
     class, e.g. ``rlasync.tools.PythonTool``)."""
 
+    tool_config: str = ""
+    """A tool file in verl's shape (``multi_turn.tool_config_path``): ``tools: [{class_name,
+    config, tool_schema}]``; its tools are offered beside ``tools`` (``rlasync.tools.tool_config``).
+    Relative to the working directory; every host of a launched run reads it at that path."""
+
     mcp_servers: dict[str, MCPServerConfig] = {}
     """MCP servers (Model Context Protocol, stdio) whose tools are offered beside ``tools``: name
     -> ``{command: python, args: [server.py], env: {...}, timeout_s: 30}``. Each agent-loop

@@ -7,6 +7,7 @@ A bad value is rejected with its dotted path and what was expected.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -80,6 +81,18 @@ def registry_choice(
             f"{', '.join(sorted(registered))}; register yours with {register} in a plugin)"
         )
     return name, registered[name], options
+
+
+def import_object(path: str, setting: str, error: type[ConfigError]) -> Any:
+    """What ``module:attr`` or ``module.attr`` names, imported (a class a setting names by its
+    import path); ``error``, naming ``setting``, when it cannot be."""
+    module, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not sep or not module or not attr:
+        raise error(f"{setting}: {path!r} is not an import path (module.Class or module:Class)")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise error(f"{setting}: cannot import {path!r} ({exc})") from exc
 
 
 def _set_dotted(tree: dict[str, Any], override: str) -> None:

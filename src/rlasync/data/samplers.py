@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 
 from ..config import ConfigError
+from ..config.loader import import_object
 from .datasets import Row, RowSampler
 
 
@@ -193,17 +193,13 @@ def make_sampler(spec: str | dict[str, Any], rows: list[Row], *, seed: int, shuf
 
 
 def _import(name: str) -> SamplerFactory:
-    module, sep, attr = name.partition(":") if ":" in name else name.rpartition(".")
     known = ", ".join(registered_samplers())
-    if not sep or not module:
+    if ":" not in name and "." not in name:
         raise SamplerError(
             f"data.sampler: unknown sampler {name!r}; registered: {known} (or give module:Class, "
             "or import the module that registers it before the run)"
         )
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SamplerError(f"data.sampler: cannot import {name!r} ({exc}); registered: {known}") from exc
+    found = import_object(name, "data.sampler", SamplerError)
     if not callable(found):
         raise SamplerError(f"data.sampler: {name!r} is not a class or factory")
     return found

@@ -39,7 +39,7 @@ from ..engines import EngineGroup, SamplingParams
 from ..metrics import Rollouts, Stamp, StepRecord
 from ..metrics.trackers import Tracker, TrackerUnavailable, open_trackers, tracker_names
 from ..runtime.node import rank_of
-from ..tools import SandboxUnavailable, build_tools
+from ..tools import SandboxUnavailable, ToolConfigError, build_agent_tools
 from .placement import Placement
 from .traces import TRACES_FILE, trace_lines
 from .warmstart import DEFAULT_SETTINGS, warm_start
@@ -80,7 +80,9 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
     and the config lacks (tools the rows name may be an MCP server's: then ``check_mcp_servers``
     checks them, once the servers have listed theirs)."""
     try:
-        tools = build_tools(config.agent.tools)
+        tools = build_agent_tools(config.agent.tools, config.agent.tool_config)
+    except ToolConfigError:
+        raise
     except SandboxUnavailable as exc:
         raise ConfigError(f"agent.tools: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:  # an unknown tool, or settings it does not take

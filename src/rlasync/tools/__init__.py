@@ -46,6 +46,7 @@ from .parsers import (
     register_parser,
     registered_parsers,
 )
+from .tool_config import ToolConfigError, build_agent_tools, load_tool_config
 
 __all__ = [
     "CALCULATOR",
@@ -58,17 +59,20 @@ __all__ = [
     "PythonTool",
     "SandboxUnavailable",
     "Tool",
+    "ToolConfigError",
     "ToolCall",
     "ToolContext",
     "ToolError",
     "ToolParser",
     "ToolResult",
     "TruncateSide",
+    "build_agent_tools",
     "build_tools",
     "calculator",
     "error_result",
     "get_parser",
     "get_tool",
+    "load_tool_config",
     "register_parser",
     "register_tool",
     "registered_parsers",
