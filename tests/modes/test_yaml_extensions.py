@@ -154,8 +154,9 @@ def test_a_simulated_user_makes_the_model_try_again_in_an_async_run_with_rejecti
         assert roles[-3:] == ["assistant", "user", "assistant"], roles
 
 
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
 def test_dynamic_sampling_trains_only_groups_with_signal_and_long_responses_lose_reward(
-    tmp_path: Path, reverse_model: Path
+    tmp_path: Path, reverse_model: Path, mode: str
 ) -> None:
     run_dir = tmp_path / "run"
     config = BASE.format(model=reverse_model, run_dir=run_dir, steps=3) + (
@@ -164,6 +165,7 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_long_responses_lose
     done = _train(
         tmp_path,
         config,
+        f"train.mode={mode}",
         "train.dynamic_sampling=true",
         "train.max_gen_batches=3",
         "train.overlong_buffer=4",
@@ -196,7 +198,7 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_long_responses_lose
         ),
         (
             ["train.mode=fully_async", "train.dynamic_sampling=true"],
-            "train.dynamic_sampling runs with train.mode=sync",
+            "train.dynamic_sampling runs with train.mode=sync or one_step_off, not fully_async",
         ),
         (
             ["train.overlong_buffer=2000"],

@@ -117,7 +117,8 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     equal (no GRPO signal) are dropped and more prompts are rolled out until the step has
     ``prompts_per_step`` groups with signal, or ``max_gen_batches`` rounds were made (it then
     trains on the groups it has). ``rollout/gen_batches`` and ``rollout/dropped_groups`` say what
-    it cost. ``train.mode=sync`` only."""
+    it cost. ``train.mode`` sync or one_step_off (there every round of a batch is generated at
+    one weight version), not fully_async."""
     max_gen_batches: PositiveInt = 4
     """Rollout rounds of ``prompts_per_step`` prompts one step may make (``dynamic_sampling``)."""
     overlong_buffer: NonNegativeInt = 0
@@ -165,8 +166,8 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     ``run_dir``."""
 
     def __post_init__(self) -> None:
-        if self.dynamic_sampling and self.mode != "sync":
+        if self.dynamic_sampling and self.mode == "fully_async":
             raise ValueError(
-                f"train.dynamic_sampling runs with train.mode=sync, not {self.mode} (the asynchronous modes "
-                "admit a fixed number of samples per weight version)"
+                "train.dynamic_sampling runs with train.mode=sync or one_step_off, not fully_async (its queue "
+                "admits a fixed number of samples per weight version: async_training.staleness_threshold)"
             )

@@ -35,6 +35,7 @@ class InFlightBatch(msgspec.Struct, kw_only=True):
 
     uses: list[tuple[int, int]]  # (epoch, row index) of each sample, as ``data/rows`` records them
     samples: list[list[Trajectory]]
+    sampling: dict[str, int] = {}  # train.dynamic_sampling's rounds and dropped groups
 
 
 async def train_one_step_off(
@@ -98,6 +99,8 @@ async def train_one_step_off(
                 synced = await run.synchronizer.sync(step - 1)
                 served = step - 1
             pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
+            if batch.sampling:
+                run.sampled(batch.sampling)
             record = await train_step(run, step, batch.samples, version=step - 1)
             record.data_rows = batch.uses
             run.learned(batch.uses, batch.samples)
@@ -122,11 +125,18 @@ async def train_one_step_off(
 
 
 async def _groups(run: Run, uses: list[tuple[int, int]], rows: list[Any], name: str) -> InFlightBatch:
-    """Roll out ``rows`` as samples: one group of ``train.group_size`` trajectories per row."""
+    """Roll out ``rows`` as samples: one group of ``train.group_size`` trajectories per row;
+    with ``train.dynamic_sampling``, only groups whose rewards differ, refilled (every round at
+    the same weight version: the engine is synced only once this batch is done)."""
     trajectories = await run.rollout(rows, name)
+    sampling: dict[str, int] = {}
+    if run.config.train.dynamic_sampling:
+        uses, trajectories, sampling = await run.with_signal(uses, trajectories, name)
     size = run.config.train.group_size
     return InFlightBatch(
-        uses=uses, samples=[trajectories[i : i + size] for i in range(0, len(trajectories), size)]
+        uses=uses,
+        samples=[trajectories[i : i + size] for i in range(0, len(trajectories), size)],
+        sampling=sampling,
     )
 
 

@@ -706,15 +706,16 @@ class Run:
 
     async def with_signal(
         self, uses: list[tuple[int, int]], trajectories: list[Any], name: str
-    ) -> tuple[list[tuple[int, int]], list[Any]]:
+    ) -> tuple[list[tuple[int, int]], list[Any], dict[str, int]]:
         """DAPO's dynamic sampling (``train.dynamic_sampling``): of these rolled-out rows (``uses``,
         their groups in ``trajectories``), the groups whose rewards differ; more rows are drawn and
-        rolled out, ``prompts_per_step`` at a time, until there are ``prompts_per_step`` such groups
-        or ``max_gen_batches`` rounds were made. The sampler hears of the groups left out now (of
+        rolled out, as many as ``uses`` at a time, until there are that many such groups or
+        ``max_gen_batches`` rounds were made. The sampler hears of the groups left out now (of
         the kept ones when the schedule calls ``learned``). No group with signal at all: the last
-        round's are kept (a step that changes nothing but stays a step)."""
+        round's are kept (a step that changes nothing but stays a step). Also returns the
+        rounds made and the groups dropped, for ``sampled`` when the step trains these."""
         cfg = self.config.train
-        want, size = cfg.prompts_per_step, cfg.group_size
+        want, size = len(uses), cfg.group_size
         kept_uses: list[tuple[int, int]] = []
         kept: list[Any] = []
         left_uses: list[tuple[int, int]] = []
@@ -738,8 +739,11 @@ class Run:
             kept_uses, kept = left_uses[-len(uses) :], [t for group in left[-len(uses) :] for t in group]
             left_uses, left = left_uses[: -len(uses)], left[: -len(uses)]
         self.learned(left_uses, left)
-        self._sampling = {"gen_batches": rounds, "dropped_groups": len(left_uses)}
-        return kept_uses, kept
+        return kept_uses, kept, {"gen_batches": rounds, "dropped_groups": len(left_uses)}
+
+    def sampled(self, stats: dict[str, int]) -> None:
+        """The dynamic sampling (``with_signal``) of the batch this step trains: in its record."""
+        self._sampling = stats
 
     async def restore(self, folder: Path, state: dict[str, Any]) -> tuple[float, float]:
         """Resume from checkpoint ``folder`` (``state``: its ``state.json``): the trainer's

@@ -55,7 +55,8 @@ async def train_sync(
             uses, rows = run.draw(cfg.prompts_per_step)
             trajectories = await run.rollout(rows, name=f"step{step}")
             if cfg.dynamic_sampling:  # only groups with signal, refilled
-                uses, trajectories = await run.with_signal(uses, trajectories, name=f"step{step}")
+                uses, trajectories, sampling = await run.with_signal(uses, trajectories, name=f"step{step}")
+                run.sampled(sampling)
             t1 = time.perf_counter()
             batch, train_batch = run.train_batch(trajectories)
             run.learned(
