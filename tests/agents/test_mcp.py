@@ -5,12 +5,11 @@ tool call goes to the server, from a YAML file through ``rlasync train``."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from calc_run import CONFIG, train
 
 from rlasync.config.agent import MCPServerConfig
 from rlasync.tools import ToolCall, ToolContext, run_tool_call
@@ -84,50 +83,32 @@ async def test_a_server_that_does_not_start_is_named() -> None:
             pass
 
 
-CONFIG = """\
-train:
-  task: calc
-  model_dir: {model}
-  run_dir: {run_dir}
-  steps: 2
-  prompts_per_step: 4
-  group_size: 4
-  validate_every: 1000
-  val_size: 8
-  trace_every: 0
-agent:
-  default_loop: tool
-  tools: []
-  max_assistant_turns: 3
+MCP_SERVER = """\
   mcp_servers:
     calc:
       command: {python}
       args: [{server}]
       env: {{MCP_CALLS_LOG: {log}}}
-trainer:
-  lr: 1.0e-4
 """
 
 
-def _train(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlasync", "train", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
+def _config(path: Path, **fields: object) -> Path:
+    path.write_text(CONFIG.format(agent=MCP_SERVER.format(**fields), **fields))
+    return path
 
 
 @pytest.mark.timeout(400)  # the calculator warm-start (calc_model) is built by the first test that asks
 def test_a_calc_run_calls_the_mcp_servers_calculator(tmp_path: Path, calc_model: Path) -> None:
     log, run_dir = tmp_path / "calls.log", tmp_path / "run"
-    config = tmp_path / "mcp.yaml"
-    config.write_text(
-        CONFIG.format(model=calc_model, run_dir=run_dir, python=sys.executable, server=SERVER, log=log)
+    config = _config(
+        tmp_path / "mcp.yaml",
+        model=calc_model,
+        run_dir=run_dir,
+        python=sys.executable,
+        server=SERVER,
+        log=log,
     )
-    done = _train(config)
+    done = train(config)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
     assert all(r["rollout/tool_calls_mean"] > 0 for r in records), records
@@ -141,17 +122,15 @@ def test_a_calc_run_calls_the_mcp_servers_calculator(tmp_path: Path, calc_model:
 def test_an_mcp_server_that_does_not_start_stops_the_run_before_it_starts(
     tmp_path: Path, nano_model_dir: Path
 ) -> None:
-    config = tmp_path / "mcp.yaml"
-    config.write_text(
-        CONFIG.format(
-            model=nano_model_dir,
-            run_dir=tmp_path / "run",
-            python="/nonexistent/python",
-            server=SERVER,
-            log="x",
-        )
+    config = _config(
+        tmp_path / "mcp.yaml",
+        model=nano_model_dir,
+        run_dir=tmp_path / "run",
+        python="/nonexistent/python",
+        server=SERVER,
+        log="x",
     )
-    done = _train(config)
+    done = train(config)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "rlasync train: agent.mcp_servers: MCP server 'calc' (/nonexistent/python" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

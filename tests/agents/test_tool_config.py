@@ -5,12 +5,10 @@ through ``rlasync train`` whose calculator is the file's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from calc_run import CONFIG, train
 
 from rlasync.tools import ToolCall, ToolConfigError, build_agent_tools, load_tool_config, run_tool_call
 from rlasync.tools.base import ToolContext
@@ -119,38 +117,6 @@ def test_every_mistake_in_the_file_names_the_entry(tmp_path: Path, text: str, er
         load_tool_config(tmp_path / "missing.yaml")
 
 
-CONFIG = """\
-train:
-  task: calc
-  model_dir: {model}
-  run_dir: {run_dir}
-  steps: 2
-  prompts_per_step: 4
-  group_size: 4
-  validate_every: 1000
-  val_size: 8
-  trace_every: 0
-agent:
-  default_loop: tool
-  tools: []
-  tool_config: {tool_config}
-  max_assistant_turns: 3
-trainer:
-  lr: 1.0e-4
-"""
-
-
-def _train(config: Path, tool_folder: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlasync", "train", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tool_folder)])},
-    )
-
-
 @pytest.mark.timeout(400)  # the calculator warm-start (calc_model) is built by the first test that asks
 def test_a_calc_run_calls_the_calculator_its_verl_tool_file_names(
     tool_module: Path, calc_model: Path
@@ -160,8 +126,10 @@ def test_a_calc_run_calls_the_calculator_its_verl_tool_file_names(
     # The calc task's schema exactly (no description): the tiny model was trained on that prompt.
     tool_config.write_text(VERL_FILE.format(log=log, description='""'))
     config = tool_module / "run.yaml"
-    config.write_text(CONFIG.format(model=calc_model, run_dir=run_dir, tool_config=tool_config))
-    done = _train(config, tool_module)
+    config.write_text(
+        CONFIG.format(model=calc_model, run_dir=run_dir, agent=f"  tool_config: {tool_config}\n")
+    )
+    done = train(config, pythonpath=(str(tool_module),))
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
     assert all(r["rollout/tool_calls_mean"] > 0 for r in records), records
@@ -177,9 +145,11 @@ def test_a_run_whose_tool_file_is_wrong_stops_before_it_starts(
     tool_config.write_text("tools:\n  - class_name: logged_calculator.Missing\n")
     config = tool_module / "run.yaml"
     config.write_text(
-        CONFIG.format(model=nano_model_dir, run_dir=tool_module / "run", tool_config=tool_config)
+        CONFIG.format(
+            model=nano_model_dir, run_dir=tool_module / "run", agent=f"  tool_config: {tool_config}\n"
+        )
     )
-    done = _train(config, tool_module)
+    done = train(config, pythonpath=(str(tool_module),))
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
         f"rlasync train: agent.tool_config ({tool_config}): tools[0] (logged_calculator.Missing): class_name: "
