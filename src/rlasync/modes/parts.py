@@ -81,7 +81,7 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
     checks them, once the servers have listed theirs)."""
     try:
         tools = build_agent_tools(config.agent.tools, config.agent.tool_config)
-    except ToolConfigError:
+    except ToolConfigError:  # names agent.tool_config itself (and is a ValueError: not re-worded below)
         raise
     except SandboxUnavailable as exc:
         raise ConfigError(f"agent.tools: {exc}") from None
