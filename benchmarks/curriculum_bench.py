@@ -24,9 +24,9 @@ the target counts ``--max-steps`` (``all_reached`` says whether all did).
 each kind. Measured (5 seeds, 2 cores; samples_saved over all seeds; per seed, steps to target
 uniform / curriculum):
 
-- 16 prompts, 64 a kind: -0.61. The arms need about the same steps: AdamW makes each update
-  the same size however few groups carry a gradient, and 5 learnable groups a step already
-  point the way.
+- 16 prompts, 64 a kind: -0.61 (40/50, 30/30, 35/65, 60/105, 90/160). The curriculum gains
+  nothing: AdamW makes each update the same size however few groups carry a gradient, and 5
+  learnable groups a step already point the way.
 - 6 prompts, 64 a kind: +0.22 (95/45, 170/60, 300+/125, 235/300+, 270/300+). The uniform arm's
   ~2 learnable groups a step give a noisy direction; the curriculum's 6 in-band ones do not,
   but on two seeds it stalls: its few in-band rows, drawn far more often than an epoch would,
