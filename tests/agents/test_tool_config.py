@@ -13,8 +13,6 @@ from calc_run import CONFIG, train
 from rlasync.tools import ToolCall, ToolConfigError, build_agent_tools, load_tool_config, run_tool_call
 from rlasync.tools.base import ToolContext
 
-ROOT = Path(__file__).parents[2]
-
 # A tool class outside the package, found by its import path (the test puts its folder on sys.path).
 LOGGED_CALCULATOR = """\
 from rlasync.tools import CalculatorTool

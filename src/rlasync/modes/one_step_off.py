@@ -99,8 +99,7 @@ async def train_one_step_off(
                 synced = await run.synchronizer.sync(step - 1)
                 served = step - 1
             pending = generate(step + 1) if step < cfg.steps else None  # generated at version step - 1
-            if batch.sampling:
-                run.sampled(batch.sampling)
+            run.sampled(batch.sampling)
             record = await train_step(run, step, batch.samples, version=step - 1)
             record.data_rows = batch.uses
             run.learned(batch.uses, batch.samples)

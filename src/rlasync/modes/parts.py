@@ -39,7 +39,7 @@ from ..engines import EngineGroup, SamplingParams
 from ..metrics import Rollouts, Stamp, StepRecord
 from ..metrics.trackers import Tracker, TrackerUnavailable, open_trackers, tracker_names
 from ..runtime.node import rank_of
-from ..tools import SandboxUnavailable, ToolConfigError, build_agent_tools
+from ..tools import SandboxUnavailable, build_agent_tools
 from .placement import Placement
 from .traces import TRACES_FILE, trace_lines
 from .warmstart import DEFAULT_SETTINGS, warm_start
@@ -81,7 +81,7 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
     checks them, once the servers have listed theirs)."""
     try:
         tools = build_agent_tools(config.agent.tools, config.agent.tool_config)
-    except ToolConfigError:  # names agent.tool_config itself (and is a ValueError: not re-worded below)
+    except ConfigError:  # already names its setting (agent.tool_config); a ValueError, not re-worded below
         raise
     except SandboxUnavailable as exc:
         raise ConfigError(f"agent.tools: {exc}") from None
@@ -285,9 +285,8 @@ class Run:
                 f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that"
             )
         interaction_factory(config.agent.interaction, conversation_score(None))  # its name and options
-        self.generator = make_generator(
-            config.data.generator, seed=cfg.seed
-        )  # a bad name fails before anything starts
+        # data.generator: built here, so a bad name or option fails before anything starts
+        self.generator = make_generator(config.data.generator, seed=cfg.seed)
         if cfg.overlong_buffer > config.agent.response_length:
             raise ConfigError(
                 f"train.overlong_buffer={cfg.overlong_buffer} is longer than agent.response_length={config.agent.response_length}: "
