@@ -78,6 +78,7 @@ LONG = (
     "modes/test_crash_resume.py",
     "agents/test_e2e.py",
     "modes/test_trackers.py",
+    "serving/test_openai_loop.py",
 )
 
 

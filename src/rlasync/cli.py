@@ -414,6 +414,72 @@ def status(
 
 
 @app.command()
+def serve(
+    model_dir: str = typer.Argument(..., help="A model folder (config.json, weights, tokenizer)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, help="Port to listen on (0: a free one, printed)."),
+    served_model_name: str = typer.Option(
+        "", help="The model name clients use (default: the folder's name)."
+    ),
+    api_key: str = typer.Option("", envvar="RLASYNC_API_KEY", help="Require this key (Bearer)."),
+    backend: str = typer.Option("torch", help="The engine: torch, or vllm / sglang where installed."),
+    tool_parser: str = typer.Option(
+        "hermes", help="How tool calls are read from replies: hermes or gpt-oss."
+    ),
+    max_batch: int = typer.Option(64, help="Sequences the engine decodes at once."),
+    threads: int = typer.Option(0, help="CPU threads of the torch engine (0: all)."),
+) -> None:
+    """An OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, /v1/models) for
+    chat or evaluation, no training; Ctrl-C stops it."""
+    import asyncio
+    import logging
+    from pathlib import Path
+
+    import uvloop
+
+    from .config import ConfigError, EndpointConfig, EngineConfig
+    from .engines import EngineError, build_engine
+    from .models.tiny import load_tokenizer
+    from .serving import Endpoint, EndpointError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not (Path(model_dir) / "config.json").is_file():
+        typer.echo(f"rlasync serve: {model_dir} is not a model folder (no config.json)", err=True)
+        raise typer.Exit(2)
+    try:
+        endpoint_config = EndpointConfig(
+            host=host,
+            port=port,
+            served_model_name=served_model_name or Path(model_dir).resolve().name,
+            api_key=api_key,
+        )
+        engine_config = EngineConfig(
+            model=model_dir, backend=backend, max_batch=max_batch, cpu_threads=threads
+        )
+    except (ConfigError, ValueError, TypeError) as exc:
+        typer.echo(f"rlasync serve: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    async def main() -> None:
+        engine = await build_engine(engine_config)
+        try:
+            tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
+            async with Endpoint(engine, tokenizer, endpoint_config, tool_parser=tool_parser) as endpoint:
+                typer.echo(f"serving {endpoint.model_name!r} at {endpoint.url}/v1 (Ctrl-C stops)", err=True)
+                await asyncio.Event().wait()  # until Ctrl-C cancels it
+        finally:
+            await engine.close()
+
+    try:
+        uvloop.run(main())
+    except (EndpointError, EngineError, ConfigError) as exc:
+        typer.echo(f"rlasync serve: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("rlasync serve: stopped", err=True)
+
+
+@app.command()
 def secret() -> None:
     """Print a fresh cluster secret for RLASYNC_CLUSTER_SECRET."""
     from .transport.auth import new_secret

@@ -23,12 +23,14 @@ LAYERS: list[set[str]] = [
     {"runtime"},
     {"weights"},
     {"engines", "agents", "trainer", "launcher"},
+    {"serving"},
     {"modes"},
     {"cli", "__main__"},
 ]
 """Bottom to top. ``rlasync/__init__.py`` (the package's public face) may import any layer but
 ``cli``; ``weights`` is the library both ends of a weight transfer use (the trainer's sender,
-an engine's sink), so it sits under them rather than beside them."""
+an engine's sink), so it sits under them rather than beside them; ``serving`` (the OpenAI
+endpoint and its loop) speaks to the engines for the agents, so it sits on both."""
 
 SIDEWAYS: dict[tuple[str, str], str] = {
     ("data", "rlasync.tools.calculator"): "the calc task's prompts offer the calculator's schema",

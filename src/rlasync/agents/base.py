@@ -11,6 +11,7 @@ Users register loops from their own modules: importing the module registers them
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -71,7 +72,19 @@ class AgentLoop(abc.ABC):
         self.interaction = interaction
         self.trajectory_id = trajectory_id or f"traj-{id(self):x}"
         # A router takes a session id (every turn of this trajectory on one engine); an engine does not.
-        self._session = {"session_id": self.trajectory_id} if _takes_session(type(engine)) else {}
+        self._session = {"session_id": self.trajectory_id} if takes_session(type(engine)) else {}
+
+    shared: Any = None
+    """What the loops of this class on one worker share (``shared_resource``); set by the worker."""
+
+    @classmethod
+    def shared_resource(
+        cls, engine: Generator, tokenizer: Any, config: AgentConfig
+    ) -> contextlib.AbstractAsyncContextManager[Any] | None:
+        """A resource every loop of this class on one worker shares (the ``openai`` loop's HTTP
+        endpoint): the worker enters it before the first such loop runs, hands what it yields
+        to each loop as ``shared`` and exits it when the worker stops. None: none."""
+        return None
 
     @abc.abstractmethod
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
@@ -184,7 +197,8 @@ def get_loop(name: str) -> type[AgentLoop]:
 
 
 @functools.cache
-def _takes_session(engine_type: type) -> bool:
+def takes_session(engine_type: type) -> bool:
+    """Whether ``engine_type.generate`` takes a ``session_id`` (a ``Router`` does; an engine does not)."""
     try:
         return "session_id" in inspect.signature(engine_type.generate).parameters  # type: ignore[attr-defined]
     except (AttributeError, TypeError, ValueError):

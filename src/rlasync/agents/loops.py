@@ -65,7 +65,7 @@ def _preview(messages: list[dict[str, Any]]) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def _turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
+def turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
     """The seed of one model turn: the run's seed, the trajectory and the turn all matter
     (one seed for every trajectory would draw the same random numbers for all of them)."""
     if seed is None:
@@ -144,7 +144,7 @@ class ResumableLoop(AgentLoop):
             budget = min(self._budget(), params.max_new_tokens - len(s.partial_ids))
             if budget <= 0:
                 return "length"
-            seed = _turn_seed(params.seed, self.trajectory_id, s.assistant_turns)
+            seed = turn_seed(params.seed, self.trajectory_id, s.assistant_turns)
             turn_params = msgspec.structs.replace(params, max_new_tokens=budget, seed=seed)
             request = GenerateRequest(
                 # Unique per attempt: a resumed turn must not reuse the id of a request the engine

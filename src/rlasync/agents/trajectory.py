@@ -50,3 +50,6 @@ class Trajectory(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]] = []
     """The conversation as text (for rewards, logs and humans; never re-tokenised)."""
     extra: dict[str, Any] = {}
+    samples: list[Trajectory] = []
+    """More samples of this rollout, trained with its reward and advantage: the calls of an
+    ``openai`` agent that did not continue the ones above (``rlasync.serving.recording``)."""

@@ -17,6 +17,7 @@ again on the others, so no row is lost. Trajectory ids (hence sampling seeds) ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -82,6 +83,10 @@ class AgentLoopWorker(Actor):
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
         self.counters = LoopCounters()  # what finished trajectories did (rlasync_agent_* on /metrics)
         self._unexport: Callable[[], None] | None = None
+        # What loop classes share on this worker (AgentLoop.shared_resource), opened on first use.
+        self._shared: dict[type[AgentLoop], Any] = {}
+        self._shared_stack = contextlib.AsyncExitStack()
+        self._shared_lock = asyncio.Lock()
 
     async def on_start(self) -> None:
         from ..data.synthetic import loop_reward
@@ -123,6 +128,7 @@ class AgentLoopWorker(Actor):
     async def on_stop(self) -> None:
         if self._unexport is not None:
             self._unexport()
+        await self._shared_stack.aclose()
         if self._mcp is not None:
             await self._mcp.close()
         if isinstance(self._engine, Router):
@@ -135,6 +141,7 @@ class AgentLoopWorker(Actor):
         """One trajectory per row, in order; rows pick their loop with ``agent_name``, and their
         ``uid`` is the trajectory's id. ``states``: trajectories to go on with (uid -> the
         ``LoopState`` a checkpoint saved, see ``loop_states``); the other rows start afresh."""
+        await self._open_shared({self._loop_class(row) for row in rows})
         loops = [self._loop(row, (states or {}).get(str(row.get("uid") or ""))) for row in rows]
         for loop in loops:
             self._loops[loop.trajectory_id] = loop
@@ -159,8 +166,19 @@ class AgentLoopWorker(Actor):
         }
         return msgspec.msgpack.encode(running)
 
+    def _loop_class(self, row: dict[str, Any]) -> type[AgentLoop]:
+        return get_loop(str(row.get("agent_name") or self.spec.agent.default_loop))
+
+    async def _open_shared(self, classes: set[type[AgentLoop]]) -> None:
+        async with self._shared_lock:
+            for cls in classes - self._shared.keys():
+                resource = cls.shared_resource(self._engine, self.tokenizer, self.spec.agent)
+                self._shared[cls] = (
+                    None if resource is None else await self._shared_stack.enter_async_context(resource)
+                )
+
     def _loop(self, row: dict[str, Any], state: LoopState | None) -> AgentLoop:
-        cls = get_loop(str(row.get("agent_name") or self.spec.agent.default_loop))
+        cls = self._loop_class(row)
         trajectory_id = str(row.get("uid") or uuid.uuid4().hex)
         loop = cls(
             self._engine,
@@ -171,6 +189,7 @@ class AgentLoopWorker(Actor):
             interaction=self._interaction() if self._interaction else None,
             trajectory_id=trajectory_id,
         )
+        loop.shared = self._shared.get(cls)
         if state is not None and isinstance(loop, ResumableLoop):
             loop.resume_from(state, row)
         return loop

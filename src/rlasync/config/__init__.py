@@ -4,6 +4,7 @@ from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
 from .data import DataConfig
+from .endpoint import EndpointConfig
 from .engine import EngineConfig, RouterConfig
 from .launch import LaunchConfig
 from .loader import Config, ConfigError, convert, load_config
@@ -18,6 +19,7 @@ __all__ = [
     "Config",
     "DataConfig",
     "ConfigError",
+    "EndpointConfig",
     "EngineConfig",
     "LaunchConfig",
     "RouterConfig",

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from .endpoint import EndpointConfig
+
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -84,6 +86,15 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     each model turn that calls no tool (``max_user_turns`` caps its turns); needs a loop that
     talks with one (``default_loop: tool``). "": none, the model's answer ends the trajectory."""
 
+    openai_agent: str = ""
+    """The ``openai`` loop's agent: the import path (``my_package.agents:solve``) of
+    ``async def agent(client, row) -> float | None``, which talks to the policy through
+    ``client`` (an ``openai.AsyncOpenAI`` pointed at this worker's endpoint) and returns the
+    reward (None: the run's reward scores the conversation; ``rlasync.serving``)."""
+
+    endpoint: EndpointConfig = msgspec.field(default_factory=EndpointConfig)
+    """The OpenAI-compatible endpoint each worker running ``openai`` loops starts (on loopback)."""
+
     stream: bool = False
     """Stream each model turn into its loop token by token. On: a turn cut by a lost engine or a
     cancelled loop keeps the tokens it had and resumes where it stopped, at one controller
@@ -96,4 +107,9 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
             raise ValueError(
                 "agent.interaction needs a loop that talks with a simulated user: set agent.default_loop: tool "
                 "(single_turn ends at the model's first answer)"
+            )
+        if self.default_loop == "openai" and not self.openai_agent:
+            raise ValueError(
+                "agent.default_loop: openai runs an agent function: set agent.openai_agent to its import path "
+                "(my_package.agents:solve, an `async def agent(client, row) -> float | None`)"
             )

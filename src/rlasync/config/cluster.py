@@ -23,7 +23,7 @@ NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 # What a training run's nodes host (engines, agent loops, the model code their engines and ranks
 # load): imported before a node joins, while no heartbeat waits on it; imported later, torch and
 # transformers hold the GIL for seconds.
-NODE_MODULES = ("rlasync.engines", "rlasync.agents", "rlasync.models.model_code")
+NODE_MODULES = ("rlasync.engines", "rlasync.agents", "rlasync.serving", "rlasync.models.model_code")
 
 
 def with_node_modules(runtime: RuntimeConfig, *extra: str) -> RuntimeConfig:

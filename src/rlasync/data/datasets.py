@@ -297,15 +297,16 @@ def _drop_nulls(value: Any) -> Any:
 
 
 # -- synthetic --------------------------------------------------------------------------------
-def synthetic_rows(task: str, n: int, *, seed: int, split: Split) -> list[Row]:
+def synthetic_rows(task: str, n: int, *, seed: int, split: Split, tool_loop: str = "tool") -> list[Row]:
     """``n`` distinct problems of a synthetic task as rows (``make_problems``' problems, the
     same for the same arguments). ``problem`` holds the ``Problem`` for the task's own reward;
-    ``calc`` rows carry the calculator's schema and pick the ``tool`` loop; the others name no
-    loop, so ``agent.default_loop`` picks theirs (``tool`` to talk with ``agent.interaction``)."""
-    return [problem_row(p) for p in make_problems(task, n, seed=seed, split=split)]
+    ``calc`` rows carry the calculator's schema and pick ``tool_loop`` (a loop that calls
+    tools); the others name no loop, so ``agent.default_loop`` picks theirs (``tool`` to talk
+    with ``agent.interaction``)."""
+    return [problem_row(p, tool_loop=tool_loop) for p in make_problems(task, n, seed=seed, split=split)]
 
 
-def problem_row(p: Problem, *, uid: str = "") -> Row:
+def problem_row(p: Problem, *, uid: str = "", tool_loop: str = "tool") -> Row:
     """The row of one synthetic problem (``uid``: default ``task:key``)."""
     row: Row = {
         "messages": [dict(m) for m in p.messages],
@@ -316,7 +317,7 @@ def problem_row(p: Problem, *, uid: str = "") -> Row:
     }
     if p.tools:
         row["tools"] = list(p.tools)
-        row["agent_name"] = "tool"
+        row["agent_name"] = tool_loop
     return row
 
 

@@ -39,6 +39,7 @@ from ..engines import EngineGroup, SamplingParams
 from ..metrics import Rollouts, Stamp, StepRecord
 from ..metrics.trackers import Tracker, TrackerUnavailable, open_trackers, tracker_names
 from ..runtime.node import rank_of
+from ..serving import OpenAIAgentLoop, load_agent
 from ..tools import SandboxUnavailable, build_agent_tools
 from .placement import Placement
 from .traces import TRACES_FILE, trace_lines
@@ -87,13 +88,18 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
         raise ConfigError(f"agent.tools: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:  # an unknown tool, or settings it does not take
         raise ConfigError(f"agent.tools: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
+    offering = []  # rows whose loop offers agent.tools (an openai agent brings its own)
     for row in rows:
         try:
-            get_loop(str(row.get("agent_name") or config.agent.default_loop))
+            loop = get_loop(str(row.get("agent_name") or config.agent.default_loop))
         except KeyError as exc:
             raise ConfigError(f"agent.default_loop or a row's agent_name: {exc.args[0]}") from None
+        if issubclass(loop, OpenAIAgentLoop):
+            load_agent(config.agent.openai_agent)
+        else:
+            offering.append(row)
     if not config.agent.mcp_servers:
-        check_rows_tools(rows, set(tools))
+        check_rows_tools(offering, set(tools))
     return tools
 
 
@@ -126,13 +132,20 @@ async def check_mcp_servers(config: Config, tools: dict[str, Any], rows: list[Ro
     check_rows_tools(rows, set(tools) | set(offered))
 
 
+def tool_loop(config: Config) -> str:
+    """The loop of a synthetic task's tool-calling rows (calc): ``agent.default_loop`` when it
+    names one other than ``single_turn`` (``openai``: an agent of the user's), else ``tool``."""
+    return config.agent.default_loop if config.agent.default_loop != "single_turn" else "tool"
+
+
 def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
     """Training and validation rows: the data files, or the synthetic task's two splits."""
     cfg, data = config.train, config.data
     if not data.train_files:
         size = min(data.synthetic_train_size, synthetic_capacity(cfg.task, "train"))
-        return synthetic_rows(cfg.task, size, seed=cfg.seed, split="train"), synthetic_rows(
-            cfg.task, cfg.val_size, seed=cfg.seed, split="val"
+        loop = tool_loop(config)
+        return synthetic_rows(cfg.task, size, seed=cfg.seed, split="train", tool_loop=loop), synthetic_rows(
+            cfg.task, cfg.val_size, seed=cfg.seed, split="val", tool_loop=loop
         )
     if not data.val_files:
         raise ConfigError(
@@ -175,6 +188,14 @@ def group_advantages(config: Config, rewards: torch.Tensor) -> torch.Tensor:
     if config.train.advantage == "reinforce_pp":
         return reinforce_pp_baseline_advantages(rewards, group)
     return grpo_advantages(rewards, group, std_normalize=config.train.std_normalize)
+
+
+def with_samples(trajectories: list[Any], advantages: torch.Tensor) -> tuple[list[Any], torch.Tensor]:
+    """Each trajectory followed by its further samples (``Trajectory.samples``), and each
+    sample's advantage: its trajectory's (they share its reward, so its place in its group)."""
+    flat = [s for t in trajectories for s in (t, *t.samples)]
+    owner = torch.tensor([i for i, t in enumerate(trajectories) for _ in range(1 + len(t.samples))])
+    return flat, advantages[owner]
 
 
 async def model_dir_for(config: Config) -> Path:
@@ -295,7 +316,7 @@ class Run:
         self._sample_rows = (  # a synthetic task's rows are all alike: one stands for them
             [*self._files[0], *self._files[1]]
             if self._files
-            else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val")
+            else synthetic_rows(cfg.task, 1, seed=cfg.seed, split="val", tool_loop=tool_loop(config))
         )
         self.tools = build_run_tools(config, self._sample_rows)
         unknown = sorted(set(cfg.trackers) - {"jsonl", *tracker_names()})
@@ -701,7 +722,12 @@ class Run:
             )
             self._penalties += penalty.tolist()
             rewards = rewards + penalty.to(rewards.dtype)
-        return batch, TrainBatch.from_rollout(batch, group_advantages(self.config, rewards))
+        advantages = group_advantages(self.config, rewards)
+        if any(t.samples for t in trajectories):  # an openai agent's further samples
+            flat, advantages = with_samples(trajectories, advantages)
+            # Tokens and lengths count every sample; the reported reward stays one per trajectory.
+            batch = msgspec.structs.replace(collate(flat, self.pad), rewards=batch.rewards)
+        return batch, TrainBatch.from_rollout(batch, advantages)
 
     async def with_signal(
         self, uses: list[tuple[int, int]], trajectories: list[Any], name: str
