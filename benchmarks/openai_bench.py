@@ -4,19 +4,26 @@ requests sent to the router directly, one run.
     .venv/bin/python benchmarks/openai_bench.py             # ~2 minutes on 2 cores
     .venv/bin/python benchmarks/openai_bench.py --smoke     # seconds: that it runs (make test)
 
-A torch engine (the ``tiny`` preset, one thread) runs as an ``EngineActor`` on a node process of
-its own; this process is the head and holds a ``Router`` to it, as an agent-loop worker does.
-(a) **router**: ``--clients`` coroutines each send ``--requests`` chat requests in turn through
-``Router.generate`` (the prompt rendered by the chat template, as the endpoint does);
-(b) **endpoint**: as many ``openai.AsyncOpenAI`` clients, in this process as an ``openai`` loop's
-agents are, send the same requests (same messages, seeds, ``max_tokens``) to an ``Endpoint``
-over HTTP, which sends them to the same router. Rounds alternate (router, endpoint, endpoint,
-router...); each side's figure is its median round. Tokens/s counts completion tokens; a
-request's latency is from its send to its whole reply. ``added_latency_ms_p50`` is the
-endpoint's median latency minus the router's. Goal: ``endpoint_vs_router`` >= 0.8.
+A torch engine (the ``nano`` preset, one thread, up to 64 sequences a step) runs as an
+``EngineActor`` on a node process of its own; this process is the head and holds a ``Router``
+to it, as an agent-loop worker does, and an ``Endpoint`` in front of that router.
+
+- **router**: ``--clients`` coroutines each send ``--requests`` chat requests one after another
+  through ``Router.generate`` (the prompt rendered by the chat template, as the endpoint does).
+- **endpoint**: as many ``openai.AsyncOpenAI`` clients send the same requests (same messages,
+  seeds, ``max_tokens``) over HTTP, from a process of their own: a user's agent calling in.
+- **endpoint_http**: the same with plain ``httpx`` clients posting the same JSON. The official
+  client's own work per call (~2.5 ms of CPU, most of it building the request and the reply's
+  pydantic objects) is the agent's, not the endpoint's; on 2 cores it competes with the engine
+  for the same CPUs, so this side isolates what the endpoint itself costs.
+
+Rounds alternate (router, endpoint, endpoint_http, endpoint_http, endpoint, router...); each
+side's figure is its median round. Tokens/s counts completion tokens; a request's latency is
+from its send to its whole reply; ``added_latency_ms_p50`` is the endpoint's median latency
+minus the router's. Goal: ``endpoint_vs_router`` >= 0.8 (the official client).
 
 Last line: ``{"endpoint_tokens_per_s":…, "router_tokens_per_s":…, "endpoint_vs_router":…,
-"added_latency_ms_p50":…}``.
+"added_latency_ms_p50":…, "endpoint_http_vs_router":…, ...}``.
 """
 
 from __future__ import annotations
@@ -75,6 +82,8 @@ async def router_round(
 
 
 async def endpoint_round(clients: list[Any], requests: int, tokens: int) -> tuple[int, float, list[float]]:
+    """A round of ``clients``: ``openai.AsyncOpenAI`` objects, or ``httpx.AsyncClient`` ones
+    posting the same JSON (what any other agent framework sends)."""
     latencies: list[float] = []
     made = 0
 
@@ -82,21 +91,37 @@ async def endpoint_round(clients: list[Any], requests: int, tokens: int) -> tupl
         nonlocal made
         for r in range(requests):
             i = c * requests + r
+            body = {
+                "model": "nano",
+                "messages": messages_of(i),
+                "temperature": 1.0,
+                "max_tokens": tokens,
+                "seed": i,
+            }
             start = time.perf_counter()
-            reply = await api.chat.completions.create(
-                model="nano", messages=messages_of(i), temperature=1.0, max_tokens=tokens, seed=i
-            )
+            if isinstance(api, openai.AsyncOpenAI):
+                reply = await api.chat.completions.create(**body)
+                made += reply.usage.completion_tokens if reply.usage else 0
+            else:
+                response = await api.post("/v1/chat/completions", json=body)
+                made += response.json()["usage"]["completion_tokens"]
             latencies.append(time.perf_counter() - start)
-            made += reply.usage.completion_tokens if reply.usage else 0
 
     start = time.perf_counter()
     await asyncio.gather(*[client(c, api) for c, api in enumerate(clients)])
     return made, time.perf_counter() - start, latencies
 
 
-async def agents_process(url: str, clients: int) -> None:
+async def agents_process(url: str, clients: int, kind: str) -> None:
     """The clients' side (``--agents URL``): a round per line read, its figures as a JSON line."""
-    apis = [openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0) for _ in range(clients)]
+    import httpx
+
+    apis = [
+        openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
+        if kind == "openai"
+        else httpx.AsyncClient(base_url=url, timeout=600)
+        for _ in range(clients)
+    ]
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -108,11 +133,10 @@ async def agents_process(url: str, clients: int) -> None:
 
 
 class Agents:
-    """The clients, in a process of their own: a user's agent, any framework, calling the
-    endpoint over HTTP (the openai package's own cost per call, ~2.5 ms of CPU, is theirs)."""
+    """The clients, in a process of their own: a user's agent calling the endpoint over HTTP."""
 
-    def __init__(self, url: str, clients: int) -> None:
-        self.url, self.clients = url, clients
+    def __init__(self, url: str, clients: int, kind: str) -> None:
+        self.url, self.clients, self.kind = url, clients, kind
 
     async def __aenter__(self) -> Agents:
         self.process = await asyncio.create_subprocess_exec(
@@ -122,6 +146,8 @@ class Agents:
             self.url,
             "--clients",
             str(self.clients),
+            "--client",
+            self.kind,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -161,25 +187,31 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 turns = ChatTurns(tok)
                 async with Endpoint(router, tok, EndpointConfig(), model_name="nano") as endpoint:
                     await router_round(router, turns, 2, 1, 4, salt=-1)  # warm: the first decode steps
-                    async with Agents(endpoint.url, args.clients) as agents:
-                        await agents.round(1, 4)  # warm: the first connections
+                    async with (
+                        Agents(endpoint.url, args.clients, "openai") as official,
+                        Agents(endpoint.url, args.clients, "http") as plain,
+                    ):
+                        agents = {"endpoint": official, "endpoint_http": plain}
+                        for warm in agents.values():
+                            await warm.round(1, 4)  # the first connections
                         sides: dict[str, list[tuple[int, float, list[float]]]] = {
                             "router": [],
                             "endpoint": [],
+                            "endpoint_http": [],
                         }
-                        order = ["router", "endpoint", "endpoint", "router"]
+                        order = ["router", "endpoint", "endpoint_http", "endpoint_http", "endpoint", "router"]
                         for k in range(args.rounds):
-                            side = order[k % 4]
+                            side = order[k % len(order)]
                             if side == "router":
                                 result = await router_round(
                                     router, turns, args.clients, args.requests, args.tokens, salt=k
                                 )
                             else:
-                                result = await agents.round(args.requests, args.tokens)
+                                result = await agents[side].round(args.requests, args.tokens)
                             sides[side].append(result)
                             made, wall, _ = result
                             print(
-                                f"round {k}: {side:8s} {made / wall:8.0f} tokens/s ({made} tokens, {wall:.2f} s)",
+                                f"round {k}: {side:13s} {made / wall:8.0f} tokens/s ({made} tokens, {wall:.2f} s)",
                                 flush=True,
                             )
     rate = {side: statistics.median(m / w for m, w, _ in rounds) for side, rounds in sides.items()}
@@ -189,6 +221,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "router_tokens_per_s": round(rate["router"], 1),
         "endpoint_vs_router": round(rate["endpoint"] / rate["router"], 3),
         "added_latency_ms_p50": round(1000 * (p50["endpoint"] - p50["router"]), 2),
+        "endpoint_http_tokens_per_s": round(rate["endpoint_http"], 1),
+        "endpoint_http_vs_router": round(rate["endpoint_http"] / rate["router"], 3),
+        "added_latency_http_ms_p50": round(1000 * (p50["endpoint_http"] - p50["router"]), 2),
         "clients": args.clients,
         "requests_per_client": args.requests,
         "max_tokens": args.tokens,
@@ -203,15 +238,16 @@ if __name__ == "__main__":
         "--requests", type=int, default=8, help="requests each client sends, one after another"
     )
     parser.add_argument("--tokens", type=int, default=32, help="max_tokens of each request")
-    parser.add_argument("--rounds", type=int, default=8, help="rounds in all, alternating the two sides")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds in all, alternating the three sides")
     parser.add_argument("--preset", default="nano")
-    parser.add_argument("--smoke", action="store_true", help="4 clients, 2 requests, 8 tokens, 2 rounds")
+    parser.add_argument("--smoke", action="store_true", help="4 clients, 2 requests, 8 tokens, 3 rounds")
     parser.add_argument("--agents", default="", help=argparse.SUPPRESS)  # the clients' process
+    parser.add_argument("--client", default="openai", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.agents:
-        uvloop.run(agents_process(args.agents, args.clients))
+        uvloop.run(agents_process(args.agents, args.clients, args.client))
         sys.exit(0)
     if args.smoke:
-        args.clients, args.requests, args.tokens, args.rounds, args.preset = 4, 2, 8, 2, "nano"
+        args.clients, args.requests, args.tokens, args.rounds, args.preset = 4, 2, 8, 3, "nano"
     result = uvloop.run(main(args))  # what node processes run on
     print(json.dumps(result))

@@ -211,6 +211,15 @@ async def test_tool_calls_recorded_per_key_and_continued_token_for_token(calc_mo
             assert first.choices[0].finish_reason == "tool_calls" and message.tool_calls
             call = message.tool_calls[0]
             assert call.function.name == "calculator" and "expression" in json.loads(call.function.arguments)
+            streamed = await client.chat.completions.create(
+                model="any", messages=messages, tools=[CALCULATOR], stream=True
+            )
+            deltas = [chunk.choices[0] async for chunk in streamed if chunk.choices]
+            (sent,) = [d.delta.tool_calls for d in deltas if d.delta.tool_calls]  # whole, in one chunk
+            assert [(c.index, c.function.name, c.function.arguments) for c in sent] == [  # type: ignore[union-attr]
+                (0, "calculator", call.function.arguments)
+            ]
+            assert deltas[-1].finish_reason == "tool_calls"
             result = calculator(json.loads(call.function.arguments)["expression"])
             messages += [
                 message.model_dump(exclude_none=True),
@@ -225,7 +234,8 @@ async def test_tool_calls_recorded_per_key_and_continued_token_for_token(calc_mo
         calls = endpoint.recorded(key)
         assert endpoint.recorded(key) == []  # handed over once
     await engine.close()
-    assert len(calls) == 3 and calls[0].tool_calls == 1
+    assert len(calls) == 4 and calls[0].tool_calls == 1
+    del calls[1]  # the streamed repeat of the first call: greedy, the same tokens
     groups = samples(calls)
     assert groups == [calls[:2], calls[2:]]
     between = calls[1].prompt_ids[len(calls[0].prompt_ids) + len(calls[0].completion_ids) :]
