@@ -427,7 +427,9 @@ def serve(
         "hermes", help="How tool calls are read from replies: hermes or gpt-oss."
     ),
     max_batch: int = typer.Option(64, help="Sequences the engine decodes at once."),
-    threads: int = typer.Option(0, help="CPU threads of the torch engine (0: all)."),
+    threads: int = typer.Option(
+        1, help="CPU threads of the torch engine (0: torch's default, one per core)."
+    ),
 ) -> None:
     """An OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, /v1/models) for
     chat or evaluation, no training; Ctrl-C stops it."""

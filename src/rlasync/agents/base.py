@@ -52,6 +52,9 @@ class Interaction(abc.ABC):
 
 
 class AgentLoop(abc.ABC):
+    shared: Any = None
+    """What the loops of this class on one worker share (``shared_resource``); set by the worker."""
+
     def __init__(
         self,
         engine: Generator,
@@ -73,9 +76,6 @@ class AgentLoop(abc.ABC):
         self.trajectory_id = trajectory_id or f"traj-{id(self):x}"
         # A router takes a session id (every turn of this trajectory on one engine); an engine does not.
         self._session = {"session_id": self.trajectory_id} if takes_session(type(engine)) else {}
-
-    shared: Any = None
-    """What the loops of this class on one worker share (``shared_resource``); set by the worker."""
 
     @classmethod
     def shared_resource(

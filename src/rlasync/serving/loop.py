@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import plugins
@@ -81,14 +81,8 @@ class OpenAIAgentLoop(AgentLoop):
     def shared_resource(
         cls, engine: Generator, tokenizer: Any, config: AgentConfig
     ) -> contextlib.AbstractAsyncContextManager[Any] | None:
-        @contextlib.asynccontextmanager
-        async def endpoint() -> AsyncIterator[Endpoint]:
-            async with Endpoint(
-                engine, tokenizer, config.endpoint, recording=True, tool_parser=config.tool_parser
-            ) as started:
-                yield started
-
-        return endpoint()
+        """The worker's endpoint: it listens from the first ``openai`` trajectory to the worker's end."""
+        return Endpoint(engine, tokenizer, config.endpoint, recording=True, tool_parser=config.tool_parser)
 
     async def run(self, params: SamplingParams, **row: Any) -> Trajectory:
         endpoint = self.shared
