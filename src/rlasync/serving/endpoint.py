@@ -414,16 +414,8 @@ class Endpoint:
                 }
             )
             self._record_chat(rec, messages, tools, prompt, c, message, finish, calls)
-        return _json(
-            {
-                "id": f"chatcmpl-{rid}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": req.model,
-                "choices": out,
-                "usage": _usage(len(prompt), sum(len(c.ids) for c in choices)),
-            }
-        )
+        usage = _usage(len(prompt), sum(len(c.ids) for c in choices))
+        return _json(_envelope("chat.completion", rid, req.model, out, usage=usage))
 
     def _chat_prompt(self, rec: Recording | None, messages: list[dict[str, Any]], tools: Any) -> list[int]:
         """The conversation's tokens: an answered conversation's own, when these messages go on
@@ -499,17 +491,8 @@ class Endpoint:
         def chunk(
             index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
         ) -> bytes:
-            return _sse(
-                {
-                    "id": f"chatcmpl-{rid}",
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": req.model,
-                    "choices": [
-                        {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-                    ],
-                }
-            )
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return _sse(_envelope("chat.completion.chunk", rid, req.model, [choice], created=created))
 
         choices: list[_Choice] = []
         for i in range(req.n):
@@ -542,16 +525,8 @@ class Endpoint:
                 yield chunk(i, {}, finish)
                 self._record_chat(rec, messages, req.tools or None, prompt, c, message, finish, calls)
         if req.stream_options is not None and req.stream_options.include_usage:
-            yield _sse(
-                {
-                    "id": f"chatcmpl-{rid}",
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": req.model,
-                    "choices": [],
-                    "usage": _usage(len(prompt), sum(len(c.ids) for c in choices)),
-                }
-            )
+            usage = _usage(len(prompt), sum(len(c.ids) for c in choices))
+            yield _sse(_envelope("chat.completion.chunk", rid, req.model, [], created=created, usage=usage))
         yield b"data: [DONE]\n\n"
 
     # -- completions --------------------------------------------------------------------------------
@@ -587,16 +562,8 @@ class Endpoint:
                 )
                 if rec is not None:
                     rec.calls.append(self._call(prompt, c, finish, [], 0))
-        return _json(
-            {
-                "id": f"cmpl-{rid}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": req.model,
-                "choices": out,
-                "usage": _usage(sum(map(len, prompts)), sum(len(c.ids) for cs in results for c in cs)),
-            }
-        )
+        usage = _usage(sum(map(len, prompts)), sum(len(c.ids) for cs in results for c in cs))
+        return _json(_envelope("text_completion", rid, req.model, out, usage=usage))
 
     async def _completion_stream(
         self,
@@ -617,15 +584,8 @@ class Endpoint:
             c.sent += len(delta)
             finish = ("length" if c.finish == "length" else "stop") if done else None
             if delta or finish:
-                yield _sse(
-                    {
-                        "id": f"cmpl-{rid}",
-                        "object": "text_completion",
-                        "created": created,
-                        "model": req.model,
-                        "choices": [{"index": i, "text": delta, "logprobs": None, "finish_reason": finish}],
-                    }
-                )
+                choice = {"index": i, "text": delta, "logprobs": None, "finish_reason": finish}
+                yield _sse(_envelope("text_completion", rid, req.model, [choice], created=created))
             if done and rec is not None:
                 rec.calls.append(self._call(prompt, c, str(finish), [], 0))
         yield b"data: [DONE]\n\n"
@@ -869,6 +829,21 @@ def _json(content: Any, status: int = 200) -> Any:
 
 def _sse(content: Any) -> bytes:
     return b"data: " + msgspec.json.encode(content) + b"\n\n"
+
+
+def _envelope(
+    kind: str, rid: str, model: str, choices: list[Any], *, created: int = 0, **more: Any
+) -> dict[str, Any]:
+    """A response (or a streamed chunk) of ``kind``: its id, time and model around ``choices``."""
+    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+    return {
+        "id": f"{prefix}-{rid}",
+        "object": kind,
+        "created": created or int(time.time()),
+        "model": model,
+        "choices": choices,
+        **more,
+    }
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
