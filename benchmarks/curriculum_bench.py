@@ -2,7 +2,7 @@
 generated until held-out accuracy on the learnable prompts reaches a target, in one run.
 
     .venv/bin/python benchmarks/curriculum_bench.py [--seeds 1 2 3 4 5] [--prompts 6] [--max-steps 300]
-        [--set KEY=VALUE] [--smoke]
+        [--set KEY=VALUE] [--curriculum SPEC] [--smoke]
 
 The task mixes three kinds of string-reversal prompts in equal parts (JSONL rows with a ``kind``
 field, scored by the reward registered here): *easy* ones (every answer scores 1), *impossible*
@@ -155,6 +155,12 @@ def main() -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for both arms"
     )
+    parser.add_argument(
+        "--curriculum",
+        default="pass_rate",
+        metavar="SPEC",
+        help="the curriculum arm's data.sampler, e.g. '{name: pass_rate, revisit: 0.3}'",
+    )
     parser.add_argument("--smoke", action="store_true", help="a few steps each, for the test suite")
     args = parser.parse_args()
     if args.smoke:  # an untrained model writes to its token limit: few, short samples
@@ -177,7 +183,7 @@ def main() -> None:
             print(f"seed {seed}:", flush=True)
             per_seed[seed] = {
                 "uniform": arm("uniform", model, data, root / "uniform", args),
-                "curriculum": arm("pass_rate", model, data, root / "pass_rate", args),
+                "curriculum": arm(args.curriculum, model, data, root / "pass_rate", args),
             }
     # Over all seeds together: one seed's run is noisy (64 held-out prompts, checks every 10 steps).
     uniform = sum(r["uniform"]["samples"] for r in per_seed.values())
@@ -196,6 +202,7 @@ def main() -> None:
                     r[a]["reached"] for r in per_seed.values() for a in ("uniform", "curriculum")
                 ),
                 "target_gain": args.gain,
+                "curriculum": args.curriculum,
                 "goal_samples_saved": 0.25,
             }
         )

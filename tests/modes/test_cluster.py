@@ -97,14 +97,30 @@ async def _run(
 # -- learning: the quickstart on its cluster placement, as a user runs it ---------------------------
 # The run's own deadline (400 s), plus the warm-start the first test asking for reverse_model
 # builds: pytest's default 120 s (which, under xdist, kills the worker) is below a loaded run's time.
+ANSWER = """\
+import openai
+
+
+async def answer(client: openai.AsyncOpenAI, row: dict) -> None:
+    await client.chat.completions.create(model="policy", messages=row["messages"])  # the run's reward scores it
+"""
+
+
 @pytest.mark.timeout(450)
-@pytest.mark.parametrize("mode", ["sync", "fully_async"])
-async def test_the_quickstart_cluster_learns(tmp_path: Path, reverse_model: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "loop"), [("sync", "openai"), ("fully_async", "single_turn")])
+async def test_the_quickstart_cluster_learns(
+    tmp_path: Path, reverse_model: Path, mode: str, loop: str
+) -> None:
     """3 node processes: 2 engine replicas with their loops on nodes 1 and 2, trainer ranks on
-    nodes 0 and 1. A short run (the README has the full one): held-out accuracy rises. The async
-    run learns a little slower on a loaded machine (more of its samples are a version stale):
-    it gets 140 steps (0.32-0.36 after 100 steps, with the whole suite running beside it)."""
+    nodes 0 and 1. A short run (the README has the full one): held-out accuracy rises. The sync
+    run's rows are answered by an agent of plain OpenAI-client calls (the ``openai`` loop: each
+    worker's endpoint next to its engine; validation greedy because the agent leaves the
+    temperature to the run). The async run learns a little slower on a loaded machine (more of
+    its samples are a version stale): it gets 140 steps (0.32-0.36 after 100 steps, with the
+    whole suite running beside it)."""
     steps = 100 if mode == "sync" else 140
+    agent = tmp_path / "agents.py"
+    agent.write_text(ANSWER)
     command = [
         sys.executable,
         "-m",
@@ -116,6 +132,8 @@ async def test_the_quickstart_cluster_learns(tmp_path: Path, reverse_model: Path
         "train.validate_every=1000",  # at the start and the end only: those two are compared
         f"train.run_dir={tmp_path}",
         f"train.model_dir={reverse_model}",
+        f"agent.default_loop={loop}",
+        *([f"agent.openai_agent={agent}:answer"] if loop == "openai" else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
