@@ -712,6 +712,9 @@ class Endpoint:
         session = {"session_id": session_id} if self._session else {}
         streamed = bool(stops) or per_token
         while True:
+            if len(c.ids) >= params.max_new_tokens:  # cut by a sync at its very last token
+                c.finish = "length"
+                return
             request = GenerateRequest(
                 request_id=f"{rid}.{c.aborts}",
                 prompt_ids=prompt + c.ids,
