@@ -122,6 +122,7 @@ async def test_a_stop_string_ends_the_reply_before_it(served: Any, nano: Any) ->
         ),
         ({"model": "nano", "messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty"),
         ({"model": "nano", "messages": HI, "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "nano", "messages": HI, "seed": -1}, 400, "seed"),
     ],
 )
 async def test_bad_requests_get_openais_error_shape(

@@ -52,7 +52,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     top_p: TopP | None = None
     max_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None
     n: Annotated[int, msgspec.Meta(ge=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
