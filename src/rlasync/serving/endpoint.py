@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 
 from ..agents.base import Generator, takes_session
-from ..agents.loops import turn_seed
+from ..agents.loops import MAX_ENGINE_ABORTS, turn_seed
 from ..agents.template import ChatTurns, TemplateError
 from ..config.endpoint import EndpointConfig
 from ..engines.protocol import Engine, EngineError, EngineLostError
@@ -59,7 +59,6 @@ from .schema import APIError, ChatRequest, CompletionRequest, decode_request
 
 log = logging.getLogger(__name__)
 
-MAX_ABORTS = 64  # a request cut by this many weight syncs in a row fails (503) instead of going on
 TRAJECTORY_HEADER = "x-trajectory-id"
 
 
@@ -106,7 +105,6 @@ class Endpoint:
         model_name: str = "policy",
         tool_parser: str = "hermes",
         recording: bool = False,
-        default_max_tokens: int | None = None,
     ) -> None:
         self.generator: Any = generator  # an engine, or a router (which takes a session id)
         self.tokenizer = tokenizer
@@ -116,12 +114,9 @@ class Endpoint:
         self.parser = get_parser(tool_parser)
         self.eos = tokenizer.eos_token_id
         self.recording = recording
-        self.default_max_tokens = default_max_tokens or self.config.default_max_tokens
         self._session = takes_session(type(generator))
         self._recordings: dict[str, Recording] = {}
         self._active = 0
-        self.requests = 0  # answered, any status
-        self.errors: dict[int, int] = {}  # status -> count
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
@@ -292,7 +287,6 @@ class Endpoint:
         self, request: Any, handle: Callable[[bytes, Recording | None], Awaitable[Any]]
     ) -> Any:
         """Limits, the key, the body; errors in OpenAI's shape."""
-        self.requests += 1
         if self._active >= self.config.max_concurrent_requests:
             return self._error(
                 APIError(
@@ -383,7 +377,6 @@ class Endpoint:
         return b"".join(parts)
 
     def _error(self, exc: APIError) -> Any:
-        self.errors[exc.status] = self.errors.get(exc.status, 0) + 1
         return _json(exc.body(), status=exc.status)
 
     # -- chat -------------------------------------------------------------------------------------
@@ -600,7 +593,9 @@ class Endpoint:
     # -- generation ---------------------------------------------------------------------------------
     def _params(self, req: Any, rec: Recording | None, max_tokens: int | None) -> SamplingParams:
         """The request's sampling; what it leaves out is the run's (recording) or the defaults."""
-        base = rec.params if rec is not None else SamplingParams(max_new_tokens=self.default_max_tokens)
+        base = (
+            rec.params if rec is not None else SamplingParams(max_new_tokens=self.config.default_max_tokens)
+        )
         if req.n > self.config.max_n:
             raise APIError(400, f"n is at most {self.config.max_n} (agent.endpoint.max_n)", param="n")
         seed = req.seed
@@ -737,9 +732,11 @@ class Endpoint:
                 return
             c.aborts += 1  # a weight sync cut it: go on from its tokens once the engines resume
             c.finish = None
-            if c.aborts >= MAX_ABORTS:
+            if c.aborts >= MAX_ENGINE_ABORTS:  # the tool loop's limit: the engines keep pausing
                 raise APIError(
-                    503, f"the request was cut by {MAX_ABORTS} weight syncs in a row", type="server_error"
+                    503,
+                    f"the request was cut by {MAX_ENGINE_ABORTS} weight syncs in a row",
+                    type="server_error",
                 )
 
     def _grow(
