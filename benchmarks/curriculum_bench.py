@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="a few steps each, for the test suite")
     args = parser.parse_args()
     if args.smoke:  # an untrained model writes to its token limit: few, short samples
-        args.seeds, args.per_kind, args.max_steps, args.check_every, args.val_size = [0], 8, 3, 1, 8
+        args.seeds, args.per_kind, args.max_steps, args.check_every, args.val_size = [0], 8, 3, 3, 8
         args.prompts = 4
         args.set += ["train.group_size=4", "train.max_new_tokens=8"]
     per_seed: dict[int, dict[str, Any]] = {}
