@@ -152,6 +152,52 @@ async def test_an_oversize_request_and_a_long_prompt_are_refused(served: Any) ->
         assert garbage.status_code == 400 and garbage.json()["error"]["type"] == "invalid_request_error"
 
 
+async def test_requests_statuses_and_tokens_are_on_the_nodes_metrics_page(served: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rlasync.metrics.exporter import Exporter
+
+    endpoint, engine, client = served
+    reply = await client.chat.completions.create(model="nano", messages=HI, max_tokens=5, seed=1)
+    streamed = await client.chat.completions.create(
+        model="nano", messages=HI, max_tokens=4, seed=2, stream=True
+    )
+    async for _ in streamed:
+        pass
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="gpt-4o", messages=HI)
+    await client.models.retrieve("nano")
+    exporter = Exporter(asyncio.get_running_loop(), labels={"node": "node-0", "role": "test"})
+    exporter.add(lambda: endpoint.metric_families(worker="w0"))
+    port = exporter.start(0)
+    try:
+        async with httpx.AsyncClient() as http:
+            page = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    finally:
+        exporter.close()
+    samples = {
+        (
+            s.name,
+            tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("node", "role", "worker"))),
+        ): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if s.name.startswith("rlasync_endpoint_")
+    }
+    chat = "/v1/chat/completions"
+    assert samples[("rlasync_endpoint_requests_total", (("route", chat), ("status", "200")))] == 2
+    assert samples[("rlasync_endpoint_requests_total", (("route", chat), ("status", "404")))] == 1
+    assert (
+        samples[("rlasync_endpoint_requests_total", (("route", "/v1/models/{model}"), ("status", "200")))]
+        == 1
+    )
+    assert samples[("rlasync_endpoint_request_seconds_count", (("route", chat),))] == 3
+    assert reply.usage is not None
+    assert samples[("rlasync_endpoint_completion_tokens_total", ())] >= reply.usage.completion_tokens + 1
+    assert samples[("rlasync_endpoint_active_requests", ())] == 0
+    assert samples[("rlasync_endpoint_sync_continuations_total", ())] == 0
+
+
 async def test_a_client_that_disconnects_mid_stream_aborts_its_generation(served: Any) -> None:
     endpoint, engine, client = served
     async with httpx.AsyncClient(base_url=endpoint.url, timeout=30) as http:

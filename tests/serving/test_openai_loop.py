@@ -45,9 +45,12 @@ async def test_a_call_cut_by_a_weight_sync_goes_on_and_the_client_sees_one_reply
             await engine.resume()
             done = await asyncio.wait_for(reply, 60)
         (call,) = endpoint.recorded(key)
+        counted = {f.name: f.samples[0].value for f in endpoint.metric_families() if f.samples}
     await engine.close()
     assert done.usage is not None and done.usage.completion_tokens == 200  # one reply, all of it
     assert call.aborts == 1 and len(call.completion_ids) == len(call.logprobs) == 200
+    assert counted["rlasync_endpoint_sync_continuations"] == 1  # on the worker's /metrics
+    assert counted["rlasync_endpoint_completion_tokens"] == 200
     assert call.completion_ids[: len(cut[0].token_ids)] == cut[0].token_ids
 
 

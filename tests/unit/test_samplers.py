@@ -56,13 +56,40 @@ def test_rows_left_out_come_back_with_revisit_and_a_batch_is_never_short() -> No
     assert sorted(index for _, index in revisiting.next_uses(30)) == list(range(30))
 
 
-def test_a_restored_curriculum_draws_what_the_uninterrupted_one_does() -> None:
-    whole = PassRateSampler(ROWS, seed=5)
+def test_retry_unsolved_brings_a_row_never_solved_back_often_at_first_then_at_revisit() -> None:
+    """A row ``k`` times unsolved in a row comes back with probability max(revisit, 0.5 ** k) an
+    epoch: the share of draws taken, over a few hundred rows and epochs."""
+    rows = [{"i": i} for i in range(400)]
+
+    def taken_share(sampler: PassRateSampler) -> float:
+        skipped = sampler.skipped
+        sampler.next_uses(200)
+        return 200 / (200 + sampler.skipped - skipped)
+
+    plain = PassRateSampler(rows, seed=0, revisit=0.1)
+    retrying = PassRateSampler(rows, seed=0, revisit=0.1, retry_unsolved=0.5)
+    for sampler in (plain, retrying):
+        sampler.next_uses(400)  # the first epoch tries every row (measured below)
+    shares: dict[int, tuple[float, float]] = {}
+    for k in range(1, 5):
+        for sampler in (plain, retrying):
+            sampler.update([RowResult(i, [0.0] * 4) for i in range(400)])
+        shares[k] = (taken_share(plain), taken_share(retrying))
+    assert all(plain_share == pytest.approx(0.1, abs=0.04) for plain_share, _ in shares.values()), shares
+    expected = {1: 0.5, 2: 0.25, 3: 0.125, 4: 0.1}
+    assert all(shares[k][1] == pytest.approx(p, abs=0.06) for k, p in expected.items()), shares
+    retrying.update([RowResult(7, [1.0, 0.0, 0.0, 0.0])])  # solved once: its count ends
+    assert retrying.unsolved[3] == 4 and 7 not in retrying.unsolved
+
+
+@pytest.mark.parametrize("options", [{}, {"retry_unsolved": 0.5}])
+def test_a_restored_curriculum_draws_what_the_uninterrupted_one_does(options: dict[str, Any]) -> None:
+    whole = PassRateSampler(ROWS, seed=5, **options)
     expected = _train(whole, 12)
-    first = PassRateSampler(ROWS, seed=5)
+    first = PassRateSampler(ROWS, seed=5, **options)
     drawn = _train(first, 7)
     state = json.loads(json.dumps(first.state_dict()))  # as state.json keeps it
-    second = PassRateSampler(ROWS, seed=5)
+    second = PassRateSampler(ROWS, seed=5, **options)
     second.load_state_dict(state)
     assert drawn + _train(second, 5) == expected
 

@@ -123,6 +123,9 @@ class AgentLoopWorker(Actor):
         families = self.counters.families(self.name)
         if isinstance(self._engine, Router):
             families += router_families(self.name, self._engine.stats())
+        for resource in self._shared.values():  # what the loops share may count too (the endpoint)
+            if hasattr(resource, "metric_families"):
+                families += resource.metric_families(worker=self.name)
         return families
 
     async def on_stop(self) -> None:

@@ -81,7 +81,13 @@ class PassRateSampler(UniformSampler):
     ``high`` (always solved) is skipped, except with probability ``revisit`` per epoch
     (a fixed draw per row and epoch, so resuming draws the same), since the policy changes: a
     row revisited gets a fresh pass rate. When every row would be skipped, rows are taken anyway (a
-    batch is never short)."""
+    batch is never short).
+
+    ``retry_unsolved`` (0: off) treats a row never solved as the likeliest to change, since
+    training makes the policy better: after ``k`` measurements in a row at or below ``low`` it
+    comes back with probability ``max(revisit, retry_unsolved ** k)`` an epoch, so a row too hard
+    for the first epoch's policy is tried again soon, and one that stays unsolved fades to
+    ``revisit``."""
 
     def __init__(
         self,
@@ -93,15 +99,20 @@ class PassRateSampler(UniformSampler):
         high: float = 1.0,
         revisit: float = 0.1,
         pass_reward: float = 1.0,
+        retry_unsolved: float = 0.0,
     ) -> None:
         super().__init__(rows, seed=seed, shuffle=shuffle)
         if not 0.0 <= low < high <= 1.0:
             raise ValueError(f"pass_rate sampler: expected 0 <= low < high <= 1, got low={low}, high={high}")
-        if not 0.0 <= revisit <= 1.0:
-            raise ValueError(f"pass_rate sampler: revisit is a probability, got {revisit}")
+        for name, value in (("revisit", revisit), ("retry_unsolved", retry_unsolved)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"pass_rate sampler: {name} is a probability, got {value}")
         self.low, self.high, self.revisit, self.pass_reward = low, high, revisit, pass_reward
+        self.retry_unsolved = retry_unsolved
         self.pass_rates: dict[int, float] = {}
         """Row index -> the pass rate of its latest trained group."""
+        self.unsolved: dict[int, int] = {}
+        """Row index -> its measurements in a row at or below ``low`` (rows with none are absent)."""
         self.skipped = 0
         """Rows passed over so far (outside the band, not revisited)."""
 
@@ -124,14 +135,21 @@ class PassRateSampler(UniformSampler):
         rate = self.pass_rates.get(index)
         if rate is None or self.low < rate < self.high:
             return False
+        chance = self.revisit
+        if rate <= self.low and self.retry_unsolved:
+            chance = max(chance, self.retry_unsolved ** self.unsolved.get(index, 1))
         digest = hashlib.blake2b(f"{self.seed}/{epoch}/{index}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big") / 2**64 >= self.revisit
+        return int.from_bytes(digest, "big") / 2**64 >= chance
 
     def update(self, results: list[RowResult]) -> None:
         for result in results:
             if result.rewards:
                 passed = sum(reward >= self.pass_reward for reward in result.rewards)
-                self.pass_rates[result.index] = passed / len(result.rewards)
+                rate = self.pass_rates[result.index] = passed / len(result.rewards)
+                if rate <= self.low:
+                    self.unsolved[result.index] = self.unsolved.get(result.index, 0) + 1
+                else:
+                    self.unsolved.pop(result.index, None)
 
     def in_band(self) -> float:
         """Share of the rows measured so far whose pass rate lies inside the band."""
@@ -142,12 +160,14 @@ class PassRateSampler(UniformSampler):
         return {
             **super().state_dict(),
             "pass_rates": {str(index): rate for index, rate in self.pass_rates.items()},
+            "unsolved": {str(index): count for index, count in self.unsolved.items()},
             "skipped": self.skipped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.pass_rates = {int(index): float(rate) for index, rate in state.get("pass_rates", {}).items()}
+        self.unsolved = {int(index): int(count) for index, count in state.get("unsolved", {}).items()}
         self.skipped = int(state.get("skipped", 0))
 
 

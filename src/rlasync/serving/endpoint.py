@@ -24,6 +24,10 @@ trajectories). A request without a live key is refused (401).
 **A weight sync** (``pause("abort")``) cuts a request's generation: the endpoint goes on from
 the tokens it had, once the engines resume, and the client sees one response.
 
+**Metrics** (``metric_families``, on the node's ``/metrics`` where the endpoint is an agent-loop
+worker's): requests by route and status, their seconds, requests in progress, completion
+tokens, and generations continued after a weight sync (``rlasync_endpoint_*``).
+
 Limits: ``max_request_bytes`` (413), ``max_concurrent_requests`` (429), ``request_timeout_s``
 (504). Errors take OpenAI's shape. Streaming a chat request that offers tools sends the reply
 whole in one chunk at its end: its tool calls are read from the whole text.
@@ -52,6 +56,7 @@ from ..config.endpoint import EndpointConfig
 from ..engines.protocol import Engine, EngineError, EngineLostError
 from ..engines.router import NoEngineError, RouterBusyError
 from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams
+from ..metrics.timings import Timings
 from ..runtime import ActorError
 from ..tools.parsers import get_parser
 from .recording import Call, Recording, text_of
@@ -122,6 +127,11 @@ class Endpoint:
         self._socket: socket.socket | None = None
         self._http: Any = None  # the connection pool of ``client``'s clients
         self.url = ""
+        # Counted for Prometheus (``metric_families``): labels are our routes and statuses, so few.
+        self._counts: dict[tuple[str, int], int] = {}
+        self._seconds: dict[str, Timings] = {}
+        self._completion_tokens = 0
+        self._continued = 0
         self._routes: dict[tuple[str, str], Callable[[Any], Awaitable[Any]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -136,18 +146,62 @@ class Endpoint:
 
         if scope["type"] != "http":
             return
+        started = time.perf_counter()
         request = Request(scope, receive)
         method, path = scope["method"], scope["path"].rstrip("/")
+        route = path if any(p == path for _, p in self._routes) else "other"
         handle = self._routes.get((method, path))
         if handle is None and method == "GET" and path.startswith("/v1/models/"):
             handle = functools.partial(self._model, name=path.removeprefix("/v1/models/"))
+            route = "/v1/models/{model}"
         if handle is not None:
             response = await handle(request)
-        elif any(p == path for _, p in self._routes):
+        elif route != "other":
             response = self._error(APIError(405, f"{path} does not take {method}", code="method_not_allowed"))
         else:
             response = self._error(APIError(404, f"no route {method} {path}", code="not_found"))
-        await response(scope, receive, send)
+        try:
+            await response(scope, receive, send)
+        finally:  # a stream is counted when it ends (or its client goes away)
+            key = (route, response.status_code)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            self._seconds.setdefault(route, Timings()).observe(time.perf_counter() - started)
+
+    def metric_families(self, **labels: str) -> list[Any]:
+        """The endpoint's counts as Prometheus families, each sample labelled with ``labels``
+        (an agent-loop worker adds them to its node's ``/metrics``)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        names, values = list(labels), list(labels.values())
+        requests = CounterMetricFamily(
+            "rlasync_endpoint_requests",
+            "HTTP requests answered, by route and status.",
+            labels=[*names, "route", "status"],
+        )
+        for (route, status), n in sorted(self._counts.items()):
+            requests.add_metric([*values, route, str(status)], n)
+        seconds = HistogramMetricFamily(
+            "rlasync_endpoint_request_seconds",
+            "Seconds from a request's arrival to the end of its response (a stream: its last event).",
+            labels=[*names, "route"],
+        )
+        for route, timings in sorted(self._seconds.items()):
+            seconds.add_metric([*values, route], timings.buckets(), timings.sum)
+        active = GaugeMetricFamily(
+            "rlasync_endpoint_active_requests", "Requests in progress (streams until they end).", labels=names
+        )
+        active.add_metric(values, self._active)
+        tokens = CounterMetricFamily(
+            "rlasync_endpoint_completion_tokens", "Tokens generated for the endpoint's replies.", labels=names
+        )
+        tokens.add_metric(values, self._completion_tokens)
+        continued = CounterMetricFamily(
+            "rlasync_endpoint_sync_continuations",
+            "Generations cut by a weight sync and continued inside the endpoint (the client saw one reply).",
+            labels=names,
+        )
+        continued.add_metric(values, self._continued)
+        return [requests, seconds, active, tokens, continued]
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, timeout: float = 30.0) -> str:
@@ -731,6 +785,7 @@ class Endpoint:
             if c.finish != "abort" or c.stopped:
                 return
             c.aborts += 1  # a weight sync cut it: go on from its tokens once the engines resume
+            self._continued += 1
             c.finish = None
             if c.aborts >= MAX_ENGINE_ABORTS:  # the tool loop's limit: the engines keep pausing
                 raise APIError(
@@ -749,6 +804,7 @@ class Endpoint:
         stops: list[str],
     ) -> None:
         c.ids += ids
+        self._completion_tokens += len(ids)
         c.logprobs += logprobs
         c.versions += versions
         c.new = len(ids)
