@@ -41,7 +41,8 @@ def test_after_one_epoch_the_pass_rate_sampler_draws_mostly_rows_in_the_learning
     assert sorted(_train(curriculum, 5)) == list(range(30))  # the first epoch tries every row once
     later = _train(curriculum, 20)
     share = sum(index in LEARNABLE for index in later) / len(later)
-    assert share > 0.8, share  # a third of the rows, most of the draws
+    # A third of the rows, most of the draws (the never solved come back at first: retry_unsolved).
+    assert share > 0.7, share
     assert sum(index in LEARNABLE for index in _train(uniform, 25)[30:]) / 120 < 0.5
     assert curriculum.skipped > 0 and curriculum.in_band() == pytest.approx(1 / 3)
     assert all(0 <= index < 30 for index in later)
@@ -66,8 +67,8 @@ def test_retry_unsolved_brings_a_row_never_solved_back_often_at_first_then_at_re
         sampler.next_uses(200)
         return 200 / (200 + sampler.skipped - skipped)
 
-    plain = PassRateSampler(rows, seed=0, revisit=0.1)
-    retrying = PassRateSampler(rows, seed=0, revisit=0.1, retry_unsolved=0.5)
+    plain = PassRateSampler(rows, seed=0, revisit=0.1, retry_unsolved=0.0)
+    retrying = PassRateSampler(rows, seed=0, revisit=0.1)  # retry_unsolved 0.5, the default
     for sampler in (plain, retrying):
         sampler.next_uses(400)  # the first epoch tries every row (measured below)
     shares: dict[int, tuple[float, float]] = {}
@@ -82,7 +83,7 @@ def test_retry_unsolved_brings_a_row_never_solved_back_often_at_first_then_at_re
     assert retrying.unsolved[3] == 4 and 7 not in retrying.unsolved
 
 
-@pytest.mark.parametrize("options", [{}, {"retry_unsolved": 0.5}])
+@pytest.mark.parametrize("options", [{}, {"retry_unsolved": 0.0}])
 def test_a_restored_curriculum_draws_what_the_uninterrupted_one_does(options: dict[str, Any]) -> None:
     whole = PassRateSampler(ROWS, seed=5, **options)
     expected = _train(whole, 12)

@@ -33,7 +33,7 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     sampler: str | dict[str, Any] = "uniform"
     """Which rows each step trains on: ``uniform`` (every row once per epoch), ``pass_rate`` (a
     curriculum: rows the policy always or never solves are mostly skipped; options ``low``,
-    ``high``, ``revisit``, ``pass_reward``), one registered with ``rlasync.data.register_sampler``,
+    ``high``, ``revisit``, ``retry_unsolved``, ``pass_reward``), one registered with ``rlasync.data.register_sampler``,
     or a class by import path (``my_package.curriculum:HardFirst``). Options: ``{name: pass_rate, revisit: 0.2}``.
     Its state is saved in checkpoints (``rlasync.data.samplers``)."""
     generator: str | dict[str, Any] = ""
