@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from .types import NodeInfo
 log = logging.getLogger(__name__)
 
 _ITEM, _END, _FAIL = 0, 1, 2
+_CONNECTIONS = itertools.count()  # numbers this process's ipc connections (their routing ids)
 
 
 class CallTask(asyncio.Task):
@@ -94,8 +96,12 @@ class Peer:
             context.require_keys().make_client(sock)
         else:
             # Over ipc (a folder only this user can enter) the identity names this process, not
-            # just its rank: a restarted rank is never taken for its dead predecessor.
-            sock.setsockopt(zmq.IDENTITY, f"{context.node_id}:{context.incarnation}".encode())
+            # just its rank: a restarted rank is never taken for its dead predecessor. And this
+            # connection: a ROUTER without handover drops a connection whose routing id is still
+            # held, so the peer made for a restarted process at the same address (its
+            # predecessor's connection not yet seen closed there) would go unheard.
+            ident = f"{context.node_id}:{context.incarnation}/{next(_CONNECTIONS)}"
+            sock.setsockopt(zmq.IDENTITY, ident.encode())
         sock.connect(info.address)
         self.pump = SocketPump(
             sock,

@@ -123,7 +123,9 @@ class Server:
             fd = int(frame.get(zmq.SRCFD))
         except (zmq.ZMQError, TypeError, ValueError):
             fd = -1
-        key, claim = str(key or ""), "" if key else ident.decode(errors="replace")
+        # Over ipc the routing id is ``<node>:<incarnation>/<connection>``: the process claimed
+        # is the part before the connection's number.
+        key, claim = str(key or ""), "" if key else ident.decode(errors="replace").split("/", 1)[0]
         caller = self._principals.get(key or claim)
         if caller is None:  # its first connection (a member opening many shares one limit)
             caller = self._principals[key or claim] = Caller(key, claim)
