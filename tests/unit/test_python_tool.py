@@ -263,7 +263,7 @@ async def test_cancellation_kills_the_script_and_removes_its_directory(marker: s
 
 async def test_timeout_kills_children_of_the_script(marker: str) -> None:
     code = f"import subprocess, sys, time\nsubprocess.Popen({sleeper(marker)})\ntime.sleep(3600)\n"
-    result = await run(code, wall_time_s=2.0)
+    result = await run(code, wall_time_s=1.0)
     assert result.error_kind == "timeout"
     await wait_until(
         lambda: not marked(marker),

@@ -23,7 +23,7 @@ async def _run(
     running: set[asyncio.Task[None]] = set()
 
     async def sample(ticket: object) -> None:
-        await asyncio.sleep(rng.choice([0, 0, 0.001, 0.002, 0.02]))  # some samples are 10-20x slower
+        await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.001, 0.01]))  # some samples are 10-20x slower
         await queue.put(ticket, ticket.index)  # type: ignore[attr-defined]
 
     async def rollouter() -> None:
@@ -39,7 +39,7 @@ async def _run(
             assert index == ticket.index
             trained.append((ticket.version, queue.version))
         if (step + 1) % steps_per_version == 0:
-            await asyncio.sleep(rng.choice([0, 0.001]))  # the weight sync
+            await asyncio.sleep(rng.choice([0, 0.0005]))  # the weight sync
             await queue.advance()
     producer.cancel()
     await asyncio.gather(producer, *running, return_exceptions=True)
