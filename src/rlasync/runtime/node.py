@@ -57,7 +57,7 @@ from .membership import Membership, NodeService, importing_script
 from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
 from .server import Caller, Server
-from .types import VERSION, ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec
+from .types import VERSION, ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec, process_claim
 
 if TYPE_CHECKING:  # prometheus-client is imported only where metrics are on (~75 ms)
     from ..metrics.exporter import Exporter
@@ -801,7 +801,7 @@ class Node:
                 self._left.add(incarnation)
             info = self._known.get(incarnation)
             if info is not None:
-                self._dead_callers.add(info.key or f"{info.node_id}:{info.incarnation}")
+                self._dead_callers.add(info.key or process_claim(info.node_id, info.incarnation))
                 if self._server is not None:
                     self._server.forget(info)
         member = self._members.get(node_id)

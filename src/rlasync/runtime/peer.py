@@ -23,7 +23,7 @@ from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump, keep_alive
 from .context import NodeContext
 from .errors import CallRefused, CallTimeout, NodeLostError, lost_again, remote_error
-from .types import NodeInfo
+from .types import NodeInfo, ipc_routing_id
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +95,10 @@ class Peer:
             # connection itself, so no peer can pick another's routing id and take its replies.
             context.require_keys().make_client(sock)
         else:
-            # Over ipc (a folder only this user can enter) the identity names this process, not
-            # just its rank: a restarted rank is never taken for its dead predecessor. And this
-            # connection: a ROUTER without handover drops a connection whose routing id is still
-            # held, so the peer made for a restarted process at the same address (its
-            # predecessor's connection not yet seen closed there) would go unheard.
-            ident = f"{context.node_id}:{context.incarnation}/{next(_CONNECTIONS)}"
-            sock.setsockopt(zmq.IDENTITY, ident.encode())
+            # Over ipc (a folder only this user can enter) the identity names this process and
+            # this connection (``types.ipc_routing_id``).
+            ident = ipc_routing_id(context.node_id, context.incarnation, next(_CONNECTIONS))
+            sock.setsockopt(zmq.IDENTITY, ident)
         sock.connect(info.address)
         self.pump = SocketPump(
             sock,

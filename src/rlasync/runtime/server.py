@@ -34,7 +34,7 @@ from .errors import (
     error_reply,
     wire_name,
 )
-from .types import NodeInfo
+from .types import NodeInfo, claim_of, process_claim
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Caller:
         """Whether this caller is the process ``info`` describes."""
         if self.key:
             return self.key == info.key
-        return self.claim == f"{info.node_id}:{info.incarnation}"
+        return self.claim == process_claim(info.node_id, info.incarnation)
 
     def __str__(self) -> str:
         return f"key {self.key[:12]}..." if self.key else repr(self.claim)
@@ -123,9 +123,7 @@ class Server:
             fd = int(frame.get(zmq.SRCFD))
         except (zmq.ZMQError, TypeError, ValueError):
             fd = -1
-        # Over ipc the routing id is ``<node>:<incarnation>/<connection>``: the process claimed
-        # is the part before the connection's number.
-        key, claim = str(key or ""), "" if key else ident.decode(errors="replace").split("/", 1)[0]
+        key, claim = str(key or ""), "" if key else claim_of(ident)
         caller = self._principals.get(key or claim)
         if caller is None:  # its first connection (a member opening many shares one limit)
             caller = self._principals[key or claim] = Caller(key, claim)

@@ -35,6 +35,25 @@ class NodeInfo(msgspec.Struct, frozen=True):
     metrics: str = ""  # host:port of its Prometheus /metrics ("" when runtime.metrics_port is off)
 
 
+def process_claim(node_id: str, incarnation: str) -> str:
+    """Who a process says it is over ``ipc://``, where there is no handshake:
+    ``<node>:<incarnation>`` (``server.Caller.claim``), so a restarted rank is never taken for
+    its dead predecessor."""
+    return f"{node_id}:{incarnation}"
+
+
+def ipc_routing_id(node_id: str, incarnation: str, connection: int) -> bytes:
+    """The routing id of one of that process's ipc connections: its claim and the connection's
+    number. One per connection, since a ROUTER without handover drops a connection whose id
+    another still holds (a restarted process's new peer, its predecessor's close not yet seen)."""
+    return f"{process_claim(node_id, incarnation)}/{connection}".encode()
+
+
+def claim_of(routing_id: bytes) -> str:
+    """The process an ipc routing id claims (``ipc_routing_id`` read back)."""
+    return routing_id.decode(errors="replace").split("/", 1)[0]
+
+
 class ActorInfo(msgspec.Struct, frozen=True):
     """Where a named actor lives and what it can be called with."""
 
