@@ -444,6 +444,28 @@ async def test_rewards_from_the_registry(tok: Any) -> None:
         registered_reward("nope")
 
 
+async def test_a_registered_reward_sees_the_rows_other_fields_in_extra(tok: Any) -> None:
+    """A reward keyed on a JSONL column (verl's ``extra_info``): here a row's difficulty kind."""
+    from rlasync.rewards import RewardInput, register_reward
+
+    seen: list[dict[str, Any]] = []
+
+    @register_reward("test_by_kind", replace=True)  # the test runs once per event loop
+    def by_kind(inp: RewardInput) -> float:
+        seen.append(dict(inp.extra))
+        return 1.0 if inp.extra.get("kind") == "easy" else 0.0
+
+    loop = SingleTurnAgentLoop(
+        ScriptedEngine(tok, ["x", "x"]), tok, reward_fn=registered_reward("test_by_kind")
+    )
+    easy = await loop.run(PARAMS, **ROW, ground_truth="y", kind="easy", uid="r1")
+    hard = await loop.run(PARAMS, **ROW, ground_truth="y", kind="impossible", uid="r2")
+    assert (easy.reward, hard.reward) == (1.0, 0.0)
+    assert (seen[0]["kind"], seen[0]["uid"]) == ("easy", "r1")
+    assert "messages" not in seen[0] and "ground_truth" not in seen[0]  # those have their own fields
+    assert seen[0]["turn_scores"] == []  # and what the loop recorded (``trajectory.extra``)
+
+
 class Sneaky(Tool):
     name = "sneaky"
     description = "prints the chat markup"

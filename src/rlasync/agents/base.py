@@ -141,8 +141,10 @@ def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> R
     """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards`` by name.
 
     The reward reads the last assistant message, the whole conversation, the row's
-    ``ground_truth_key`` field and the tool counts; a reward that fails is a recorded zero.
-    The name is checked now, so a typo fails at start-up instead of zeroing every reward.
+    ``ground_truth_key`` field and the tool counts, and in ``extra`` the row's other fields
+    (``uid``, a JSONL file's own columns: verl's ``extra_info``) with what the loop recorded in
+    ``trajectory.extra`` over them; a reward that fails is a recorded zero. The name is checked
+    now, so a typo fails at start-up instead of zeroing every reward.
     """
     from ..rewards import RewardInput, compute_reward, get_reward
 
@@ -156,6 +158,10 @@ def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> R
             ground_truth=None if row.get(ground_truth_key) is None else str(row[ground_truth_key]),
             num_tool_calls=trajectory.metrics.tool_calls,
             tool_errors=trajectory.metrics.tool_errors,
+            extra={
+                **{k: v for k, v in row.items() if k not in ("messages", ground_truth_key)},
+                **trajectory.extra,
+            },
         )
         out = await compute_reward(name, inp)
         if "error" in out.metrics:
