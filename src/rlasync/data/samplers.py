@@ -88,9 +88,10 @@ class PassRateSampler(UniformSampler):
     comes back with probability ``max(revisit, retry_unsolved ** k)`` an epoch, so a row too hard
     for the first epoch's policy is tried again soon, and one that stays unsolved fades to
     ``revisit``. Without it, the rows a weak first epoch missed rarely return, the few rows in
-    the band are drawn over and over and learnt by heart, and held-out accuracy stalls
-    (``benchmarks/curriculum_bench.py``, ten seeds: it missed the target on four, the uniform
-    sampler on two; with ``retry_unsolved: 0.5`` on one)."""
+    the band are drawn over and over and learnt by heart, and held-out accuracy stalls (string
+    reversal where every row is learnable, ten seeds: it missed the target on four, the uniform
+    sampler on two; with ``retry_unsolved: 0.5`` on one). The price: a row no policy solves is
+    drawn about once more over the following epochs (1/2 + 1/4 + ...) than without it."""
 
     def __init__(
         self,
