@@ -349,13 +349,15 @@ class ParameterSynchronizer:
             )
             await self._join()
         transfer = time.perf_counter() - started
-        targets = list(self._targets)
+        # What this sync staged: an engine added meanwhile (a node that joined again, while the
+        # trainer was sending) has not staged this version and joins at the next sync.
+        targets = [target for target in targets if target in self._targets]
         pauses = await asyncio.gather(*[target.commit(version) for target in targets], return_exceptions=True)
         failed = {target: p for target, p in zip(targets, pauses) if isinstance(p, BaseException)}
         if failed:  # staged but could not switch: out of rotation (it serves its old version)
             await self._drop(failed, f"committing version {version}", always=True)
-        for target in self._targets:
-            if target.joining:  # serves the current version now: into rotation
+        for target in targets:
+            if target.joining and target in self._targets:  # serves this version now: into rotation
                 target.joining = False
                 if self.router is not None and target.remote:
                     self.router.add_engine(target.engine)
@@ -397,16 +399,14 @@ class ParameterSynchronizer:
             ]
         if not out:
             return
-        reasons = "; ".join(
-            f"{target.name}: {str(failed[target]).splitlines()[0][:200] if str(failed[target]) else type(failed[target]).__name__}"
-            for target in out
-        )
+        why = {target: _first_line(failed[target]) for target in out}
+        reasons = "; ".join(f"{target.name}: {why[target]}" for target in out)
         if self.config.on_engine_failure == "stop":
             raise SyncError(
                 f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run"
             ) from failed[out[0]]
         for target in out:
-            self._take_out(target, f"it failed while {during}")
+            self._take_out(target, f"it failed while {during} ({why[target]})")
         if not self._targets:
             raise SyncError(
                 f"weight sync failed while {during} and no engine is left ({reasons})"
@@ -435,6 +435,12 @@ class ParameterSynchronizer:
     def close(self) -> None:
         for target in self._targets:
             target.sink.close()
+
+
+def _first_line(error: BaseException) -> str:
+    """An engine's failure in a log line: its message's first line, or its type."""
+    text = str(error)
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
