@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +140,10 @@ async def test_an_engine_killed_or_stalled_mid_sync_is_an_error_within_the_deadl
                 sync.close()
 
 
-async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_version(
-    nano_model_dir: Path,
-) -> None:
+@contextlib.asynccontextmanager
+async def _one_engine_and_a_late_one(nano_model_dir: Path) -> AsyncIterator[tuple[Any, ...]]:
+    """A trainer after one step, its synchroniser over one engine in a router, and a second
+    engine not yet added: (trainer, router, sync, late)."""
     async with (
         LocalCluster(nodes=3, config=FAST) as cluster,
         TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
@@ -154,16 +156,25 @@ async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_
             )
             await sync.start()
             await trainer.step(tiny_batch(1))
-            await sync.sync(1)
-            await sync.add_engine(late)  # e.g. a restarted node: out of rotation until it is current
-            assert [e.name for e in router.engines] == ["engine-1"]
-            await trainer.step(tiny_batch(2))
-            report = await sync.sync(2)
-            assert report.engines == {"engine-1": 2, "engine-2": 2} and sync.generation == 1
-            assert [e.name for e in router.engines] == ["engine-1", "engine-2"]
-            expected, served = await trainer.weights(), await late.parameters()
-            assert all(torch.equal(served[name], tensor) for name, tensor in expected.items())
-            sync.close()
+            try:
+                yield trainer, router, sync, late
+            finally:
+                sync.close()
+
+
+async def test_an_engine_added_later_enters_rotation_once_it_serves_the_current_version(
+    nano_model_dir: Path,
+) -> None:
+    async with _one_engine_and_a_late_one(nano_model_dir) as (trainer, router, sync, late):
+        await sync.sync(1)
+        await sync.add_engine(late)  # e.g. a restarted node: out of rotation until it is current
+        assert [e.name for e in router.engines] == ["engine-1"]
+        await trainer.step(tiny_batch(2))
+        report = await sync.sync(2)
+        assert report.engines == {"engine-1": 2, "engine-2": 2} and sync.generation == 1
+        assert [e.name for e in router.engines] == ["engine-1", "engine-2"]
+        expected, served = await trainer.weights(), await late.parameters()
+        assert all(torch.equal(served[name], tensor) for name, tensor in expected.items())
 
 
 async def test_an_engine_added_while_a_sync_is_sending_joins_at_the_next_one(
@@ -172,33 +183,21 @@ async def test_an_engine_added_while_a_sync_is_sending_joins_at_the_next_one(
     """A node that joins again mid-sync (fully_async: its handler runs beside the trainer's sync)
     has not staged that version: the sync commits what it staged and leaves the new engine
     joining, instead of committing to it and dropping it for good (CI saw engine-2 leave
-    rotation at its first sync, \"failed while committing\", and never come back)."""
-    async with (
-        LocalCluster(nodes=3, config=FAST) as cluster,
-        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
-    ):
-        first, late = await _engines(cluster, nano_model_dir)
-        await trainer.start(nano_model_dir)
-        async with Router([first], RouterConfig()) as router:
-            sync = ParameterSynchronizer(
-                WeightsConfig(transport="broadcast"), trainer, [first], router=router
-            )
-            await sync.start()
-            await trainer.step(tiny_batch(1))
-            send = sync.source.send_weights
+    rotation at its first sync, "failed while committing", and never come back)."""
+    async with _one_engine_and_a_late_one(nano_model_dir) as (trainer, router, sync, late):
+        send = sync.source.send_weights
 
-            async def send_then_a_node_joins(version: int) -> Any:
-                sent = await send(version)
-                await sync.add_engine(late)  # after the staged list was taken, before the commit
-                return sent
+        async def send_then_a_node_joins(version: int) -> Any:
+            sent = await send(version)
+            await sync.add_engine(late)  # after the staged list was taken, before the commit
+            return sent
 
-            sync.source.send_weights = send_then_a_node_joins  # type: ignore[method-assign]
-            report = await sync.sync(1)
-            sync.source.send_weights = send  # type: ignore[method-assign]
-            assert report.removed == [] and report.engines == {"engine-1": 1, "engine-2": -1}  # joining
-            assert [e.name for e in router.engines] == ["engine-1"]
-            await trainer.step(tiny_batch(2))
-            report = await sync.sync(2)
-            assert report.engines == {"engine-1": 2, "engine-2": 2} and not sync.removed
-            assert [e.name for e in router.engines] == ["engine-1", "engine-2"]
-            sync.close()
+        sync.source.send_weights = send_then_a_node_joins
+        report = await sync.sync(1)
+        sync.source.send_weights = send
+        assert report.removed == [] and report.engines == {"engine-1": 1, "engine-2": -1}  # joining
+        assert [e.name for e in router.engines] == ["engine-1"]
+        await trainer.step(tiny_batch(2))
+        report = await sync.sync(2)
+        assert report.engines == {"engine-1": 2, "engine-2": 2} and not sync.removed
+        assert [e.name for e in router.engines] == ["engine-1", "engine-2"]
