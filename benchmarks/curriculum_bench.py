@@ -158,7 +158,6 @@ def arm(
     )
     return {
         "samples": seen["samples"],
-        "steps": steps,
         "reached": seen["reached_at"] is not None,
         "start": seen["start"],
     }
