@@ -67,6 +67,12 @@ def test_a_yaml_curriculum_learns_from_every_step_and_resumes_from_its_checkpoin
     assert (after["skipped"] > 0) == bool(outside), (state, after)  # rows outside the band passed over
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "data/rows" in r] == list(range(1, 7))
+    # Each step's record says what the curriculum knows (``sampler/*``): rows measured, the shares
+    # of them in and out of the band, rows passed over.
+    by_step = {r["step"]: r for r in records if "data/rows" in r}
+    assert by_step[3]["sampler/measured"] == 12 and by_step[6]["sampler/skipped"] == after["skipped"]
+    last = by_step[6]
+    assert last["sampler/in_band"] + last["sampler/solved"] + last["sampler/unsolved"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

@@ -58,29 +58,36 @@ def test_rows_left_out_come_back_with_revisit_and_a_batch_is_never_short() -> No
 
 
 def test_retry_unsolved_brings_a_row_never_solved_back_often_at_first_then_at_revisit() -> None:
-    """A row ``k`` times unsolved in a row comes back with probability max(revisit, 0.5 ** k) an
-    epoch: the share of draws taken, over a few hundred rows and epochs."""
+    """``e`` epochs after a row was found unsolved it comes back with probability max(revisit,
+    0.5 ** e), however often it was drawn meanwhile: the share of the rows each epoch draws, over
+    a few hundred rows that stay unsolved (each draw measured again, as a run does)."""
     rows = [{"i": i} for i in range(400)]
 
-    def taken_share(sampler: PassRateSampler) -> float:
-        skipped = sampler.skipped
-        sampler.next_uses(200)
-        return 200 / (200 + sampler.skipped - skipped)
+    def shares(sampler: PassRateSampler) -> dict[int, float]:
+        per_epoch: dict[int, int] = {}
+        sampler.update([RowResult(i, [0.0] * 4) for _, i in sampler.next_uses(400)])  # epoch 0: all
+        while sampler.epoch < 6:
+            uses = sampler.next_uses(10)
+            sampler.update([RowResult(i, [0.0] * 4) for _, i in uses])
+            for epoch, _ in uses:
+                per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
+        return {epoch: per_epoch[epoch] / 400 for epoch in range(1, 6)}
 
-    plain = PassRateSampler(rows, seed=0, revisit=0.1, retry_unsolved=0.0)
-    retrying = PassRateSampler(rows, seed=0, revisit=0.1)  # retry_unsolved 0.5, the default
-    for sampler in (plain, retrying):
-        sampler.next_uses(400)  # the first epoch tries every row (measured below)
-    shares: dict[int, tuple[float, float]] = {}
-    for k in range(1, 5):
-        for sampler in (plain, retrying):
-            sampler.update([RowResult(i, [0.0] * 4) for i in range(400)])
-        shares[k] = (taken_share(plain), taken_share(retrying))
-    assert all(plain_share == pytest.approx(0.1, abs=0.04) for plain_share, _ in shares.values()), shares
-    expected = {1: 0.5, 2: 0.25, 3: 0.125, 4: 0.1}
-    assert all(shares[k][1] == pytest.approx(p, abs=0.06) for k, p in expected.items()), shares
-    retrying.update([RowResult(7, [1.0, 0.0, 0.0, 0.0])])  # solved once: its count ends
-    assert retrying.unsolved[3] == 4 and 7 not in retrying.unsolved
+    plain = shares(PassRateSampler(rows, seed=0, revisit=0.1, retry_unsolved=0.0))
+    retrying = shares(PassRateSampler(rows, seed=0, revisit=0.1))  # retry_unsolved 0.5, the default
+    assert all(share == pytest.approx(0.1, abs=0.04) for share in plain.values()), plain
+    expected = {1: 0.5, 2: 0.25, 3: 0.125, 4: 0.1, 5: 0.1}
+    assert all(retrying[e] == pytest.approx(p, abs=0.06) for e, p in expected.items()), retrying
+
+
+def test_a_row_solved_once_leaves_the_unsolved_and_one_found_again_starts_over() -> None:
+    sampler = PassRateSampler(ROWS, seed=0)
+    sampler.update([RowResult(3, [0.0] * 4), RowResult(7, [0.0] * 4)])
+    sampler.next_uses(len(ROWS) + 1)  # into epoch 1
+    sampler.update([RowResult(3, [0.0] * 4), RowResult(7, [1.0, 0.0, 0.0, 0.0])])
+    assert sampler.unsolved == {3: 0}  # still the epoch it was first found unsolved; 7 solved
+    sampler.update([RowResult(7, [0.0] * 4)])
+    assert sampler.unsolved == {3: 0, 7: 1}
 
 
 @pytest.mark.parametrize("options", [{}, {"retry_unsolved": 0.0}])

@@ -16,6 +16,7 @@ the uninterrupted one would have. A sampler of your own:
         def __init__(self, rows, *, seed, shuffle=True, **options): ...
         def next_uses(self, n): ...                 # [(epoch, row index), ...]
         def update(self, results): ...              # [RowResult(index, rewards), ...]
+        def metrics(self): ...                      # optional: {"name": number}, as sampler/name
         def state_dict(self): ...                   # JSON-safe
         def load_state_dict(self, state): ...
 
@@ -60,6 +61,10 @@ class Sampler(abc.ABC):
     @abc.abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def metrics(self) -> dict[str, float]:
+        """What the sampler knows, for each step's record (``metrics.jsonl``'s ``sampler/<name>``)."""
+        return {}
+
     def add_rows(self, rows: list[Row]) -> None:
         """Rows added during the run (``data.generator``), after the ones it was made with."""
         raise TypeError(f"{type(self).__name__} cannot take rows added during a run (data.generator)")
@@ -84,14 +89,17 @@ class PassRateSampler(UniformSampler):
     batch is never short).
 
     ``retry_unsolved`` (0: off) treats a row never solved as the likeliest to change, since
-    training makes the policy better: after ``k`` measurements in a row at or below ``low`` it
-    comes back with probability ``max(revisit, retry_unsolved ** k)`` an epoch, so a row too hard
-    for the first epoch's policy is tried again soon, and one that stays unsolved fades to
-    ``revisit``. Without it, the rows a weak first epoch missed rarely return, the few rows in
+    training makes the policy better: ``e`` epochs after it was found at or below ``low`` (and
+    not solved since) it comes back with probability ``max(revisit, retry_unsolved ** e)``, so a
+    row too hard for the first epoch's policy is tried again soon, and one that stays unsolved
+    fades to ``revisit``. Without it, the rows a weak first epoch missed rarely return, the few rows in
     the band are drawn over and over and learnt by heart, and held-out accuracy stalls (string
     reversal where every row is learnable, ten seeds: it missed the target on four, the uniform
     sampler on two; with ``retry_unsolved: 0.5`` on one). The price: a row no policy solves is
-    drawn about once more over the following epochs (1/2 + 1/4 + ...) than without it."""
+    drawn about once more over the following epochs (1/2 + 1/4 + ...) than without it. The
+    decay counts epochs, not draws: a curriculum's epochs grow short as it skips rows, and a
+    chance that fell only when the row was drawn again kept impossible rows at about a third of
+    each batch (string reversal with a third of the rows impossible, ten epochs in)."""
 
     def __init__(
         self,
@@ -116,7 +124,7 @@ class PassRateSampler(UniformSampler):
         self.pass_rates: dict[int, float] = {}
         """Row index -> the pass rate of its latest trained group."""
         self.unsolved: dict[int, int] = {}
-        """Row index -> its measurements in a row at or below ``low`` (rows with none are absent)."""
+        """Row index -> the epoch it was found at or below ``low``, not solved since (others are absent)."""
         self.skipped = 0
         """Rows passed over so far (outside the band, not revisited)."""
 
@@ -141,7 +149,8 @@ class PassRateSampler(UniformSampler):
             return False
         chance = self.revisit
         if rate <= self.low and self.retry_unsolved:
-            chance = max(chance, self.retry_unsolved ** self.unsolved.get(index, 1))
+            since = epoch - self.unsolved.get(index, epoch - 1)
+            chance = max(chance, self.retry_unsolved ** max(since, 1))
         digest = hashlib.blake2b(f"{self.seed}/{epoch}/{index}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") / 2**64 >= chance
 
@@ -151,7 +160,7 @@ class PassRateSampler(UniformSampler):
                 passed = sum(reward >= self.pass_reward for reward in result.rewards)
                 rate = self.pass_rates[result.index] = passed / len(result.rewards)
                 if rate <= self.low:
-                    self.unsolved[result.index] = self.unsolved.get(result.index, 0) + 1
+                    self.unsolved.setdefault(result.index, self.epoch)
                 else:
                     self.unsolved.pop(result.index, None)
 
@@ -160,18 +169,31 @@ class PassRateSampler(UniformSampler):
         rates = self.pass_rates.values()
         return sum(self.low < rate < self.high for rate in rates) / len(rates) if rates else 0.0
 
+    def metrics(self) -> dict[str, float]:
+        """``sampler/measured`` rows, the shares of them ``in_band``, ``solved`` (at or above
+        ``high``) and ``unsolved`` (at or below ``low``), and the rows ``skipped`` so far."""
+        rates = list(self.pass_rates.values())
+        measured = len(rates) or 1
+        return {
+            "measured": len(rates),
+            "in_band": round(sum(self.low < rate < self.high for rate in rates) / measured, 4),
+            "solved": round(sum(rate >= self.high for rate in rates) / measured, 4),
+            "unsolved": round(sum(rate <= self.low for rate in rates) / measured, 4),
+            "skipped": self.skipped,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),
             "pass_rates": {str(index): rate for index, rate in self.pass_rates.items()},
-            "unsolved": {str(index): count for index, count in self.unsolved.items()},
+            "unsolved_since": {str(index): epoch for index, epoch in self.unsolved.items()},
             "skipped": self.skipped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.pass_rates = {int(index): float(rate) for index, rate in state.get("pass_rates", {}).items()}
-        self.unsolved = {int(index): int(count) for index, count in state.get("unsolved", {}).items()}
+        self.unsolved = {int(index): int(epoch) for index, epoch in state.get("unsolved_since", {}).items()}
         self.skipped = int(state.get("skipped", 0))
 
 

@@ -227,6 +227,7 @@ class StepRecord(Flat, kw_only=True):
     train: dict[str, float] = msgspec.field(default_factory=dict, name="train/")  # the trainer's, reduced
     weights: Weights | None = None
     data_rows: list[tuple[int, int]] | None = msgspec.field(default=None, name="data/rows")  # (epoch, row)
+    sampler: dict[str, float] = msgspec.field(default_factory=dict, name="sampler/")  # Sampler.metrics
     staleness: Staleness | None = None
     rollouts: Rollouts | None = None
     processing: Processing | None = None

@@ -878,6 +878,8 @@ class Run:
                 rejoins=self.rejoins,
                 reward_errors=self.reward_errors,
             )
+        if record.step and not record.sampler:  # step 0 (the starting weights' validation) drew nothing
+            record.sampler = self.sampler.metrics()
         if record.rollouts is None and self._trained:
             penalty = sum(self._penalties) / len(self._penalties) if self._penalties else None
             record.rollouts = Rollouts.of(self._trained, overlong_penalty=penalty, **self._sampling)
