@@ -38,7 +38,8 @@ uniform sampler on 11, neither on 7. In the two of those looked at (seeds 7 and 
 arm) the policy collapsed: by step 100 about 1 % of the rows were in the band
 (``sampler/in_band`` in ``metrics.jsonl``), the rest always or never right, and the token entropy
 had fallen from 0.7 to 0.2. 600 steps do not help (seeds 1, 6, 7 reach it under neither), nor an
-entropy bonus (``trainer.entropy_coef`` 0.003 or 0.01, seed 7).
+entropy bonus (``trainer.entropy_coef`` 0.003 or 0.01, seed 7: in_band still about 0.01), nor
+sampling at ``train.temperature`` 1.3 (seeds 7 and 10: in_band 0.02 and 0.01 by step 250).
 
 What was tried, same bench:
 
