@@ -53,7 +53,7 @@ What was tried, same bench:
   prompts) was on an all-learnable task. On the real mix, 6 prompts a step collapse some seeds in
   the first epoch, where both arms draw alike (seed 1: 0.11 -> 0.00 by step 10, in both arms).
 - ``train.dynamic_sampling`` in both arms (DAPO; the curriculum should spare the rounds it
-  drops), 6 prompts, ``max_gen_batches`` 6, seeds 1-5: the curriculum generated more (138,480
+  drops), before 9849778, 6 prompts, ``max_gen_batches`` 6, seeds 1-5: the curriculum generated more (138,480
   against 119,376): its rows in the band go to always or never right as the policy sharpens,
   and it still made 3.7 and 4.3 rounds a step on seeds 4 and 5 (uniform: 5.0 and 5.7).
 - ``--curriculum '{name: pass_rate, retry_unsolved: 0}'`` (impossible rows fade at once), ten
