@@ -53,9 +53,9 @@ What was tried, same bench:
   prompts) was on an all-learnable task. On the real mix, 6 prompts a step collapse some seeds in
   the first epoch, where both arms draw alike (seed 1: 0.11 -> 0.00 by step 10, in both arms).
 - ``train.dynamic_sampling`` in both arms (DAPO; the curriculum should spare the rounds it
-  drops), before 9849778, 6 prompts, ``max_gen_batches`` 6, seeds 1-5: the curriculum generated more (138,480
-  against 119,376): its rows in the band go to always or never right as the policy sharpens,
-  and it still made 3.7 and 4.3 rounds a step on seeds 4 and 5 (uniform: 5.0 and 5.7).
+  drops), before 9849778, 6 prompts, ``max_gen_batches`` 6, seeds 1-5: the curriculum generated
+  more (138,480 against 119,376): its rows in the band go to always or never right as the policy
+  sharpens, and it still made 3.7 and 4.3 rounds a step on seeds 4 and 5 (uniform: 5.0 and 5.7).
 - ``--curriculum '{name: pass_rate, retry_unsolved: 0}'`` (impossible rows fade at once), ten
   seeds, before 9849778, the curriculum arm alone against that run's uniform figures: **0.135**
   (steps 185, 30, 155, 160, 300+, 300+, 95, 300+, 90, 300+). Better than the default's 0.081
