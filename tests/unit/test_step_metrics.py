@@ -335,3 +335,17 @@ def test_rollouts_aggregate_a_steps_trajectories() -> None:
         "rollout/gen_batches": 2,
     }
     assert StepRecord.from_dict(line) == StepRecord(step=1, rollouts=rollouts)
+
+
+def test_the_samplers_numbers_are_written_and_shown_to_prometheus() -> None:
+    from rlasync.modes.telemetry import RunMetrics
+
+    record = StepRecord(step=4, reward=0.5, sampler={"in_band": 0.25, "skipped": 7})
+    assert record.as_dict() == {"step": 4, "reward": 0.5, "sampler/in_band": 0.25, "sampler/skipped": 7}
+    assert StepRecord.from_dict(record.as_dict()) == record
+    metrics = RunMetrics()
+    metrics.observe(record)
+    (family,) = [f for f in metrics.families() if f.name == "rlasync_sampler"]
+    assert {s.labels["stat"]: s.value for s in family.samples} == {"in_band": 0.25, "skipped": 7}
+    metrics.observe(StepRecord(step=5, reward=0.5))  # the uniform sampler knows nothing: no family
+    assert "rlasync_sampler" not in {f.name for f in metrics.families()}

@@ -1,6 +1,6 @@
 """A run's Prometheus families on the head (``rlasync_train_*``, ``rlasync_trainer_*``,
-``rlasync_weight_*``, ``rlasync_queue_*``, the head's router), and the Prometheus targets file
-naming every node's ``/metrics``.
+``rlasync_weight_*``, ``rlasync_queue_*``, ``rlasync_sampler``, the head's router), and the
+Prometheus targets file naming every node's ``/metrics``.
 
 ``RunMetrics.observe`` takes each step's record as the run writes it (``Run.write``): the
 trainer's loss, gradient norm and learning rate, the step's times, the weight sync, the sample
@@ -94,7 +94,7 @@ class RunMetrics:
         """At a scrape (prometheus-client is imported only where metrics are on)."""
         from prometheus_client.core import HistogramMetricFamily
 
-        from ..metrics.exporter import counter, gauge, histogram
+        from ..metrics.exporter import counter, gauge, gauges, histogram
 
         out: list[Metric] = [
             counter("rlasync_train_steps_total", "Training steps done.", self.steps),
@@ -141,6 +141,15 @@ class RunMetrics:
             value = values.get(key, getattr(record, key))
             if value is not None:
                 out.append(gauge(name, doc, value))
+        if record.sampler:
+            out.append(
+                gauges(
+                    "rlasync_sampler",
+                    "What the data sampler knows after the last step (sampler/<stat> in metrics.jsonl).",
+                    "stat",
+                    record.sampler,
+                )
+            )
         if record.queue is not None:
             q = record.queue
             out += [
