@@ -167,19 +167,22 @@ class PassRateSampler(UniformSampler):
 
     def in_band(self) -> float:
         """Share of the rows measured so far whose pass rate lies inside the band."""
-        rates = self.pass_rates.values()
-        return sum(self.low < rate < self.high for rate in rates) / len(rates) if rates else 0.0
+        return self.metrics()["in_band"]
 
     def metrics(self) -> dict[str, float]:
         """``sampler/measured`` rows, the shares of them ``in_band``, ``solved`` (at or above
         ``high``) and ``unsolved`` (at or below ``low``), and the rows ``skipped`` so far."""
-        rates = list(self.pass_rates.values())
-        measured = len(rates) or 1
+        solved = unsolved = 0
+        for rate in self.pass_rates.values():  # one pass: this runs after every step
+            solved += rate >= self.high
+            unsolved += rate <= self.low
+        measured = len(self.pass_rates)
+        share = 1 / measured if measured else 0.0
         return {
-            "measured": len(rates),
-            "in_band": round(sum(self.low < rate < self.high for rate in rates) / measured, 4),
-            "solved": round(sum(rate >= self.high for rate in rates) / measured, 4),
-            "unsolved": round(sum(rate <= self.low for rate in rates) / measured, 4),
+            "measured": measured,
+            "in_band": (measured - solved - unsolved) * share,
+            "solved": solved * share,
+            "unsolved": unsolved * share,
             "skipped": self.skipped,
         }
 

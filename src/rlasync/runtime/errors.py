@@ -104,6 +104,13 @@ def not_started(node_id: str) -> RuntimeError:
     return RuntimeError(f"{node_id} has not started: await node.start() (or use `async with node`) first")
 
 
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """An error inside a log line or another error's message: the first line of its text, cut at
+    ``limit`` characters, or its type's name when it has no text (torch's errors run to pages)."""
+    text = str(error)
+    return text.splitlines()[0][:limit] if text.strip() else type(error).__name__
+
+
 def wire_name(kind: type) -> str:
     """The name an exception type travels under: ``module.QualName`` (a builtin: ``QualName``)."""
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

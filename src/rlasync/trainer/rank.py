@@ -41,6 +41,7 @@ import torch.distributed as dist
 from ..config.train import TrainerConfig
 from ..runtime import Actor, endpoint
 from ..runtime.address import host_of, interface_of
+from ..runtime.errors import first_line
 from .background import in_background
 from .policy import PolicyTrainer
 from .types import TrainBatch
@@ -145,7 +146,7 @@ class TrainerRank(Actor):
         try:
             return await self._thread.submit(fn, *args)
         except (dist.DistBackendError, dist.DistNetworkError) as exc:
-            self.broken = f"its group broke during {fn.__name__} (a peer rank died, or stalled past trainer.operation_timeout_s): {str(exc).splitlines()[0][:300]}"
+            self.broken = f"its group broke during {fn.__name__} (a peer rank died, or stalled past trainer.operation_timeout_s): {first_line(exc)}"
             log.error("trainer rank %d: %s", self.rank, self.broken)
             raise GroupBroken(f"trainer rank {self.rank}: {self.broken}") from None
 

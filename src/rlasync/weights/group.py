@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..runtime.errors import first_line
 from .errors import SyncError
 
 
@@ -84,7 +85,7 @@ class WeightGroup:
             self.close()
             raise SyncError(
                 f"weight sync failed during {what} (a peer died, or stalled past {self.timeout_s:g} s: raise the "
-                f"deadline if it is only slow): {str(exc).splitlines()[0][:300]}"
+                f"deadline if it is only slow): {first_line(exc)}"
             ) from exc
 
     def broadcast(self, tensor: torch.Tensor, what: str) -> None:

@@ -39,6 +39,7 @@ import msgspec
 
 from ..config.weights import WeightsConfig
 from ..runtime import ActorRef, NodeLostError
+from ..runtime.errors import first_line
 from .errors import SyncError, is_transfer_failure
 from .sink import EngineWeights
 
@@ -399,7 +400,7 @@ class ParameterSynchronizer:
             ]
         if not out:
             return
-        why = {target: _first_line(failed[target]) for target in out}
+        why = {target: first_line(failed[target], 200) for target in out}
         reasons = "; ".join(f"{target.name}: {why[target]}" for target in out)
         if self.config.on_engine_failure == "stop":
             raise SyncError(
@@ -435,12 +436,6 @@ class ParameterSynchronizer:
     def close(self) -> None:
         for target in self._targets:
             target.sink.close()
-
-
-def _first_line(error: BaseException) -> str:
-    """An engine's failure in a log line: its message's first line, or its type."""
-    text = str(error)
-    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 async def _unless_sender_lost(send: Any, stages: list[Any]) -> list[Any]:
