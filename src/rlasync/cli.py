@@ -224,8 +224,13 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
     finally:
         interrupts.disarm()
     start = "at the start" if cfg.train.model_dir else "after the warm-start"  # model_dir: none was made
+    how = (
+        f"{cfg.train.val_samples} sampled at temperature {cfg.train.val_temperature:g}"
+        if cfg.train.val_temperature
+        else "greedy"
+    )
     typer.echo(
-        f"validation accuracy (greedy, held-out): {result.initial_accuracy:.3f} {start} -> {result.final_accuracy:.3f} after RL"
+        f"validation accuracy ({how}, held-out): {result.initial_accuracy:.3f} {start} -> {result.final_accuracy:.3f} after RL"
     )
     typer.echo(json.dumps(msgspec.to_builtins(result)))
     return 0

@@ -101,6 +101,49 @@ def test_a_plugin_file_adds_the_reward_and_the_loop_a_cluster_run_uses_on_its_en
     assert all(r["reward"] == 0.25 and r["rollout/termination/tagged"] == 1.0 for r in records), records
 
 
+LOGGING_REWARD = '''\
+"""Scores nothing; writes each held-out answer (rows of kind val) to answers.jsonl."""
+import json
+from rlasync.rewards import register_reward
+
+
+@register_reward("log_val")
+def log_val(inp):
+    if inp.extra.get("kind") == "val":
+        with open("answers.jsonl", "a") as f:
+            f.write(json.dumps([inp.ground_truth, inp.response_text]) + "\\n")
+    return 0.0
+'''
+
+
+def test_validation_samples_val_samples_answers_per_held_out_row_at_val_temperature(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    """verl's ``val_kwargs``: 3 held-out rows x ``val_samples`` 4 answers, at the first and the
+    last step's validation, sampled (an untrained model at temperature 1 does not repeat itself
+    four times on every row)."""
+    (tmp_path / "log_val.py").write_text(LOGGING_REWARD)
+    words = ["abc", "dog", "xyz"]
+    for split in ("train", "val"):
+        (tmp_path / f"{split}.jsonl").write_text(
+            "".join(
+                json.dumps({"prompt": f"Reverse {w}", "ground_truth": w[::-1], "kind": split}) + "\n"
+                for w in words
+            )
+        )
+    config = BASE.format(model=nano_model_dir, run_dir=tmp_path / "run", steps=1) + (
+        "  train_files: [train.jsonl]\n  val_files: [val.jsonl]\n  reward: log_val\nplugins: [./log_val.py]\n"
+    )
+    done = _train(tmp_path, config, "train.val_temperature=1.0", "train.val_samples=4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "validation accuracy (4 sampled at temperature 1, held-out)" in done.stdout, done.stdout
+    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 2 * 3 * 4, answers  # step 0 and step 1, every row four times
+    by_row = {w[::-1]: [a for truth, a in answers if truth == w[::-1]] for w in words}
+    assert all(len(a) == 8 for a in by_row.values()), by_row
+    assert any(len(set(a)) > 1 for a in by_row.values()), by_row  # sampled, not greedy
+
+
 @pytest.mark.parametrize(
     ("plugin", "message"),
     [
@@ -199,6 +242,10 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_long_responses_lose
         (
             ["train.mode=fully_async", "train.dynamic_sampling=true"],
             "train.dynamic_sampling runs with train.mode=sync or one_step_off, not fully_async",
+        ),
+        (
+            ["train.val_samples=4"],
+            "train.val_samples=4 with train.val_temperature=0: greedy answers are all the same",
         ),
         (
             ["train.overlong_buffer=2000"],

@@ -280,6 +280,7 @@ def test_a_config_typo_is_a_one_line_error_naming_the_key(override: str, needle:
             "neither agent.tools nor agent.mcp_servers provide",
         ),  # calc rows offer the calculator
         (["data.train_files=[x.jsonl]"], "data.val_files"),
+        (["data.val_files=[x.jsonl]"], "data.val_files is set but data.train_files is not"),
         (["train.val_size=100000"], "train.val_size=100000: the reverse task has"),
     ],
 )

@@ -17,7 +17,8 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     """Training rows: ``.jsonl`` or ``.parquet`` files, or folders written by ``datasets``'
     ``save_to_disk`` (see ``rlasync.data.load_rows``); all of them, concatenated."""
     val_files: list[str] = []
-    """Held-out rows scored greedily at each validation (``train.val_size`` of them at most)."""
+    """Held-out rows scored at each validation (``train.val_size`` of them at most; greedy unless
+    ``train.val_temperature``)."""
     prompt_key: str = "prompt"
     """The column holding the prompt (a string, or chat messages); rows with ``messages`` keep them."""
     answer_key: str | None = None

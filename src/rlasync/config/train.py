@@ -130,7 +130,16 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """The reward a response at ``agent.response_length`` loses (``overlong_buffer``)."""
     validate_every: PositiveInt = 25
     val_size: PositiveInt = 128
-    """Held-out problems scored greedily at each validation."""
+    """Held-out problems scored at each validation."""
+    val_temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Sampling temperature of validation (verl's ``val_kwargs.temperature``). 0 scores each
+    held-out problem's greedy answer; above 0, ``val_samples`` sampled answers each, and
+    ``val_accuracy`` is their mean reward (avg@k, the figure DAPO reports): it moves as the
+    policy grows sure of right answers, which greedy decoding hides until the most likely
+    answer flips."""
+    val_samples: PositiveInt = 1
+    """Answers sampled per held-out problem (verl's ``val_kwargs.n``); above 1 needs
+    ``val_temperature`` above 0 (greedy answers are all the same)."""
     fail_on_reward_errors: NonNegativeInt = 5
     """Within the first this many training batches, a batch whose every reward failed (the
     reward raised, timed out or gave no number) stops the run with ``RewardError``: a broken
@@ -166,6 +175,11 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     ``run_dir``."""
 
     def __post_init__(self) -> None:
+        if self.val_samples > 1 and self.val_temperature == 0:
+            raise ValueError(
+                f"train.val_samples={self.val_samples} with train.val_temperature=0: greedy answers are all "
+                "the same; set train.val_temperature above 0 (e.g. 1.0) or train.val_samples=1"
+            )
         if self.dynamic_sampling and self.mode == "fully_async":
             raise ValueError(
                 "train.dynamic_sampling runs with train.mode=sync or one_step_off, not fully_async (its queue "

@@ -300,6 +300,11 @@ class Run:
         # What would make the run fail is found here, before anything starts: the data files are
         # read (their rows, loops and tools checked). A synthetic task's rows are all alike, so one
         # stands for them; its 20 000 are drawn later, in a thread (``_read_inputs``).
+        if config.data.val_files and not config.data.train_files:  # else ignored for the task's split
+            raise ConfigError(
+                "data.val_files is set but data.train_files is not: without training files the rows, "
+                f"held-out ones too, come from the synthetic train.task ({cfg.task}); give data.train_files as well"
+            )
         self._files = read_rows(config) if config.data.train_files else None
         if self._files is None and cfg.val_size > synthetic_capacity(cfg.task, "val"):
             raise ConfigError(
@@ -859,12 +864,18 @@ class Run:
             )
 
     async def validate(self) -> float:
-        """Held-out accuracy: the validation rows, greedy, scored by the run's reward."""
+        """Held-out accuracy: the mean reward (the run's) of the validation rows' answers,
+        greedy or ``train.val_samples`` sampled at ``train.val_temperature`` each."""
         if not self.validating:
             return 0.0
-        greedy = SamplingParams(temperature=0, max_new_tokens=self.config.train.max_new_tokens)
-        rows = [dict(row, uid=f"val/{i}") for i, row in enumerate(self.val_rows)]
-        trajectories = await self.rollouts.trajectories(rows, greedy)
+        cfg = self.config.train
+        params = SamplingParams(temperature=cfg.val_temperature, max_new_tokens=cfg.max_new_tokens)
+        rows = [
+            dict(row, uid=f"val/{i}/{k}")
+            for i, row in enumerate(self.val_rows)
+            for k in range(cfg.val_samples)
+        ]
+        trajectories = await self.rollouts.trajectories(rows, params, group=cfg.val_samples)
         return sum(t.reward for t in trajectories) / len(trajectories)
 
     def write(self, record: StepRecord, on_step: OnStep = None) -> None:
