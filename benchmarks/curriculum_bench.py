@@ -5,7 +5,7 @@ generated until held-out accuracy on the learnable prompts reaches a target, in 
         [--max-steps 300] [--rows 384] [--mix 1 1 1] [--val-temperature 1.0] [--val-samples 4]
         [--set KEY=VALUE] [--curriculum SPEC] [--smoke]
 
-Twenty seeds, two at a time (``--jobs``, a process each): about 30 min on 2 cores.
+Twenty seeds, two at a time (``--jobs``, a process each): about 25 min on 2 cores.
 
 The task mixes three kinds of string-reversal prompts (JSONL rows with a ``kind`` field, scored
 by the reward registered here): *easy* ones (every answer scores 1), *impossible* ones (every
@@ -28,15 +28,16 @@ curriculum / uniform; goal >= 0.25. An arm that never reaches the target counts
 (``rollout/gen_batches``, so ``--set train.dynamic_sampling=true`` compares what each arm
 generates, kept or dropped).
 
-Why sampled, not greedy (``--val-temperature 0 --val-samples 1``, how every earlier figure was measured):
-greedy accuracy moves only when a prompt's most likely answer flips, and on this 0.5M-parameter
-model it often never did. With greedy validation, 7 seeds of 20 reached the target under neither
-sampler in 300 steps, each counting the same 38,400 samples in both arms: **0.204** saved on
-seeds 1-10 (uniform 291,840, curriculum 232,320; steps uniform / curriculum 300+/300+, 80/60,
-255/55, 195/75, 65/50, 300+/300+, 300+/300+, 300+/300+, 185/75, 300+/300+: 0.60 on the five
-seeds where an arm learns) and **0.111** on seeds 11-20 (207,360 / 184,320; 45/40, 45/35, 60/75,
-300+/300+, 25/25, 80/65, 165/265, 300+/185, 300+/300+, 300+/150). Sampled accuracy shows the
-policy growing sure of right answers, which is what RL does first.
+Why sampled, not greedy (``--val-temperature 0 --val-samples 1``, how every earlier figure was
+measured): greedy accuracy moves only when a prompt's most likely answer flips, and on this
+0.5M-parameter model it often never did. With greedy validation, 7 seeds of 20 reached the
+target under neither sampler in 300 steps, each counting the same 38,400 samples in both arms:
+**0.204** saved on seeds 1-10 (uniform 291,840, curriculum 232,320; steps uniform / curriculum
+300+/300+, 80/60, 255/55, 195/75, 65/50, 300+/300+, 300+/300+, 300+/300+, 185/75, 300+/300+:
+0.60 on the five seeds where an arm learns) and **0.111** on seeds 11-20 (207,360 / 184,320;
+45/40, 45/35, 60/75, 300+/300+, 25/25, 80/65, 165/265, 300+/185, 300+/300+, 300+/150); 0.165
+over the twenty. Sampled accuracy shows the policy growing sure of right answers, which is what
+RL does first.
 
 Measured: this script with its defaults from a clean clone (e5dbb5a, 22 min on 2 cores):
 **samples_saved 0.253** (uniform 426,880, curriculum 318,720; steps uniform / curriculum
