@@ -129,7 +129,7 @@ from typing import Any
 import msgspec
 
 from rlasync.config import load_config
-from rlasync.data import make_problems
+from rlasync.data import Problem, make_problems
 from rlasync.modes import RunInterrupted, train
 from rlasync.modes.warmstart import DEFAULT_SETTINGS, warm_start
 from rlasync.rewards import RewardInput, register_reward
@@ -148,26 +148,23 @@ def mixed_difficulty(inp: RewardInput) -> float:
     return float(inp.response_text.strip() == (inp.ground_truth or "").strip())
 
 
+def _line(problem: Problem, kind: str, **more: str) -> str:
+    """One JSONL row: the problem's chat messages and answer, its kind (the reward reads it)."""
+    return (
+        json.dumps({"messages": problem.messages, "ground_truth": problem.answer, "kind": kind, **more})
+        + "\n"
+    )
+
+
 def write_rows(folder: Path, rows: int, mix: list[int], val_size: int, seed: int) -> tuple[Path, Path]:
     """``rows`` training rows, easy, learnable and impossible in the shares ``mix`` gives
     (``[1, 1, 1]``: a third each), and ``val_size`` learnable held-out rows."""
     problems = make_problems("reverse", rows, seed=seed, split="train")
     kinds = [kind for kind, n in zip(["easy", "learnable", "impossible"], mix) for _ in range(n)]
     train_file, val_file = folder / "train.jsonl", folder / "val.jsonl"
-    with train_file.open("w") as f:
-        for i, p in enumerate(problems):
-            row = {
-                "messages": p.messages,
-                "ground_truth": p.answer,
-                "kind": kinds[i % len(kinds)],
-                "uid": p.key,
-            }
-            f.write(json.dumps(row) + "\n")
-    with val_file.open("w") as f:
-        for p in make_problems("reverse", val_size, seed=seed, split="val"):
-            f.write(
-                json.dumps({"messages": p.messages, "ground_truth": p.answer, "kind": "learnable"}) + "\n"
-            )
+    train_file.write_text("".join(_line(p, kinds[i % len(kinds)], uid=p.key) for i, p in enumerate(problems)))
+    held_out = make_problems("reverse", val_size, seed=seed, split="val")
+    val_file.write_text("".join(_line(p, "learnable") for p in held_out))
     return train_file, val_file
 
 
