@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import torch
+from numerics import forward_rtol, rounding_close
 from waiting import wait_until
 
 from rlasync.engines import EngineError, GenerateRequest, SamplingParams, TorchEngine
@@ -74,7 +75,11 @@ async def test_logprobs_equal_a_fresh_forward_pass(nano) -> None:  # type: ignor
             .gather(-1, torch.tensor(out.token_ids)[:, None])
             .flatten()
         )
-        assert torch.allclose(fresh, torch.tensor(out.logprobs), atol=1e-4)
+        # The engine's logprobs come from a batched, KV-cached decode, these from one whole forward:
+        # the same sums taken in another order, so equal up to a forward's rounding.
+        assert rounding_close(
+            torch.tensor(out.logprobs), fresh, forward_rtol(model.config, sequence=len(x) + 20)
+        )
     await engine.close()
 
 

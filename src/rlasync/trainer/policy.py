@@ -43,11 +43,13 @@ class PolicyTrainer:
         self.sharded = cfg.strategy == "fsdp2" and _world_size() > 1
         if self.sharded:
             _fully_shard(model, self.device)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.lr,
-            betas=(cfg.beta1, cfg.beta2),
-            weight_decay=cfg.weight_decay,
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer: torch.optim.Optimizer = (
+            torch.optim.SGD(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
+            if cfg.optimizer == "sgd"
+            else torch.optim.AdamW(
+                trained, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+            )
         )
         warmup, total = cfg.warmup_steps, max(total_steps, 1)
 
