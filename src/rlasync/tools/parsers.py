@@ -380,9 +380,12 @@ class HermesParser(ToolParser):
 # body is one slice. A run of one token with plain text between counts as one: a second
 # <|channel|> (or <|constrain|>) only adds its text to the part, a second <|message|> is body
 # text, and a <|start|> after words without a recipient ends a header that holds nothing.
+# Greedy, not possessive (*+): each run's text class excludes the '<' its next token starts
+# with, so there is nothing to backtrack into and the two match alike, and CPython 3.11.2
+# (Debian 12's python3.11) matched `<|start|>x to=y<|channel|>` wrongly with *+ (fixed later in 3.11).
 _STRUCTURE = re.compile(
-    r"(<\|(?:start\|>(?:(?:(?!to=)[^<])*+<\|start\|>)*+|message\|>(?:[^<]*+<\|message\|>)*+"
-    r"|channel\|>(?:[^<]*+<\|channel\|>)*+|constrain\|>(?:[^<]*+<\|constrain\|>)*+))"
+    r"(<\|(?:start\|>(?:(?:(?!to=)[^<])*<\|start\|>)*|message\|>(?:[^<]*<\|message\|>)*"
+    r"|channel\|>(?:[^<]*<\|channel\|>)*|constrain\|>(?:[^<]*<\|constrain\|>)*))"
 )  # a literal first, so the scan is fast
 _ENDS = re.compile(r"<\|(?:end|call|return)\|>")
 _MESSAGE, _CHANNEL, _CONSTRAIN = "<|message|>", "<|channel|>", "<|constrain|>"
