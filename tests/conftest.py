@@ -42,6 +42,26 @@ def _node_spawner() -> Iterator[None]:
     shutil.rmtree(Path(commands).parent, ignore_errors=True)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which of torch's CPU code paths this run takes (``make test-numerics`` runs each)."""
+    import torch
+
+    pinned = " ".join(
+        f"{name}={os.environ[name]}"
+        for name in (
+            "ATEN_CPU_CAPABILITY",
+            "MKL_ENABLE_INSTRUCTIONS",
+            "ONEDNN_MAX_CPU_ISA",
+            "OMP_NUM_THREADS",
+        )
+        if name in os.environ
+    )
+    return (
+        f"torch {torch.__version__}: CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} intra-op thread(s){'; ' + pinned if pinned else ''}"
+    )
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -101,7 +121,10 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     unless it narrows this with ``@pytest.mark.asyncio(loop_factories=["uvloop"])``."""
     import uvloop
 
-    return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    loops = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    # RLASYNC_TEST_LOOPS=uvloop: one loop only, where the loop is not the subject (test-numerics).
+    wanted = os.environ.get("RLASYNC_TEST_LOOPS", "uvloop,asyncio").split(",")
+    return {name: factory for name, factory in loops.items() if name in wanted}
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,7 @@ def _req(i: object, ids: list[int], params: SamplingParams = GREEDY) -> Generate
     return GenerateRequest(request_id=str(i), prompt_ids=ids, params=params)
 
 
+@pytest.mark.numerics
 async def test_greedy_equals_generate_token_for_token_with_requests_joining_midway(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model, max_batch=4)  # 10 requests, 4 rows: most join a batch already decoding
@@ -59,6 +60,7 @@ async def test_greedy_equals_generate_token_for_token_with_requests_joining_midw
     await engine.close()
 
 
+@pytest.mark.numerics
 async def test_logprobs_equal_a_fresh_forward_pass(nano) -> None:  # type: ignore[no-untyped-def]
     model, tok = nano
     engine = TorchEngine(model, max_batch=3)

@@ -98,6 +98,7 @@ def _start(model_dir: Path) -> dict[str, torch.Tensor]:
 SGD = {"optimizer": "sgd", "lr": 1.0}
 
 
+@pytest.mark.numerics
 async def test_two_gloo_ranks_take_the_step_one_rank_takes_on_the_whole_batch(model_dir: Path) -> None:
     batch, start = _batch(6), _start(model_dir)
     rtol = _rtol(model_dir, batch)
@@ -119,6 +120,7 @@ async def test_two_gloo_ranks_take_the_step_one_rank_takes_on_the_whole_batch(mo
     assert _max_diff(w1, start) > 1e-4
 
 
+@pytest.mark.numerics
 async def test_fsdp2_shards_take_the_same_step_and_checkpoints_move_between_strategies(
     model_dir: Path, tmp_path: Path
 ) -> None:
@@ -147,6 +149,7 @@ async def test_fsdp2_shards_take_the_same_step_and_checkpoints_move_between_stra
         assert again[key] == pytest.approx(expected_next[key], rel=rtol), key
 
 
+@pytest.mark.numerics
 async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_dir: Path) -> None:
     """Uneven shards (7 rows on 2 ranks, micro-batches of 2) and seq-mean aggregation: the same
     summed gradients up to float rounding, so the same SGD step; and the same AdamW step wherever
@@ -164,6 +167,7 @@ async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_
     assert tight > total / 2  # most of the model is checked to rounding, not to +-lr
 
 
+@pytest.mark.numerics
 async def test_logprobs_are_gathered_in_row_order(model_dir: Path) -> None:
     batch = _batch(5)
     from transformers import AutoConfig

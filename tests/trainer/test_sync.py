@@ -34,6 +34,7 @@ async def _rollouts(engine: Any, tok: Any, n: int) -> list[Any]:
     return [await loop.run(params, **ROWS[i % len(ROWS)]) for i, loop in enumerate(loops)]
 
 
+@pytest.mark.numerics
 async def test_the_trainer_recomputes_the_engines_logprobs_so_the_first_ratio_is_one() -> None:
     model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=5))
     serving, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=5))
@@ -64,6 +65,7 @@ async def test_the_trainer_recomputes_the_engines_logprobs_so_the_first_ratio_is
     await engine.close()
 
 
+@pytest.mark.numerics
 async def test_the_kl_penalty_holds_the_policy_near_its_frozen_reference() -> None:
     model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=5))
     serving, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=5))

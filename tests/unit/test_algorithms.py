@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from numerics import chain_rtol
 
 from rlasync.algorithms import (
     aggregate,
@@ -22,11 +23,20 @@ from rlasync.algorithms import (
     tis_weights,
 )
 
+pytestmark = pytest.mark.numerics
+
 LN2 = math.log(2.0)
 
+# Every figure here is at most ~16 float32 operations from inputs of size <= 5 (an exp, a log, a
+# product, a sum or mean over <= 8 terms, a std), each within one ulp (2^-23 relative: the
+# vectorised exp and log of the AVX-512, AVX2 and plain code paths are within one ulp, not half):
+# so within chain_rtol(32) of its scale, which is the value itself, or the inputs' (~1) for a
+# value that cancels to 0. (pytest.approx's default, rel=1e-6, is the same ~16 ulps.)
+HAND = chain_rtol(32)
 
-def close(actual: torch.Tensor, expected: list | float, atol: float = 1e-5) -> None:
-    torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+
+def close(actual: torch.Tensor, expected: list | float) -> None:
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), atol=HAND, rtol=HAND)
 
 
 def t(values: list) -> torch.Tensor:
@@ -139,33 +149,33 @@ def one_token_loss(adv: float, ratio: float, **kwargs: object) -> tuple[float, d
 )
 def test_ppo_clip(adv: float, ratio: float, expected: float, clipped: float) -> None:
     loss, metrics = one_token_loss(adv, ratio)
-    assert loss == pytest.approx(expected, abs=1e-6)
+    assert loss == pytest.approx(expected, rel=HAND, abs=HAND)
     assert metrics["pg_clipfrac"] == clipped
-    assert metrics["ratio_mean"] == pytest.approx(ratio, abs=1e-6)
-    assert metrics["ppo_kl"] == pytest.approx(-math.log(ratio), abs=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx(ratio, rel=HAND, abs=HAND)
+    assert metrics["ppo_kl"] == pytest.approx(-math.log(ratio), rel=HAND, abs=HAND)
     assert_plain_floats(metrics)
 
 
 def test_clip_higher_asymmetry() -> None:
     # clip_high 0.28: r = 1.25 < 1.28 stays unclipped → -1.25 (symmetric 0.2 would give -1.2)
-    assert one_token_loss(1.0, 1.25, clip_high=0.28)[0] == pytest.approx(-1.25, abs=1e-6)
-    assert one_token_loss(1.0, 1.25)[0] == pytest.approx(-1.2, abs=1e-6)
+    assert one_token_loss(1.0, 1.25, clip_high=0.28)[0] == pytest.approx(-1.25, rel=HAND, abs=HAND)
+    assert one_token_loss(1.0, 1.25)[0] == pytest.approx(-1.2, rel=HAND, abs=HAND)
     # the low side still clips at 1 - 0.2 = 0.8: A = -1, r = 0.75 → max(0.75, 0.8) = 0.8
-    assert one_token_loss(-1.0, 0.75, clip_high=0.28)[0] == pytest.approx(0.8, abs=1e-6)
+    assert one_token_loss(-1.0, 0.75, clip_high=0.28)[0] == pytest.approx(0.8, rel=HAND, abs=HAND)
     # clip_low 0.3: 0.75 is inside [0.7, 1.2] → 0.75
-    assert one_token_loss(-1.0, 0.75, clip_low=0.3)[0] == pytest.approx(0.75, abs=1e-6)
+    assert one_token_loss(-1.0, 0.75, clip_low=0.3)[0] == pytest.approx(0.75, rel=HAND, abs=HAND)
 
 
 def test_dual_clip() -> None:
     # A = -1, r = 5: PPO gives max(5, 1.2) = 5; dual clip c = 3 caps it at -A c = 3
-    assert one_token_loss(-1.0, 5.0)[0] == pytest.approx(5.0, abs=1e-5)
+    assert one_token_loss(-1.0, 5.0)[0] == pytest.approx(5.0, rel=HAND, abs=HAND)
     loss, metrics = one_token_loss(-1.0, 5.0, dual_clip_c=3.0)
-    assert loss == pytest.approx(3.0, abs=1e-6) and metrics["pg_clipfrac_lower"] == 1.0
+    assert loss == pytest.approx(3.0, rel=HAND, abs=HAND) and metrics["pg_clipfrac_lower"] == 1.0
     # below the cap it changes nothing: A = -1, r = 2 → 2
     loss, metrics = one_token_loss(-1.0, 2.0, dual_clip_c=3.0)
-    assert loss == pytest.approx(2.0, abs=1e-6) and metrics["pg_clipfrac_lower"] == 0.0
+    assert loss == pytest.approx(2.0, rel=HAND, abs=HAND) and metrics["pg_clipfrac_lower"] == 0.0
     # positive advantages are untouched: A = 1, r = 5 → -1.2
-    assert one_token_loss(1.0, 5.0, dual_clip_c=3.0)[0] == pytest.approx(-1.2, abs=1e-6)
+    assert one_token_loss(1.0, 5.0, dual_clip_c=3.0)[0] == pytest.approx(-1.2, rel=HAND, abs=HAND)
     with pytest.raises(ValueError, match="dual_clip_c"):
         one_token_loss(-1.0, 5.0, dual_clip_c=1.0)
 
@@ -222,7 +232,7 @@ def test_decoupled_ppo_equals_plain_ppo_when_proximal_is_behaviour() -> None:
     decoupled, m2 = policy_loss(logp2, old, adv, mask, dual_clip_c=3.0, proximal_logprobs=old.clone())
     plain.backward()
     decoupled.backward()
-    assert decoupled.item() == pytest.approx(plain.item(), abs=1e-7)
+    assert decoupled.item() == pytest.approx(plain.item(), rel=HAND, abs=HAND)
     torch.testing.assert_close(logp2.grad, logp1.grad)
     assert m2["behav_weight_mean"] == 1.0 and m2["pg_clipfrac"] == m1["pg_clipfrac"]
 
@@ -233,9 +243,9 @@ def test_decoupled_ppo_clips_against_proximal_and_weights_by_behaviour() -> None
     # (plain PPO against the behaviour policy: r = 2.2, clipped → -1.2)
     logp, old, prox = t([[math.log(1.1)]]), t([[math.log(0.5)]]), t([[0.0]])
     loss, metrics = policy_loss(logp, old, t([[1.0]]), t([[1.0]]), proximal_logprobs=prox)
-    assert loss.item() == pytest.approx(-2.2, abs=1e-6)
+    assert loss.item() == pytest.approx(-2.2, rel=HAND, abs=HAND)
     assert metrics["behav_weight_mean"] == pytest.approx(2.0) and metrics["pg_clipfrac"] == 0.0
-    assert policy_loss(logp, old, t([[1.0]]), t([[1.0]]))[0].item() == pytest.approx(-1.2, abs=1e-6)
+    assert policy_loss(logp, old, t([[1.0]]), t([[1.0]]))[0].item() == pytest.approx(-1.2, rel=HAND, abs=HAND)
 
 
 def test_is_weights_scale_the_per_token_loss() -> None:
@@ -251,7 +261,7 @@ def test_gradients_flow_and_clipped_tokens_get_none() -> None:
     ratios = [1.5, 1.1, 5.0, 1.5]
     logp = torch.tensor([[math.log(r) for r in ratios]], requires_grad=True)
     loss, _ = policy_loss(logp, torch.zeros(1, 4), t([[1, 1, -1, -1]]), torch.ones(1, 4), dual_clip_c=3.0)
-    assert loss.item() == pytest.approx((-1.2 - 1.1 + 3.0 + 1.5) / 4, abs=1e-6)
+    assert loss.item() == pytest.approx((-1.2 - 1.1 + 3.0 + 1.5) / 4, rel=HAND, abs=HAND)
     loss.backward()
     assert logp.grad is not None
     close(logp.grad, [[0.0, -1.1 / 4, 0.0, 1.5 / 4]])
@@ -355,12 +365,14 @@ def test_offpolicy_metrics() -> None:
     mask = t([[1, 1], [1, 0], [0, 0]])
     m = offpolicy_metrics(train, rollout, mask)
     assert_plain_floats(m)
-    assert m["ratio_mean"] == pytest.approx(3.5 / 3, abs=1e-6)
-    assert m["ratio_min"] == pytest.approx(0.5, abs=1e-6) and m["ratio_max"] == pytest.approx(2.0, abs=1e-6)
-    assert m["kl_k1"] == pytest.approx(0.0, abs=1e-6)
-    assert m["kl_k3"] == pytest.approx(0.5 / 3, abs=1e-6)
-    assert m["training_ppl"] == pytest.approx(3.5, abs=1e-5)
-    assert m["rollout_ppl"] == pytest.approx((math.sqrt(8) + 2.5) / 2, abs=1e-5)
+    assert m["ratio_mean"] == pytest.approx(3.5 / 3, rel=HAND, abs=HAND)
+    assert m["ratio_min"] == pytest.approx(0.5, rel=HAND, abs=HAND) and m["ratio_max"] == pytest.approx(
+        2.0, rel=HAND, abs=HAND
+    )
+    assert m["kl_k1"] == pytest.approx(0.0, rel=HAND, abs=HAND)
+    assert m["kl_k3"] == pytest.approx(0.5 / 3, rel=HAND, abs=HAND)
+    assert m["training_ppl"] == pytest.approx(3.5, rel=HAND, abs=HAND)
+    assert m["rollout_ppl"] == pytest.approx((math.sqrt(8) + 2.5) / 2, rel=HAND, abs=HAND)
 
 
 def test_overlong_penalty_falls_linearly_over_the_buffer_to_the_limit() -> None:

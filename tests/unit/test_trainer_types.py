@@ -21,6 +21,7 @@ def test_shards_and_metric_reduction() -> None:
     }  # empty parts don't vote
 
 
+@pytest.mark.numerics
 def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() -> None:
     """Rows sorted by length, cut to their own width: the same logprobs and the same update as
     the whole batch padded to its longest row, for much less compute when one row is long."""

@@ -27,6 +27,7 @@ def model_dir(nano_model_dir: Path) -> Path:
     [(1, "shm"), (1, "broadcast"), (2, "auto")],
     ids=["shm", "broadcast", "fsdp2-shm-packed"],
 )
+@pytest.mark.numerics
 async def test_after_a_step_the_engine_serves_the_trainers_parameters_exactly(
     model_dir: Path, world_size: int, transport: str
 ) -> None:
