@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlasync.trainer import shard_rows
+from rlasync.trainer import TrainBatch, shard_rows
 from rlasync.trainer.types import reduce_metrics
 
 
@@ -21,17 +21,9 @@ def test_shards_and_metric_reduction() -> None:
     }  # empty parts don't vote
 
 
-@pytest.mark.numerics
-def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() -> None:
-    """Rows sorted by length, cut to their own width: the same logprobs and the same update as
-    the whole batch padded to its longest row, for much less compute when one row is long."""
+def _ragged_batch() -> TrainBatch:
+    """Nine rows of ragged prompts (2-6 tokens) and responses (1-20), left/right padded."""
     import torch
-    from numerics import assert_same_sgd_step, rounding_close, step_rtol
-
-    from rlasync.config import TrainerConfig
-    from rlasync.models import TinyLMConfig, build_tiny_lm
-    from rlasync.trainer import PolicyTrainer, TrainBatch
-    from rlasync.trainer.types import micro_plan
 
     g = torch.Generator().manual_seed(0)
     rows, prompt_w, resp_w = 9, 6, 20
@@ -42,7 +34,7 @@ def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() ->
     for i in range(rows):
         attention[i, prompt_w - prompt_len[i] : prompt_w + resp_len[i]] = 1
         mask[i, : resp_len[i]] = 1
-    batch = TrainBatch(
+    return TrainBatch(
         prompts=torch.randint(3, 300, (rows, prompt_w), generator=g) * attention[:, :prompt_w],
         responses=torch.randint(3, 300, (rows, resp_w), generator=g) * mask,
         response_mask=mask,
@@ -51,6 +43,22 @@ def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() ->
         logprobs=-torch.rand(rows, resp_w, generator=g) * mask,
         advantages=torch.randn(rows, generator=g),
     )
+
+
+@pytest.mark.numerics
+def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() -> None:
+    """Rows sorted by length, cut to their own width: the same logprobs and the same update as
+    the whole batch padded to its longest row, for much less compute when one row is long."""
+    from numerics import assert_same_sgd_step, rounding_close, step_rtol
+
+    from rlasync.config import TrainerConfig
+    from rlasync.models import TinyLMConfig, build_tiny_lm
+    from rlasync.trainer import PolicyTrainer
+    from rlasync.trainer.types import micro_plan
+
+    batch = _ragged_batch()
+    rows, prompt_w, resp_w = 9, 6, 20
+    attention, mask = batch.attention_mask, batch.response_mask
     plan = micro_plan(batch, 0, 40)
     assert sorted(int(i) for part in plan for i in part) == list(range(rows)) and len(plan) > 1
     assert max(int(attention[part].sum(-1).max()) * len(part) for part in plan) <= 40 or any(
@@ -77,3 +85,27 @@ def test_dynamic_micro_batches_take_the_same_step_as_the_whole_padded_batch() ->
     assert metrics[1]["grad_norm"] == pytest.approx(metrics[0]["grad_norm"], rel=rtol)
     after = [{n: p.detach() for n, p in t.model.named_parameters()} for t in trainers]
     assert_same_sgd_step(start, *after, lr=1.0, rtol=rtol)
+
+
+def test_sgd_steps_by_minus_lr_times_the_clipped_gradient_plus_decay() -> None:
+    """``trainer.optimizer: sgd`` is plain SGD (no momentum): the step the tests read gradients off."""
+    import torch
+
+    from rlasync.config import TrainerConfig
+    from rlasync.models import TinyLMConfig, build_tiny_lm
+    from rlasync.trainer import PolicyTrainer
+
+    config = TrainerConfig(optimizer="sgd", lr=0.5, weight_decay=0.1, grad_clip=0.01)
+    trainer = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=4))[0], config)
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.step(_ragged_batch())
+    assert metrics["grad_norm"] > 0.01  # so the clip acted: the gradients left are the clipped ones
+    clipped = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert float(torch.linalg.vector_norm(torch.stack([g.norm() for g in clipped.values()]))) <= 0.01 * (
+        1 + 1e-5
+    )
+    for name, param in trainer.model.named_parameters():
+        expected = start[name] - 0.5 * (clipped[name] + 0.1 * start[name])
+        # Three rounded operations on values of the weights' size: within a few of their ulps.
+        spacing = torch.finfo(torch.float32).eps * start[name].abs().max()
+        assert float((param.detach() - expected).abs().max()) <= 4 * float(spacing), name
