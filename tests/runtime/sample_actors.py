@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,6 +45,15 @@ class Counter(Actor):
 
     async def helper(self) -> int:  # not an endpoint
         return 1
+
+
+class Blocker(Actor):
+    """Blocks its node's event loop, as careless code in an endpoint would."""
+
+    @endpoint
+    async def block(self, seconds: float) -> float:
+        time.sleep(seconds)  # noqa: ASYNC251  (the point: the loop is held)
+        return seconds
 
 
 class Slow(Actor):

@@ -29,11 +29,18 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """Items a streaming endpoint may send ahead of what its caller has consumed."""
 
     heartbeat_interval_s: PositiveSeconds = 0.5
-    """How often each node tells the head it is alive."""
+    """How often each node tells the head it is alive (and brings back the membership's news),
+    and how often ZeroMQ PINGs every connection (libzmq's I/O threads, whatever Python does)."""
 
     node_dead_after_s: PositiveSeconds = 3.0
-    """A node silent for this long is declared dead: its pending and later calls raise
-    ``NodeLostError``. A node that loses the head for this long shuts itself down."""
+    """A node whose process or link is gone is declared dead within this long: its pending and
+    later calls raise ``NodeLostError``; a node that loses the head this long stops. A node
+    whose event loop is merely busy (a script loading a model) keeps its connections, which
+    libzmq's heartbeats hold up, and is not declared dead however long it takes."""
+
+    loop_stall_warn_s: PositiveSeconds = 2.0
+    """A node's event loop blocked this long is reported once (a WARNING naming the code that
+    holds it): calls, timers and heartbeat replies on that loop wait meanwhile."""
 
     join_timeout_s: PositiveSeconds = 20.0
     """How long a node may take to join the head (the startup handshake), and how long a
@@ -117,3 +124,10 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     Loading a large C extension such as torch holds the GIL for up to seconds on a busy
     machine; done after joining, it can starve the node's heartbeats (actor modules are
     otherwise imported in a thread when an actor is first spawned)."""
+
+    @property
+    def link_timeout_s(self) -> float:
+        """How long libzmq waits after a PING for any answer before dropping the connection:
+        PINGs go every ``heartbeat_interval_s``, so a silent peer's link is gone at most
+        ``node_dead_after_s`` after its last word."""
+        return max(self.node_dead_after_s - self.heartbeat_interval_s, self.heartbeat_interval_s)

@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import os
 import re
 import sys
 import threading
@@ -35,6 +36,7 @@ class Membership(Actor):
     def __init__(self) -> None:
         self.members: dict[str, NodeInfo] = {}
         self.last_seen: dict[str, float] = {}
+        self.busy: set[str] = set()  # silent past the deadline with their connection up (logged once)
         self.dead: list[NodeInfo] = []  # processes declared dead, most recent last
         self.epoch = 0
         self.names: dict[str, ActorInfo] = {}
@@ -107,6 +109,7 @@ class Membership(Actor):
             return HeartbeatReply(self.epoch, fenced=True)
         self._only(info, "heartbeat for")
         self.last_seen[node_id] = time.monotonic()
+        self.busy.discard(node_id)
         if epoch == self.epoch:
             return HeartbeatReply(self.epoch)
         return HeartbeatReply(self.epoch, members=list(self.members.values()), dead=list(self.dead))
@@ -201,15 +204,29 @@ class Membership(Actor):
             await asyncio.sleep(period)
             now = time.monotonic()
             for node_id, seen in list(self.last_seen.items()):
-                if now - seen > config.node_dead_after_s and node_id in self.members:
-                    try:
-                        self._declare_dead(
+                info = self.members.get(node_id)
+                if now - seen <= config.node_dead_after_s or info is None:
+                    continue
+                if self.node.connected(info):
+                    # Its process and link live (libzmq's heartbeats hold the connection up): its
+                    # loop, or this one, is busy. Silence alone is no death.
+                    if node_id not in self.busy:
+                        self.busy.add(node_id)
+                        log.info(
+                            "%s has sent no heartbeat for %.1fs, but its connection is alive: a loop is busy",
                             node_id,
-                            f"no heartbeat for {now - seen:.1f}s (runtime.node_dead_after_s={config.node_dead_after_s})",
+                            now - seen,
                         )
-                    except Exception:  # the checker must outlive any one failure, or no death is seen again
-                        log.exception("declaring %s dead failed", node_id)
-                        self.members.pop(node_id, None)
+                    continue
+                try:
+                    self._declare_dead(
+                        node_id,
+                        f"its connection closed and no heartbeat came for {now - seen:.1f}s "
+                        f"(runtime.node_dead_after_s={config.node_dead_after_s})",
+                    )
+                except Exception:  # the checker must outlive any one failure, or no death is seen again
+                    log.exception("declaring %s dead failed", node_id)
+                    self.members.pop(node_id, None)
 
     def _only(self, info: NodeInfo, action: str) -> None:
         """Refuse the running call unless it comes from the process ``info`` describes."""
@@ -229,9 +246,13 @@ class Membership(Actor):
     def _declare_dead(self, node_id: str, reason: str, graceful: bool = False) -> None:
         info = self.members.pop(node_id, None)
         self.last_seen.pop(node_id, None)
+        self.busy.discard(node_id)
         if info is None:
             return
-        log.log(logging.INFO if graceful else logging.WARNING, "%s declared dead: %s", node_id, reason)
+        if graceful:  # a clean shutdown (``leave``): news, not a failure
+            log.info("%s left the cluster (%s)", node_id, reason)
+        else:
+            log.warning("%s declared dead: %s", node_id, reason)
         self.dead.append(info)
         del self.dead[:-1024]
         for name in [n for n, a in self.names.items() if a.node.node_id == node_id]:
@@ -320,7 +341,7 @@ def import_actor_class(spec: SpawnSpec) -> type[Actor]:
     """The class ``spec`` names, imported on this node; the error says how to make it importable."""
     try:
         if spec.file and spec.module == "__main__":
-            module = _import_script(spec.file)
+            module = _running_script(spec.file) or _import_script(spec.file)
         else:
             module = importlib.import_module(spec.module)
         obj: Any = module
@@ -357,10 +378,25 @@ def importing_script() -> str:
     return str(getattr(_importing, "script", ""))
 
 
+SCRIPT_MODULE = "__rlasync_main__"
+"""The name the running script is imported under on nodes that need its actor classes."""
+
+
+def _running_script(path: str) -> Any:
+    """This process's ``__main__`` if it is the script at ``path`` (the script runs here: on the
+    head, a spawn asked by another node must not import it a second time)."""
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None)
+    try:
+        return main if file and os.path.samefile(file, path) else None
+    except OSError:
+        return None
+
+
 def _import_script(path: str) -> Any:
     # A script's classes live in its __main__; load the file under another name so its
     # `if __name__ == "__main__":` block does not run again here.
-    name = "__rlasync_main__"
+    name = SCRIPT_MODULE
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, path)

@@ -38,6 +38,7 @@ from ..metrics.timings import Timings
 from ..transport import Codec
 from ..transport.auth import ZAP_ENDPOINT, AuthCounters, CurveKeys, monitor_events
 from ..transport.zmq_io import SocketPump, keep_alive
+from . import stall
 from .actor import Actor, endpoints_of
 from .address import advertised, child_address, host_of, tcp_address
 from .context import NodeContext
@@ -53,10 +54,10 @@ from .errors import (
     missing_secret,
     not_started,
 )
-from .membership import Membership, NodeService, importing_script
+from .membership import SCRIPT_MODULE, Membership, NodeService, importing_script
 from .peer import CallTask, Peer, accept_calls_as_tasks
 from .ref import ActorRef
-from .server import Caller, Server
+from .server import Caller, Server, current_caller
 from .types import VERSION, ActorInfo, JoinReply, NodeInfo, NodeStats, SpawnSpec, process_claim
 
 if TYPE_CHECKING:  # prometheus-client is imported only where metrics are on (~75 ms)
@@ -134,6 +135,7 @@ class Node:
         self.address = ""
         self.metrics: Exporter | None = None  # /metrics (runtime.metrics_port), made by ``start``
         self._heard = 0.0  # loop time of the head's last answer to a heartbeat (other nodes)
+        self._watching = False  # this node counts among its loop's watchdog's users (runtime.stall)
         self._round_trips: Timings | None = None  # answered calls' seconds (metrics on)
 
     @property
@@ -193,6 +195,8 @@ class Node:
         self._started = True
         loop = self._loop = asyncio.get_running_loop()
         accept_calls_as_tasks(loop)
+        stall.watch(loop, self.config.loop_stall_warn_s)
+        self._watching = True
         metrics = self._export_metrics(loop)  # first: a port in use fails the start before any socket
         for module in self.config.preload_modules:
             # Before joining, when nobody waits for our heartbeats: loading a large C
@@ -209,7 +213,7 @@ class Node:
         router.setsockopt(zmq.HANDSHAKE_IVL, int(self.config.handshake_timeout_s * 1000))
         if self.listen.startswith("tcp://["):  # IPv6 (and "[::]", both families); not for IPv4, whose
             router.setsockopt(zmq.IPV6, 1)  # endpoint would then read back as [::ffff:a.b.c.d]
-        keep_alive(router)
+        keep_alive(router, self.config.heartbeat_interval_s, self.config.link_timeout_s)
         keys = self.require_keys() if self.listen.startswith("tcp://") else self._keys
         if self.listen.startswith("tcp://"):
             self._secure(sockets, router)
@@ -228,6 +232,8 @@ class Node:
             sockets.destroy(linger=0)
             if self.metrics is not None:
                 self.metrics.close()
+            self._watching = False
+            stall.unwatch(loop)
             self._stopping = True
             self.stopped.set()
             raise JoinError(f"{self.node_id} cannot listen on {self.listen}: {exc}") from None
@@ -396,18 +402,33 @@ class Node:
         self._tasks.append(self.loop.create_task(self._heartbeat(), name=f"rlasync-heartbeat-{self.node_id}"))
 
     async def _heartbeat(self) -> None:
+        """Tell the head this node lives, bring back its news, and stop when the head is gone.
+        The head is gone when its connection is (libzmq's heartbeats drop it within
+        ``runtime.link_timeout_s`` of a stopped process or a cut link); a head that answers
+        late, its connection alive, is only busy (a script blocking its loop), and is waited for."""
         config = self.config
         beat = self.membership.heartbeat.options(timeout=config.node_dead_after_s)
+        head = self._peer(self.membership.info.node)
+        head.watch_link()  # after the join's answer came over it: it starts up
+        busy_since: float | None = None
         while True:
             try:
                 reply = await beat(self.node_id, self.info.incarnation, self._epoch)
-            except (CallTimeout, NodeLostError) as exc:
-                log.error("%s lost the head (%s); stopping", self.node_id, exc)
-                self.exit_code = EX_TEMPFAIL
-                self.on_node_dead(
-                    HEAD_ID, f"the head did not answer heartbeats for {config.node_dead_after_s}s"
-                )
-                self.request_stop()
+            except CallTimeout as exc:
+                if head.link_up:
+                    if busy_since is None:
+                        busy_since = self.loop.time() - config.node_dead_after_s
+                        log.info(
+                            "%s: the head has answered no heartbeat for %.1fs, but its connection is alive: its "
+                            "event loop is busy; waiting",
+                            self.node_id,
+                            config.node_dead_after_s,
+                        )
+                    continue
+                self._lose_the_head(f"its connection is gone and it answered no heartbeat ({exc})")
+                return
+            except NodeLostError as exc:
+                self._lose_the_head(str(exc))
                 return
             except Exception:  # anything else is a bug; a node that cannot heartbeat must not linger
                 log.exception("%s: heartbeat failed; stopping", self.node_id)
@@ -420,9 +441,18 @@ class Node:
                 self.request_stop()
                 return
             self._heard = self.loop.time()
+            if busy_since is not None:
+                log.info("%s: the head answers again, after %.1fs", self.node_id, self._heard - busy_since)
+                busy_since = None
             if reply.members is not None:
                 self._apply_members(reply.epoch, reply.members, reply.dead)
             await asyncio.sleep(config.heartbeat_interval_s)
+
+    def _lose_the_head(self, why: str) -> None:
+        log.error("%s lost the head (%s); stopping", self.node_id, why)
+        self.exit_code = EX_TEMPFAIL
+        self.on_node_dead(HEAD_ID, f"the head is gone: {why}")
+        self.request_stop()
 
     def set_members(self, epoch: int, members: list[NodeInfo]) -> None:
         """The head's membership changed (called by ``Membership`` on the head itself)."""
@@ -455,9 +485,11 @@ class Node:
         if target == self.node_id:
             return await self.spawn_here(cls, list(args), kwargs, name)  # type: ignore[return-value]
         info = await self._member(target)
-        module = cls.__module__
-        script = getattr(sys.modules.get("__main__"), "__file__", "") if module == "__main__" else ""
-        spec = SpawnSpec(module, cls.__qualname__, name, list(args), kwargs, file=script or "")
+        module, script = cls.__module__, ""
+        if module in ("__main__", SCRIPT_MODULE):  # the running script's class, here or as imported
+            script = getattr(sys.modules.get(module), "__file__", "") or ""
+            module = "__main__"  # where the script runs it is __main__; elsewhere it is imported again
+        spec = SpawnSpec(module, cls.__qualname__, name, list(args), kwargs, file=script)
         service = ActorRef(self, _service_info("_node", NodeService, info), NodeService)
         actor_info: ActorInfo = await service.spawn.options(timeout=self.config.join_timeout_s)(spec)
         return ActorRef(self, actor_info, cls)  # type: ignore[return-value]
@@ -589,7 +621,7 @@ class Node:
         if self._stopping:
             return
         log.log(
-            logging.INFO if code == 0 else logging.WARNING,
+            logging.DEBUG if code == 0 else logging.WARNING,  # 0: it left first ("left the cluster")
             "%s (pid %d, started by %s) exited with code %s",
             child_id,
             proc.pid,
@@ -720,6 +752,10 @@ class Node:
     async def _call_local(
         self, name: str, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float
     ) -> Any:
+        # A call to an actor of this node is made by this process, whoever this task serves
+        # (the head spawning for node-1 registers its actor as the head, not as node-1). The call
+        # runs in a task of its own (``_call``), so this does not leak into the caller's.
+        current_caller.set(None)
         actor = self.local_actor(name)
         ep = endpoints_of(type(actor)).get(method)
         if ep is None or ep.streaming:
@@ -814,6 +850,10 @@ class Node:
             if peer.info.node_id == node_id and incarnation in (None, peer.info.incarnation, peer.to or None):
                 peer.mark_lost(NodeLostError(node_id, reason, graceful=graceful))
 
+    def connected(self, info: NodeInfo) -> bool:
+        """Whether the process ``info`` describes has a connection to this node open now."""
+        return self._server is not None and self._server.connected(info)
+
     def is_dead_caller(self, caller: Caller) -> bool:
         """Whether ``caller`` is a process the head declared dead (it is served no more)."""
         return bool(self._dead_callers) and (caller.key or caller.claim) in self._dead_callers
@@ -845,6 +885,9 @@ class Node:
                 self.ctx.destroy(linger=0)
             if self.metrics is not None:
                 self.metrics.close()
+            if self._watching:
+                self._watching = False
+                stall.unwatch(self.loop)
             self._actors.clear()
             self.stopped.set()
 

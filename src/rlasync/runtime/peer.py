@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
 from ..transport.codec import NeedsTorch, OversizedBody
@@ -89,7 +90,7 @@ class Peer:
         sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
         if info.address.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)  # ZeroMQ dials IPv6 only when told
-        keep_alive(sock)
+        keep_alive(sock, config.heartbeat_interval_s, config.link_timeout_s)
         if info.address.startswith("tcp://"):
             # Over TCP this process is its CURVE key (server.Caller); the callee names the
             # connection itself, so no peer can pick another's routing id and take its replies.
@@ -116,6 +117,9 @@ class Peer:
         self.next_id = 0
         self.lost: NodeLostError | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._link: SocketPump | None = None  # watch_link's monitor
+        self.link_up = False  # watch_link: the connection is up (its handshake done, not dropped since)
+        self.link_down_since = self.loop.time()  # watch_link: loop time it was last dropped (or made)
 
     # -- unary calls ------------------------------------------------------------------------
     def call(
@@ -338,6 +342,32 @@ class Peer:
             )
         return error
 
+    # -- the link ---------------------------------------------------------------------------
+    def watch_link(self) -> None:
+        """Follow this connection in libzmq's events (``link_up``, ``link_down_since``). ZeroMQ's
+        heartbeats hold it up while the peer's process lives and the link holds, whatever the
+        peer's event loop is doing, and drop it ``runtime.link_timeout_s`` after a PING went
+        unanswered (a stopped process, a dead host, a cut link)."""
+        if self._link is not None or self.lost is not None:
+            return
+        self.link_up = True  # called once an answer came over it: its handshake is behind it
+        monitor = self.pump.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+
+        def on_event(frames: list[Any]) -> None:
+            event = parse_monitor_message([bytes(f.buffer) if hasattr(f, "buffer") else f for f in frames])
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.link_up = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED and self.link_up:
+                self.link_up, self.link_down_since = False, self.loop.time()
+
+        self._link = SocketPump(
+            monitor, on_event, recheck_s=self.context.config.io_recheck_s, loop=self.loop, batch=False
+        )
+
+    def link_lost_for(self) -> float:
+        """Seconds this connection has been down (0 while up); needs ``watch_link``."""
+        return 0.0 if self.link_up else self.loop.time() - self.link_down_since
+
     # -- failure ----------------------------------------------------------------------------
     def mark_lost(self, error: NodeLostError) -> None:
         """Fail every pending call and stream with ``error``, refuse new ones, close the socket."""
@@ -353,6 +383,8 @@ class Peer:
                 pending.future.set_exception(lost_again(error))
         for queue, _, _ in list(self.streams.values()):
             queue.put_nowait((_FAIL, lost_again(error)))
+        if self._link is not None:  # the monitor first: it is a socket of the one it watches
+            self._link.close()
         self.pump.close()
 
     def send_oneway(self, actor: str, method: str, args: list[Any]) -> None:

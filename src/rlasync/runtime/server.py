@@ -146,6 +146,12 @@ class Server:
                 if not caller.connections:
                     self._principals.pop(caller.key or caller.claim, None)
 
+    def connected(self, info: NodeInfo) -> bool:
+        """Whether the process ``info`` describes holds a connection to this node now. libzmq's
+        heartbeats keep one up while that process lives and its link holds, whatever its event
+        loop does, and drop it ``runtime.link_timeout_s`` after a PING goes unanswered."""
+        return any(caller.is_node(info) and caller.connections for caller in self._principals.values())
+
     def forget(self, info: NodeInfo) -> None:
         """The process ``info`` was declared dead: stop serving its calls and refuse new ones."""
         for caller in self.callers.values():

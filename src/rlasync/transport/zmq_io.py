@@ -44,20 +44,19 @@ _EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq
 # per message, so the few reads below say so to the type checker instead of converting at run time.
 
 
-# ZeroMQ-level heartbeats only clear out connections to peers that are stuck for good. libzmq
-# resets their timers only between whole frames, so a timeout shorter than the transfer of
-# one large frame would cut that frame off (libzmq #2709): fast failure detection is the
-# membership's job (node_dead_after_s), not this one's.
-_KEEPALIVE_IVL_S = 5.0
-_KEEPALIVE_TIMEOUT_S = 600.0  # also the TTL, whose limit in libzmq is 6553.5 s
-
-
-def keep_alive(sock: zmq.Socket) -> None:
-    """Drop a connection whose peer answers no ZMTP PING for ten minutes (a stopped process,
-    a host gone with its TCP half-open), so messages queued for it are freed."""
-    sock.setsockopt(zmq.HEARTBEAT_IVL, int(_KEEPALIVE_IVL_S * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(_KEEPALIVE_TIMEOUT_S * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, int(_KEEPALIVE_TIMEOUT_S * 1000))
+# Liveness comes from ZeroMQ's own heartbeats (ZMTP PING/PONG), which libzmq's I/O threads send
+# and answer whatever the process's Python does: an event loop blocked for a minute keeps its
+# connections, while a stopped process, a dead host or a cut link loses them within the timeout
+# (the membership then declares the node dead). libzmq resets the timeout only between whole
+# frames (libzmq #2709), so one frame must cross the link within it; the application heartbeats
+# this replaces had the same bound (they queued behind that frame).
+def keep_alive(sock: zmq.Socket, interval_s: float, timeout_s: float) -> None:
+    """PING the peer every ``interval_s``; drop the connection when nothing arrives within
+    ``timeout_s`` of a PING (and ask the peer to do the same: the TTL)."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(int(interval_s * 1000), 1))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(int(timeout_s * 1000), 1))
+    # The TTL travels in deciseconds, at most 6553.5 s; 0 would turn it off.
+    sock.setsockopt(zmq.HEARTBEAT_TTL, min(max(int(timeout_s * 1000), 100), 6_553_500))
 
 
 class SocketPump:
