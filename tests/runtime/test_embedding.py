@@ -18,6 +18,13 @@ from rlasync import ActorError, LocalCluster, RuntimeConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _run_script(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python script`` in its folder, as a user runs one, with ``env`` only."""
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=script.parent, env=env
+    )
+
+
 @pytest.mark.parametrize("node", [0, 1], ids=["this_node", "another_node"])
 async def test_a_wrong_argument_is_the_same_error_wherever_the_actor_lives(node: int) -> None:
     async with LocalCluster(nodes=2, config=RuntimeConfig(call_timeout_s=20)) as cluster:
@@ -57,14 +64,7 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path: Path) -> Non
         rlasync.run(main())   # no `if __name__ == "__main__":`
     """)
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-    )
+    done = _run_script(script, {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr and "starts rlasync when imported" in done.stderr, (
         done.stderr[-3000:]
@@ -118,13 +118,8 @@ def test_an_actor_on_any_node_spawns_on_any_other_classes_from_a_module_or_the_s
     the new actor) does not run as the node that asked, and on the head the script is __main__."""
     script = tmp_path / "spawning.py"
     script.write_text(textwrap.dedent(SPAWNING_SCRIPT))
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "runtime"), *sys.path])},
+    done = _run_script(
+        script, {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "runtime"), *sys.path])}
     )
     results = [json.loads(line) for line in done.stdout.splitlines()]
     pairs = [(s, t, origin) for s in range(3) for t in range(3) for origin in ("module", "script") if s != t]
