@@ -15,12 +15,17 @@ import signal
 import time
 
 import pytest
-from sample_actors import Blocker, Counter
+from sample_actors import Blocker, Counter, PingPong
 
 from rlasync import LocalCluster, NodeLostError, RuntimeConfig
 
+# Liveness tuned fast; a stall is told after 5 s, so a slow start on a loaded machine is not one.
 FAST = RuntimeConfig(
-    heartbeat_interval_s=0.2, node_dead_after_s=1.5, loop_stall_warn_s=1.0, call_timeout_s=60, join_timeout_s=20
+    heartbeat_interval_s=0.2,
+    node_dead_after_s=1.5,
+    loop_stall_warn_s=5.0,
+    call_timeout_s=60,
+    join_timeout_s=20,
 )
 
 
@@ -29,19 +34,27 @@ async def test_a_script_blocking_its_loop_for_20s_keeps_its_cluster_and_is_told_
 ) -> None:
     async with LocalCluster(nodes=3, config=FAST) as cluster:
         counters = [await cluster.spawn(Counter, node=n) for n in (1, 2)]
+        bouncer = await cluster.spawn(PingPong, node=1)
         assert [await c.add(1) for c in counters] == [1, 1]
         with caplog.at_level(logging.INFO):
             time.sleep(20)  # noqa: ASYNC251  (a script loading a model inside async def main())
             # The calls right after, to both nodes, and from one node to the other.
             assert [await c.add(1) for c in counters] == [2, 2]
-            assert await counters[0].echo(counters[1]) is not None
+            assert await bouncer.bounce(counters[1], 3) == 3 and await counters[1].add(0) == 5
             assert [m.node_id for m in await cluster.members()] == ["node-0", "node-1", "node-2"]
         assert all(p.returncode is None for p in cluster.processes.values())
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1, warnings
+    stalls = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rlasync.runtime.stall" and r.levelno >= logging.WARNING
+    ]
+    assert len(stalls) == 1, stalls
+    warnings = stalls
     assert "time.sleep(20)" in warnings[0] and "test_liveness.py" in warnings[0], warnings[0]
     assert "asyncio.to_thread" in warnings[0] and "runtime.loop_stall_warn_s" in warnings[0]
-    assert not [r for r in caplog.records if "declared dead" in r.getMessage() and "shut down" not in r.getMessage()]
+    assert not [
+        r for r in caplog.records if "declared dead" in r.getMessage() and "shut down" not in r.getMessage()
+    ]
 
 
 async def test_an_endpoint_blocking_its_nodes_loop_is_waited_for_not_declared_dead() -> None:
