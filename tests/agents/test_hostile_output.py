@@ -99,7 +99,8 @@ async def test_a_failing_trajectory_ends_alone_and_its_batch_survives(tok: Any) 
         counters = cluster.head.local_actor("loops").counters  # what /metrics shows of them
     assert [t.termination for t in got] == ["stop", "error", "stop"]
     assert counters.terminations == {"stop": 2, "error": 1}
-    assert counters.tools == counters.tools_failed == {"unknown": 1}  # the model's name is no label
+    # The model's name is no label; the offered tool counts from 0.
+    assert counters.tools == counters.tools_failed == {"calculator": 0, "unknown": 1}
     assert (
         "RuntimeError: a bug in a user's loop" in got[1].metrics.error and got[1].prompt_ids
     )  # recorded, with its prompt

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -149,6 +150,10 @@ async def test_the_quickstart_cluster_learns(
         "cluster: 3 node(s); engine replicas on node-1, node-2; agent loops next to their engines; trainer ranks on node-0, node-1"
         in done.stderr
     )
+    # A clean run alarms nobody: the nodes and rank processes that shut down at its end left.
+    alarming = [line for line in done.stderr.splitlines() if " WARNING " in line or "declared dead" in line]
+    assert not alarming, alarming
+    assert "node-2 left the cluster (it shut down)" in done.stderr
 
 
 # -- failures ---------------------------------------------------------------------------------------
@@ -191,8 +196,9 @@ async def test_a_killed_engine_node_leaves_rotation_and_the_async_run_trains_eve
 
 @pytest.mark.timeout(300)
 async def test_a_killed_engine_node_leaves_rotation_and_the_sync_run_trains_every_step(
-    tmp_path: Path, nano_model_dir: Path
+    tmp_path: Path, nano_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rlasync.runtime.membership")  # "left" is INFO
     steps = 6
     config = _config(
         tmp_path,
@@ -215,6 +221,16 @@ async def test_a_killed_engine_node_leaves_rotation_and_the_sync_run_trains_ever
     ] == ["engine-1"]
     assert all(r["response_tokens"] > 0 for r in records) and records[-1]["cluster/engines"] == 1
     assert not _descendants(os.getpid())
+    # The killed node is a loss, and said so; the ones that shut down at the end only left.
+    membership = [r for r in caplog.records if r.name == "rlasync.runtime.membership"]
+    dead = [r for r in membership if "declared dead" in r.getMessage()]
+    assert dead and all(
+        r.levelno == logging.WARNING and r.getMessage().startswith("node-1 ") for r in dead
+    ), [(r.levelname, r.getMessage()) for r in membership]
+    assert any(
+        r.levelno == logging.INFO and r.getMessage() == "node-2 left the cluster (it shut down)"
+        for r in membership
+    ), [(r.levelname, r.getMessage()) for r in membership]
 
 
 @pytest.mark.timeout(300)

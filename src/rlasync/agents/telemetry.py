@@ -5,6 +5,7 @@ updates); ``families`` renders them at scrape time."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..metrics.timings import Timings
@@ -28,6 +29,13 @@ class LoopCounters:
         self.tools_failed: dict[str, int] = {}
         self.reward_errors = 0
         self.turn_s = Timings()
+
+    def offer(self, tools: Iterable[str]) -> None:
+        """Count the offered tools' calls and failures from 0: a series that exists only after
+        its first call has no rate() until its second scrape, and none at all while no call came."""
+        for name in tools:
+            self.tools.setdefault(name, 0)
+            self.tools_failed.setdefault(name, 0)
 
     def observe(self, trajectory: Trajectory) -> None:
         why = trajectory.termination

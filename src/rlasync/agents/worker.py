@@ -103,6 +103,7 @@ class AgentLoopWorker(Actor):
             self._mcp = MCPServers(self.spec.agent.mcp_servers)
             await self._mcp.__aenter__()
             self.tools = {**self._mcp.tools, **self.tools}  # a clash is refused at start-up (the run's check)
+        self.counters.offer(self.tools)
         if self._engine is None:
             if not self.spec.engines:
                 raise ValueError("AgentLoopWorker needs engines: AgentWorkerSpec(engines=[engine refs])")
@@ -131,11 +132,14 @@ class AgentLoopWorker(Actor):
     async def on_stop(self) -> None:
         if self._unexport is not None:
             self._unexport()
+        if isinstance(self._engine, Router):
+            # Its load poll first: a node stopping has left the cluster by now (Node.stop), so
+            # other nodes refuse its calls, and a poll refused while the endpoint below takes
+            # its second to stop read as a lost engine. Requests in flight still finish.
+            await self._engine.close()
         await self._shared_stack.aclose()
         if self._mcp is not None:
             await self._mcp.close()
-        if isinstance(self._engine, Router):
-            await self._engine.close()
 
     @endpoint
     async def generate(

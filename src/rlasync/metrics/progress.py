@@ -67,7 +67,8 @@ class RunProgress:
         if self.live:
             return RichHandler(console=self.console, show_path=False, markup=False)
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        # The level, as the node processes print it: a WARNING in a log file is seen as one.
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         return handler
 
     def warmstart(self, step: int, max_steps: int, sampled: float, greedy: float) -> None:

@@ -198,8 +198,10 @@ def with_samples(trajectories: list[Any], advantages: torch.Tensor) -> tuple[lis
     return flat, advantages[owner]
 
 
-async def model_dir_for(config: Config) -> Path:
-    """The folder RL starts from: ``train.model_dir``, or the preset warm-started on the task."""
+def starting_model_dir(config: Config) -> Path:
+    """The folder RL starts from: ``train.model_dir``, or the preset warm-started on the task
+    (cached under ``train.run_dir``). Blocking: a warm-start not cached yet takes a minute or more
+    of CPU (``model_dir_for`` runs it in a thread); ``rlasync serve CONFIG`` serves this folder."""
     cfg = config.train
     if cfg.model_dir:
         if not (Path(cfg.model_dir) / "config.json").is_file():
@@ -210,9 +212,12 @@ async def model_dir_for(config: Config) -> Path:
     settings = msgspec.structs.replace(
         DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold
     )
-    return await asyncio.to_thread(
-        warm_start, cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings
-    )
+    return warm_start(cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings)
+
+
+async def model_dir_for(config: Config) -> Path:
+    """``starting_model_dir`` in a thread: the event loop goes on while a warm-start trains."""
+    return await asyncio.to_thread(starting_model_dir, config)
 
 
 def open_metrics(path: Path, *, upto: int | None) -> Any:
@@ -348,6 +353,7 @@ class Run:
         self.stop = stop or asyncio.Event()
         self._trainer_actor = self._parameter_sync = None
         self.telemetry: RunMetrics | None = None  # the run's /metrics families (runtime.metrics_port)
+        self._unlist_targets: Callable[[], None] | None = None  # the run out of Prometheus's discovery
         self.router = None  # the head's Router, once the engines have started
 
     @classmethod
@@ -402,7 +408,7 @@ class Run:
         """The run's families on the head's ``/metrics`` (``modes.telemetry``), and the targets
         file naming every node's, rewritten as nodes join."""
         from ..engines.telemetry import router_families
-        from .telemetry import RunMetrics, write_targets
+        from .telemetry import RunMetrics, remove_targets, write_targets
 
         telemetry = self.telemetry = RunMetrics()
 
@@ -418,8 +424,12 @@ class Run:
             targets[info.node_id] = info
             write_targets(self.run_dir, targets.values())
 
+        def unlist() -> None:
+            head.join_listeners.remove(joined)  # first: a node joining now must not list the run again
+            remove_targets(self.run_dir)
+
         head.join_listeners.append(joined)
-        self._closers.append(lambda: head.join_listeners.remove(joined))
+        self._unlist_targets = unlist
 
     def _open_trackers(self, *, resumed_at: int | None) -> None:
         """``train.trackers`` (``metrics.jsonl`` is written here, whatever the list says)."""
@@ -911,7 +921,11 @@ class Run:
 
     async def close(self) -> None:
         """In reverse order of making: metrics file, weight group, trainer ranks, workers,
-        router, then the nodes (engines stop with them); each once."""
+        router, then the nodes (engines stop with them); each once. Before all of them, the run
+        leaves Prometheus's discovery: a scrape of a process already stopped would count it down."""
+        if self._unlist_targets is not None:
+            self._unlist_targets()
+            self._unlist_targets = None
         while self._closers:
             closer = self._closers.pop()
             result = closer()

@@ -25,7 +25,7 @@ import asyncio
 import time
 
 from ..config import Config
-from ..metrics import StepRecord, Weights
+from ..metrics import Staleness, StepRecord, Weights
 from .parts import OnStep, Run, RunInterrupted, Steps, TrainResult, checkpoint_to_resume
 
 
@@ -59,10 +59,10 @@ async def train_sync(
                 run.sampled(sampling)
             t1 = time.perf_counter()
             batch, train_batch = run.train_batch(trajectories)
-            run.learned(
-                uses,
-                [trajectories[i : i + cfg.group_size] for i in range(0, len(trajectories), cfg.group_size)],
-            )
+            groups = [
+                trajectories[i : i + cfg.group_size] for i in range(0, len(trajectories), cfg.group_size)
+            ]
+            run.learned(uses, groups)
             train_metrics = await run.trainer.step(train_batch, temperature=cfg.temperature)
             synced = await run.synchronizer.sync(step)
             t2 = time.perf_counter()
@@ -76,6 +76,12 @@ async def train_sync(
                 train=train_metrics,
                 weights=Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s),
                 data_rows=uses,
+                # Measured as the asynchronous modes measure them: 0 versions behind (trained at
+                # the version that generated them); the trainer waits out the rollout, the
+                # engine waits out training and the weight sync.
+                staleness=Staleness.of(groups, version=step - 1),
+                trainer_idle_ratio=(t1 - t0) / (t2 - t0),
+                rollouter_idle_ratio=(t2 - t1) / (t2 - t0),
             )
             if steps.validating(step):
                 await steps.validate(record)

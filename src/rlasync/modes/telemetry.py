@@ -7,10 +7,18 @@ trainer's loss, gradient norm and learning rate, the step's times, the weight sy
 queue and the staleness of what was trained. Between steps, the families repeat the last step's
 values; counters and histograms add up over the run.
 
-``write_targets`` writes ``<run_dir>/prometheus_targets.json`` in Prometheus's ``file_sd``
-format: one target per node process. A run rewrites it when a node joins (a rejoining node is a
-new process with a new port); a node that died stays listed until its rank joins again, so
-``up`` says it is down.
+``write_targets`` writes the run's targets in Prometheus's ``file_sd`` format, one per node
+process, to ``<run_dir>/prometheus_targets.json`` and to the run's entry in discovery,
+``prometheus_targets/<run>.json`` beside the run's folder (``runs/prometheus_targets/`` for
+``runs/<run>``: ``launch/monitoring/prometheus.yml`` reads every file there, as ``file_sd``
+takes a wildcard in the file name only). A run rewrites both when a node joins (a rejoining node
+is a new process with a new port); a node that died stays listed until its rank joins again, so
+``up`` says it is down. ``remove_targets`` takes the run out of discovery when it ends, cleanly
+or by Ctrl-C, before its processes stop, so a finished run is not left listed as down nodes
+(Prometheus applies discovery changes up to ~5 s late: a scrape in between may still find a
+process gone, ``up`` 0 for a moment, before the run's series end). A head that is killed
+(SIGKILL, a lost machine) leaves its entry, and its targets show as down until the file is
+deleted or a run of the same name ends.
 """
 
 from __future__ import annotations
@@ -28,6 +36,12 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 TARGETS_FILE = "prometheus_targets.json"
+DISCOVERY_DIR = "prometheus_targets"
+"""The folder, beside a run's folder, holding one ``<run>.json`` per running run."""
+# Staleness buckets always exported, 0..8 versions behind: a bucket that first appears mid-run
+# would have a shorter rate() window than its neighbours, and the cumulative rates
+# histogram_quantile reads would not be monotonic.
+STALENESS_BUCKETS = 9
 
 # The trainer's metrics shown as gauges, by the name the record carries (``train/<name>``).
 _TRAINER_GAUGES = {
@@ -119,8 +133,11 @@ class RunMetrics:
             "rlasync_sample_staleness",
             "Samples trained, by how many weight versions their oldest token lagged the trainer.",
         )
+        # One bucket per whole number of versions, so bucket ``le=k`` holds exactly the samples
+        # ``k`` behind and ceil(histogram_quantile(...)) is the exact quantile (the dashboard's).
+        counts = self.staleness + [0] * (STALENESS_BUCKETS - len(self.staleness))
         cumulative, total = [], 0
-        for behind, n in enumerate(self.staleness):
+        for behind, n in enumerate(counts):
             total += n
             cumulative.append((repr(float(behind)), float(total)))
         staleness.add_metric(
@@ -179,20 +196,45 @@ class RunMetrics:
 
 
 def write_targets(run_dir: Path, members: Iterable[Any]) -> Path:
-    """``<run_dir>/prometheus_targets.json``: every member (a ``NodeInfo``) with ``/metrics`` as
-    a ``file_sd`` target, labelled with the run's folder name (``run``); the samples carry their
-    own ``node`` and ``role``. Written whole, then renamed: Prometheus never reads half a file."""
+    """Every member (a ``NodeInfo``) with ``/metrics`` as a ``file_sd`` target, labelled with the
+    run's folder name (``run``; the samples carry their own ``node`` and ``role``), into
+    ``<run_dir>/prometheus_targets.json`` and the run's discovery entry (``discovery_file``).
+    Each is written whole, then renamed: Prometheus never reads half a file. Returns the first."""
     run = run_dir.resolve().name
     groups = [
         {"targets": [m.metrics], "labels": {"run": run}}
         for m in sorted(members, key=lambda m: m.node_id)
         if m.metrics
     ]
-    path = run_dir / TARGETS_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(groups, indent=1) + "\n")
-    tmp.replace(path)
-    return path
+    text = json.dumps(groups, indent=1) + "\n"
+    entry = discovery_file(run_dir)
+    entry.parent.mkdir(exist_ok=True)
+    for path in (run_dir / TARGETS_FILE, entry):
+        # The temporary name does not end in .json: discovery's glob never matches it.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return run_dir / TARGETS_FILE
 
 
-__all__ = ["TARGETS_FILE", "RunMetrics", "write_targets"]
+def discovery_file(run_dir: Path) -> Path:
+    """``<run_dir>/../prometheus_targets/<run>.json``: the run's entry in discovery, listed
+    while the run runs."""
+    run_dir = run_dir.resolve()
+    return run_dir.parent / DISCOVERY_DIR / f"{run_dir.name}.json"
+
+
+def remove_targets(run_dir: Path) -> None:
+    """Take the run out of discovery: Prometheus stops scraping its nodes (its series end)
+    instead of finding them down. ``<run_dir>/prometheus_targets.json`` stays, as a record."""
+    discovery_file(run_dir).unlink(missing_ok=True)
+
+
+__all__ = [
+    "DISCOVERY_DIR",
+    "TARGETS_FILE",
+    "RunMetrics",
+    "discovery_file",
+    "remove_targets",
+    "write_targets",
+]

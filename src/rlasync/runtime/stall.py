@@ -70,12 +70,24 @@ class LoopWatchdog:
             held = time.monotonic() - last
             if held > self.warn_after and reported != last:
                 reported = last
+                holder = self._holder()
+                if holder is None:
+                    # No code of the loop's own ran: it waited for the interpreter (another thread
+                    # holding the GIL, as torch does while it loads) or for a core (a loaded
+                    # machine). News, not a fault of the code on the loop.
+                    log.info(
+                        "the event loop got no turn for %.1fs (another thread held the interpreter: %s; or "
+                        "the machine is busy)",
+                        held,
+                        self._others(),
+                    )
+                    continue
                 self.stalls += 1
                 log.warning(
                     "the event loop has been blocked for %.1fs by %s: calls, timers and replies on it wait "
                     "meanwhile; move blocking work to `await asyncio.to_thread(...)` (warned after %s=%g)",
                     held,
-                    self._holder(),
+                    holder,
                     self.setting,
                     self.warn_after,
                 )
@@ -83,23 +95,20 @@ class LoopWatchdog:
                 log.info("the event loop runs again; it was blocked for about %.1fs", last - reported)
                 reported = 0.0
 
-    def _holder(self) -> str:
-        """The running task and the line that blocks, as a reader can find them."""
+    def _holder(self) -> str | None:
+        """The running task and the line that blocks, as a reader can find them; None when the
+        loop's thread is in the loop's own code (waiting for the interpreter or a core)."""
         frame = sys._current_frames().get(self._loop_thread)
         if frame is None:
-            return "code of unknown place"
+            return None
         stack = traceback.extract_stack(frame)
         try:
             task = asyncio.current_task(self.loop)
         except RuntimeError:
             task = None
         own = [f for f in stack if not _library(f.filename)]
-        if not own and _in_the_loop(stack[-1].filename):
-            # The loop thread sits in the loop's own code between callbacks: another thread holds
-            # the interpreter (a C extension that keeps the GIL, such as torch loading).
-            return (
-                "another thread holding the interpreter (GIL) while the loop waited for it: " + self._others()
-            )
+        if _in_the_loop(stack[-1].filename):  # between callbacks, or waiting in select()
+            return None
         where = own[-1] if own else stack[-1]
         text = f"{where.name}() at {where.filename}:{where.lineno}"
         if where.line:
@@ -122,8 +131,13 @@ class LoopWatchdog:
 
 
 def _in_the_loop(filename: str) -> bool:
-    """The event loop's own Python code (asyncio's, or the runner around uvloop's)."""
-    return os.sep + "asyncio" + os.sep in filename or "uvloop" in filename
+    """The event loop's own Python code: asyncio's (its selector's too), or the runner around
+    uvloop's, whose loop is C."""
+    return (
+        os.sep + "asyncio" + os.sep in filename
+        or "uvloop" in filename
+        or os.path.basename(filename) == "selectors.py"
+    )
 
 
 def _library(filename: str) -> bool:
