@@ -292,7 +292,10 @@ def main() -> None:
     if args.smoke:  # an untrained model writes to its token limit: few, short samples
         args.seeds, args.rows, args.max_steps, args.check_every, args.val_size = [0, 1], 24, 3, 3, 8
         args.prompts = 4
-        args.set += ["train.group_size=4", "train.max_new_tokens=8"]
+        # Two seeds side by side, each a spawned process that imports torch and starts a trainer
+        # process, beside the rest of the suite: on a loaded machine (the other core busy) a
+        # process took past the default 20 s to join. A smoke run is no test of start-up time.
+        args.set += ["train.group_size=4", "train.max_new_tokens=8", "runtime.join_timeout_s=120"]
     if args.jobs > 1 and len(args.seeds) > 1:  # spawn: each worker imports this file (its reward)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
