@@ -826,6 +826,8 @@ class Node:
         """
         if node_id == self.node_id:
             if incarnation in (None, self.info.incarnation):
+                if self._stopping:  # it left: the head's news of it, heard back, is no failure
+                    return
                 log.error("%s was declared dead (%s); stopping", node_id, reason)
                 self._fenced = True
                 self.exit_code = EX_TEMPFAIL

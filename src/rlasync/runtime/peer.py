@@ -335,6 +335,13 @@ class Peer:
         return "" if incarnation == "unknown" else incarnation
 
     def _remote_error(self, msg: Error, actor: str, method: str) -> Exception:
+        if msg.code == "fenced":  # the head declared *this* process dead: the callee lives on
+            node, incarnation = self.context.node_id, self.context.incarnation
+            self.loop.call_soon(self.context.on_node_dead, node, msg.message, incarnation)
+            return NodeLostError(
+                node,
+                f"this process was declared dead, so {self.info.node_id} refused the call ({msg.message})",
+            )
         error = remote_error(msg, actor, method, self.info.node_id)
         if msg.code == "gone":  # the process we meant no longer listens there: all its calls are lost
             self.loop.call_soon(

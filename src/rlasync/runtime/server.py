@@ -232,7 +232,8 @@ class Server:
             message = (
                 f"{self.context.node_id} serves no calls from {caller}: the head declared that process dead"
             )
-            return self._fail(ident, call.id, "gone", NodeLostError, message)
+            # "fenced", not "gone": the caller is the one lost, not this node it called.
+            return self._fail(ident, call.id, "fenced", NodeLostError, message)
         if call.to and call.to != self.context.incarnation:
             # The caller means a process that used to listen at this address (same rank,
             # restarted): that process is gone, whatever actor of the same name lives here now.

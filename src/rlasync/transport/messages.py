@@ -68,7 +68,19 @@ class StreamAck(msgspec.Struct, array_like=True, gc=False):
     n: int
 
 
-ERROR_CODES = ("raised", "no_actor", "no_endpoint", "bad_request", "timeout", "gone", "busy", "forbidden")
+# gone: the process the caller meant no longer listens there; fenced: the caller's own process
+# was declared dead by the head, so it is served no more (and should stop).
+ERROR_CODES = (
+    "raised",
+    "no_actor",
+    "no_endpoint",
+    "bad_request",
+    "timeout",
+    "gone",
+    "fenced",
+    "busy",
+    "forbidden",
+)
 
 # One byte per kind; the decoder for each is built once for its exact type.
 KIND_OF: dict[type[msgspec.Struct], bytes] = {
