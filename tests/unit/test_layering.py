@@ -18,7 +18,7 @@ import rlasync
 SRC = Path(rlasync.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"config", "interrupts"},
+    {"config", "interrupts", "registry"},
     {"transport", "models", "algorithms", "tools", "rewards", "data", "metrics", "plugins"},
     {"runtime"},
     {"weights"},

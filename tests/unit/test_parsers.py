@@ -39,7 +39,7 @@ def test_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     assert get_parser("hermes") is hermes  # stateless: one shared instance
     with pytest.raises(KeyError, match="registered: .*gpt-oss.*hermes"):
         get_parser("qwen-xml")
-    monkeypatch.setattr(parsers_module, "_PARSERS", dict(parsers_module._PARSERS))
+    monkeypatch.setattr(parsers_module, "_PARSERS", parsers_module._PARSERS.copy())
 
     @register_parser("mine")
     class Mine(HermesParser):

@@ -32,7 +32,7 @@ from rlasync.rewards import (
 @pytest.fixture(autouse=True)
 def _isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers into a copy of the registry and warns afresh."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
     monkeypatch.setattr(registry, "_warned", set())
 
 

@@ -92,7 +92,7 @@ def tools() -> dict[str, Tool]:
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests that register tools do it in a copy of the registry."""
-    monkeypatch.setattr(base, "_TOOLS", dict(base._TOOLS))
+    monkeypatch.setattr(base, "_TOOLS", base._TOOLS.copy())
 
 
 # -- schema and registry ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from ..config.agent import AgentConfig
 from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
+from ..registry import Registry
 from .template import ChatTurns
 from .trajectory import Trajectory
 
@@ -171,35 +172,21 @@ def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> R
     return score
 
 
-_LOOPS: dict[str, type[AgentLoop]] = {}
+# The same class defined again (a module re-imported) replaces itself; another class may not.
+_LOOPS = Registry[type[AgentLoop]](
+    "agent loop",
+    unknown="no agent loop named {name!r} (registered: {known}); register yours with @rlasync.agents.register",
+    taken="an agent loop named {name!r} is already registered ({old.__module__}.{old.__qualname__})",
+)
 
 
 def register(name: str) -> Callable[[type[AgentLoop]], type[AgentLoop]]:
     """Class decorator: make the loop available as ``agent_name: <name>``."""
-
-    def add(cls: type[AgentLoop]) -> type[AgentLoop]:
-        existing = _LOOPS.get(name)
-        # The same class defined again (a module re-imported) replaces itself; another class may not.
-        if existing is not None and (existing.__module__, existing.__qualname__) != (
-            cls.__module__,
-            cls.__qualname__,
-        ):
-            raise ValueError(
-                f"an agent loop named {name!r} is already registered ({existing.__module__}.{existing.__qualname__})"
-            )
-        _LOOPS[name] = cls
-        return cls
-
-    return add
+    return _LOOPS.decorator(name)
 
 
 def get_loop(name: str) -> type[AgentLoop]:
-    cls = _LOOPS.get(name)
-    if cls is None:
-        raise KeyError(
-            f"no agent loop named {name!r} (registered: {', '.join(sorted(_LOOPS))}); register yours with @rlasync.agents.register"
-        )
-    return cls
+    return _LOOPS.get(name)
 
 
 @functools.cache

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..config.loader import ConfigError, registry_choice
+from ..registry import Registry
 from .base import Interaction, RewardFn
 from .trajectory import Trajectory, TrajectoryMetrics
 
@@ -41,29 +42,20 @@ class InteractionError(ConfigError):
     """``agent.interaction`` names no registered interaction, or options it does not take."""
 
 
-_INTERACTIONS: dict[str, type[Interaction]] = {}
+# An unknown name is registry_choice's InteractionError, so no ``unknown`` message here.
+_INTERACTIONS = Registry[type[Interaction]](
+    "interaction",
+    taken="an interaction named {name!r} is already registered ({old.__module__}.{old.__qualname__})",
+)
 
 
 def register_interaction(name: str) -> Callable[[type[Interaction]], type[Interaction]]:
     """Class decorator: make the interaction available as ``agent.interaction: <name>``."""
-
-    def add(cls: type[Interaction]) -> type[Interaction]:
-        existing = _INTERACTIONS.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (
-            cls.__module__,
-            cls.__qualname__,
-        ):
-            raise ValueError(
-                f"an interaction named {name!r} is already registered ({existing.__module__}.{existing.__qualname__})"
-            )
-        _INTERACTIONS[name] = cls
-        return cls
-
-    return add
+    return _INTERACTIONS.decorator(name)
 
 
 def registered_interactions() -> list[str]:
-    return sorted(_INTERACTIONS)
+    return _INTERACTIONS.names()
 
 
 def interaction_factory(spec: str | dict[str, Any], score: Score) -> Callable[[], Interaction] | None:
@@ -71,7 +63,11 @@ def interaction_factory(spec: str | dict[str, Any], score: Score) -> Callable[[]
     ..., option: value}``; "" or ``{}``: none). One is built now, so a wrong name or option is
     an ``InteractionError`` at start-up rather than a failed trajectory each time."""
     choice = registry_choice(
-        spec, "agent.interaction", _INTERACTIONS, "@rlasync.agents.register_interaction", InteractionError
+        spec,
+        "agent.interaction",
+        _INTERACTIONS.view(),
+        "@rlasync.agents.register_interaction",
+        InteractionError,
     )
     if choice is None:
         return None

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..config.loader import registry_choice
+from ..registry import Registry
 from .datasets import Row, problem_row
 from .samplers import RowResult
 from .synthetic import REVERSE_ALPHABET, reverse_problem, split_of
@@ -54,28 +55,24 @@ class GeneratorError(ConfigError):
     """``data.generator`` names no generator, or its options do not fit it."""
 
 
-_GENERATORS: dict[str, Callable[..., DataGenerator]] = {}
+# An unknown name is registry_choice's GeneratorError, so no ``unknown`` message here.
+_GENERATORS = Registry[Callable[..., DataGenerator]]("generator")
 
 
 def register_generator(name: str) -> Callable[[Callable[..., DataGenerator]], Callable[..., DataGenerator]]:
     """Make a generator class available as ``data.generator: NAME``."""
-
-    def add(factory: Callable[..., DataGenerator]) -> Callable[..., DataGenerator]:
-        _GENERATORS[name] = factory
-        return factory
-
-    return add
+    return _GENERATORS.decorator(name)
 
 
 def registered_generators() -> list[str]:
-    return sorted(_GENERATORS)
+    return _GENERATORS.names()
 
 
 def make_generator(spec: str | dict[str, Any], *, seed: int) -> DataGenerator | None:
     """The generator ``data.generator`` asks for (a name, or ``{name: ..., option: value}``);
     None for "" (no generator)."""
     choice = registry_choice(
-        spec, "data.generator", _GENERATORS, "@rlasync.data.register_generator", GeneratorError
+        spec, "data.generator", _GENERATORS.view(), "@rlasync.data.register_generator", GeneratorError
     )
     if choice is None:
         return None

@@ -34,6 +34,7 @@ import msgspec
 
 from ..config import ConfigError
 from ..config.loader import import_object
+from ..registry import Registry
 from .datasets import Row, RowSampler
 
 
@@ -201,26 +202,28 @@ class PassRateSampler(UniformSampler):
         self.skipped = int(state.get("skipped", 0))
 
 
+class SamplerError(ConfigError):
+    """``data.sampler`` names no sampler, or its options do not fit it."""
+
+
 SamplerFactory = Callable[..., Sampler]
-_SAMPLERS: dict[str, SamplerFactory] = {"uniform": UniformSampler, "pass_rate": PassRateSampler}
+_SAMPLERS = Registry[SamplerFactory](
+    "sampler",
+    unknown="data.sampler: unknown sampler {name!r}; registered: {known} (or give module:Class, "
+    "or import the module that registers it before the run)",
+    error=SamplerError,
+)
+_SAMPLERS.register("uniform", UniformSampler)
+_SAMPLERS.register("pass_rate", PassRateSampler)
 
 
 def register_sampler(name: str) -> Callable[[SamplerFactory], SamplerFactory]:
     """Make a sampler class (or factory) available as ``data.sampler: NAME``."""
-
-    def add(factory: SamplerFactory) -> SamplerFactory:
-        _SAMPLERS[name] = factory
-        return factory
-
-    return add
+    return _SAMPLERS.decorator(name)
 
 
 def registered_samplers() -> list[str]:
-    return sorted(_SAMPLERS)
-
-
-class SamplerError(ConfigError):
-    """``data.sampler`` names no sampler, or its options do not fit it."""
+    return _SAMPLERS.names()
 
 
 def make_sampler(spec: str | dict[str, Any], rows: list[Row], *, seed: int, shuffle: bool = True) -> Sampler:
@@ -230,7 +233,9 @@ def make_sampler(spec: str | dict[str, Any], rows: list[Row], *, seed: int, shuf
     name = options.pop("name", None)
     if not isinstance(name, str) or not name:
         raise SamplerError(f"data.sampler: {{name: ...}} needs the sampler's name, got {spec!r}")
-    factory = _SAMPLERS.get(name) or _import(name)
+    # A registered name, else an import path; a name that is neither: the registry's SamplerError.
+    is_path = ":" in name or "." in name
+    factory = _SAMPLERS.get(name) if name in _SAMPLERS or not is_path else _import(name)
     try:
         sampler = factory(rows, seed=seed, shuffle=shuffle, **options)
     except (TypeError, ValueError) as exc:  # an option it does not take, or a bad value
@@ -243,12 +248,6 @@ def make_sampler(spec: str | dict[str, Any], rows: list[Row], *, seed: int, shuf
 
 
 def _import(name: str) -> SamplerFactory:
-    known = ", ".join(registered_samplers())
-    if ":" not in name and "." not in name:
-        raise SamplerError(
-            f"data.sampler: unknown sampler {name!r}; registered: {known} (or give module:Class, "
-            "or import the module that registers it before the run)"
-        )
     found = import_object(name, "data.sampler", SamplerError)
     if not callable(found):
         raise SamplerError(f"data.sampler: {name!r} is not a class or factory")

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..config.engine import EngineConfig
+from ..registry import Registry
 from ..runtime import Actor, endpoint
+from ..weights.protocol import GroupAddress  # at import: weight_join's hint must resolve
 from .protocol import Engine, EngineError
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
@@ -27,24 +29,22 @@ if TYPE_CHECKING:
     from ..weights.sink import EngineWeights  # imported when first used: the weights layer sits below
 
 EngineFactory = Callable[[EngineConfig], Awaitable[Engine]]
-_BACKENDS: dict[str, EngineFactory] = {}
+_BACKENDS = Registry[EngineFactory](
+    "engine backend",
+    unknown="engine.backend={name!r} is not a registered engine backend (known: {known})",
+    error=EngineError,
+)
 
 
 def register_backend(name: str, factory: EngineFactory) -> None:
     """Make ``EngineConfig(backend=name)`` build its engine with ``await factory(config)``."""
-    _BACKENDS[name] = factory
+    _BACKENDS.register(name, factory)
 
 
 async def build_engine(config: EngineConfig) -> Engine:
     if not config.model:
         raise EngineError("engine.model is empty: set it to a Hugging Face model folder on the engine's node")
-    factory = _BACKENDS.get(config.backend)
-    if factory is None:
-        known = ", ".join(sorted(_BACKENDS))
-        raise EngineError(
-            f"engine.backend={config.backend!r} is not a registered engine backend (known: {known})"
-        )
-    return await factory(config)
+    return await _BACKENDS.get(config.backend)(config)
 
 
 async def _build_torch(config: EngineConfig) -> Engine:
@@ -209,29 +209,14 @@ class EngineActor(Actor):
         return str(await self._weights.attach(plan, offer, double_buffer=double_buffer))
 
     @endpoint
-    async def weight_join(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        backend: str = "gloo",
-    ) -> None:
+    async def weight_join(self, address: GroupAddress, rank: int) -> None:
+        """Become ``rank`` of the weight group's generation at ``address``."""
         from ..runtime.address import host_of
 
         # Gloo listens at this node's address on the route to the group's store (trainer rank 0):
         # of the store's family, so an IPv6 node and IPv4 ones still form one group.
         await self._weights_side().join(
-            host,
-            port,
-            rank,
-            size,
-            timeout_s,
-            generation,
-            backend,
-            local_host=_towards(host) or host_of(self.node.address),
+            address, rank, local_host=_towards(address.host) or host_of(self.node.address)
         )
 
     @endpoint

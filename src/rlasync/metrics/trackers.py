@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..registry import Registry
+
 
 class Tracker(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
@@ -39,21 +41,16 @@ class Tracker(Protocol):
 
 
 TrackerFactory = Callable[..., Tracker]
-_TRACKERS: dict[str, TrackerFactory] = {}
+_TRACKERS = Registry[TrackerFactory]("tracker")
 
 
 def register_tracker(name: str) -> Callable[[TrackerFactory], TrackerFactory]:
     """Class decorator: make a tracker available as ``train.trackers: [<name>]``."""
-
-    def add(factory: TrackerFactory) -> TrackerFactory:
-        _TRACKERS[name] = factory
-        return factory
-
-    return add
+    return _TRACKERS.decorator(name)
 
 
 def tracker_names() -> list[str]:
-    return sorted(_TRACKERS)
+    return _TRACKERS.names()
 
 
 class TrackerUnavailable(RuntimeError):
@@ -70,9 +67,11 @@ def open_trackers(
         for name in dict.fromkeys(names):
             if name == "jsonl":
                 continue
-            if name not in _TRACKERS:
+            if name not in _TRACKERS:  # here, not the registry's message: ``jsonl`` is known too
                 raise KeyError(f"unknown tracker {name!r}; known: {', '.join(['jsonl', *tracker_names()])}")
-            trackers.append(_TRACKERS[name](run_dir, dict(config), project=project, resumed_at=resumed_at))
+            trackers.append(
+                _TRACKERS.get(name)(run_dir, dict(config), project=project, resumed_at=resumed_at)
+            )
     except BaseException:
         for tracker in trackers:
             tracker.close()

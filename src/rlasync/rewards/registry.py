@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ..registry import Registry
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -65,7 +67,15 @@ RewardFn = Callable[[RewardInput], RewardResult | Awaitable[RewardResult]]
 
 F = TypeVar("F", bound=RewardFn)
 
-_REGISTRY: dict[str, RewardFn] = {}
+# Refusing, by identity: another function under a taken name needs replace=True.
+_REGISTRY = Registry[RewardFn](
+    "reward",
+    unknown="unknown reward {name!r}; registered: {names} "
+    "(register your own with @rlasync.rewards.register_reward(name) in a module you import)",
+    error=ValueError,
+    taken="reward {name!r} is already registered ({old!r}); pass replace=True to override it",
+    same=lambda old, new: old is new,
+)
 _warned: set[tuple[Any, str]] = set()  # (reward name or function, error type) already logged
 
 
@@ -80,12 +90,7 @@ def register_reward(name: str, *, replace: bool = False) -> Callable[[F], F]:
         if not callable(fn):
             raise TypeError(f"register_reward({name!r}): {fn!r} is not callable")
         _check_signature(name, fn)
-        old = _REGISTRY.get(name)
-        if old is not None and old is not fn and not replace:
-            raise ValueError(
-                f"reward {name!r} is already registered ({old!r}); pass replace=True to override it"
-            )
-        _REGISTRY[name] = fn
+        _REGISTRY.register(name, fn, replace=replace)
         return fn
 
     return decorator
@@ -118,18 +123,12 @@ def _check_signature(name: str, fn: Callable[..., Any]) -> None:
 
 def get_reward(name: str) -> RewardFn:
     """The reward function registered under ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown reward {name!r}; registered: {registered_rewards()} "
-            "(register your own with @rlasync.rewards.register_reward(name) in a module you import)"
-        ) from None
+    return _REGISTRY.get(name)
 
 
 def registered_rewards() -> list[str]:
     """Names of all registered rewards, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..registry import Registry
+
 logger = logging.getLogger(__name__)
 
 ErrorKind = Literal[
@@ -290,7 +292,13 @@ async def _run(tools: Mapping[str, Tool], call: ToolCall, name: str, context: To
 
 
 # -- registry --------------------------------------------------------------------------------
-_TOOLS: dict[str, type[Tool]] = {}
+# The same class defined again (a module re-imported) replaces itself; another class may not.
+_TOOLS = Registry[type[Tool]](
+    "tool",
+    unknown="unknown tool '{name}'; registered: {known} "
+    "(import the module that defines it with @register_tool before building tools)",
+    taken="tool name '{name}' is taken by {old.__module__}.{old.__qualname__}",
+)
 
 
 def register_tool(cls: type[Tool]) -> type[Tool]:
@@ -300,28 +308,16 @@ def register_tool(cls: type[Tool]) -> type[Tool]:
         raise TypeError(
             f"{cls.__qualname__} needs a class attribute `name` (a non-empty str) to be registered"
         )
-    existing = _TOOLS.get(name)
-    if existing is not None and (existing.__module__, existing.__qualname__) != (
-        cls.__module__,
-        cls.__qualname__,
-    ):
-        raise ValueError(f"tool name '{name}' is taken by {existing.__module__}.{existing.__qualname__}")
-    _TOOLS[name] = cls  # the same class again (a module re-imported) replaces itself
-    return cls
+    return _TOOLS.register(name, cls)
 
 
 def get_tool(name: str) -> type[Tool]:
     """The registered tool class of this name."""
-    if name not in _TOOLS:
-        raise KeyError(
-            f"unknown tool '{name}'; registered: {', '.join(sorted(_TOOLS))} "
-            "(import the module that defines it with @register_tool before building tools)"
-        )
-    return _TOOLS[name]
+    return _TOOLS.get(name)
 
 
 def registered_tools() -> list[str]:
-    return sorted(_TOOLS)
+    return _TOOLS.names()
 
 
 def build_tools(specs: Iterable[str] | Mapping[str, Mapping[str, Any] | None]) -> dict[str, Tool]:

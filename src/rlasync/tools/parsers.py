@@ -50,6 +50,7 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
+from ..registry import Registry
 from .base import ToolCall, ToolResult
 
 
@@ -111,25 +112,21 @@ class ToolParser(abc.ABC):
 
 # -- registry --------------------------------------------------------------------------------
 P = TypeVar("P", bound=type[ToolParser])
-_PARSERS: dict[str, type[ToolParser]] = {}
-_INSTANCES: dict[str, ToolParser] = {}
+_PARSERS = Registry[type[ToolParser]](
+    "tool parser",
+    unknown="unknown tool parser '{name}'; registered: {known}",
+    taken="parser name '{name}' is taken by {old.__module__}.{old.__qualname__}",
+)
+_INSTANCES: dict[str, ToolParser] = {}  # parsers are stateless: one shared instance per name
 
 
 def register_parser(name: str) -> Callable[[P], P]:
     """Class decorator: ``@register_parser("hermes")`` makes the parser available to ``get_parser``."""
 
     def decorate(cls: P) -> P:
-        existing = _PARSERS.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (
-            cls.__module__,
-            cls.__qualname__,
-        ):
-            raise ValueError(
-                f"parser name '{name}' is taken by {existing.__module__}.{existing.__qualname__}"
-            )
+        _PARSERS.register(name, cls)
         cls.name = name
-        _PARSERS[name] = cls
-        _INSTANCES.pop(name, None)
+        _INSTANCES.pop(name, None)  # a class registered again: the next get_parser builds it
         return cls
 
     return decorate
@@ -138,14 +135,12 @@ def register_parser(name: str) -> Callable[[P], P]:
 def get_parser(name: str) -> ToolParser:
     """The shared instance of the parser registered under ``name``."""
     if name not in _INSTANCES:
-        if name not in _PARSERS:
-            raise KeyError(f"unknown tool parser '{name}'; registered: {', '.join(sorted(_PARSERS))}")
-        _INSTANCES[name] = _PARSERS[name]()
+        _INSTANCES[name] = _PARSERS.get(name)()
     return _INSTANCES[name]
 
 
 def registered_parsers() -> list[str]:
-    return sorted(_PARSERS)
+    return _PARSERS.names()
 
 
 # -- shared helpers --------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from ..runtime.address import host_of
 from ..runtime.events import emit
 from ..runtime.rendezvous import master_address, master_store
 from ..weights.errors import raised_remotely
+from ..weights.protocol import GroupAddress
 from .rank import GroupBroken, RankSpec, TrainerRank
 from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
 
@@ -293,21 +294,9 @@ class TrainerActor:
         address = (await self._call_ranks({0: [host]}, "weight_store"))[0]
         return str(address[0]), int(address[1])
 
-    async def join_weights(
-        self,
-        host: str,
-        port: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        plan: bytes,
-        backend: str = "",
-    ) -> None:
-        await self._call_ranks(
-            {0: [host, port, size, timeout_s, generation, plan, backend]},
-            "join_weights",
-            timeout=timeout_s + 5.0,
-        )
+    async def join_weights(self, address: GroupAddress, plan: bytes) -> None:
+        """Rank 0 becomes rank 0 of the weight group's generation at ``address``."""
+        await self._call_ranks({0: [address, plan]}, "join_weights", timeout=address.timeout_s + 5.0)
 
     async def send_weights(self, version: int) -> float:
         return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])

@@ -42,6 +42,7 @@ from ..config.train import TrainerConfig
 from ..runtime import Actor, endpoint
 from ..runtime.address import host_of, interface_of
 from ..runtime.errors import first_line
+from ..weights.protocol import GroupAddress  # at import: join_weights's hint must resolve
 from .background import in_background
 from .policy import PolicyTrainer
 from .types import TrainBatch
@@ -354,32 +355,17 @@ class TrainerRank(Actor):
         return [host or host_of(self.node.address), int(self.weight_group_store.port)]
 
     @endpoint
-    async def join_weights(
-        self,
-        host: str,
-        port: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        plan: bytes,
-        backend: str = "",
-    ) -> None:
-        """Rank 0 becomes rank 0 of the weight group's ``generation`` (a new one after a failure).
-        ``size`` 1: no engine takes the broadcast (all copy from shared memory)."""
+    async def join_weights(self, address: GroupAddress, plan: bytes) -> None:
+        """Rank 0 becomes rank 0 of the weight group's generation at ``address`` (a new one after a
+        failure). ``address.size`` 1: no engine takes the broadcast (all copy from shared memory)."""
         if self.rank != 0:
             return
-        if backend == "nccl" and self.device.type != "cuda":
+        if address.backend == "nccl" and self.device.type != "cuda":
             raise ValueError("weights.backend=nccl needs the trainer on a GPU")
-        await self._run(
-            self._join_weights,
-            size,
-            timeout_s,
-            generation,
-            plan,
-            backend or ("nccl" if self.device.type == "cuda" else "gloo"),
-        )
+        backend = address.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        await self._run(self._join_weights, msgspec.structs.replace(address, backend=backend), plan)
 
-    def _join_weights(self, size: int, timeout_s: float, generation: int, plan: bytes, backend: str) -> None:
+    def _join_weights(self, address: GroupAddress, plan: bytes) -> None:
         from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
 
         if self.sender is not None:
@@ -391,21 +377,14 @@ class TrainerRank(Actor):
             # Parameters move into one buffer laid out as the buckets: each bucket is then sent
             # straight from the parameters' memory (no packing copy).
             self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
-        if size > 1:
+        if address.size > 1:
             if self.weight_group_store is None:
                 raise RuntimeError(
                     "join_weights before weight_store: the synchroniser asks for the store first"
                 )
-            group = WeightGroup(
-                "",
-                0,
-                0,
-                size,
-                backend=backend,
-                timeout_s=timeout_s,
-                generation=generation,
-                store=self.weight_group_store,
-                local_host=host_of(self.node.address),
+            # Rank 0 hosts the store: it joins through the one it holds, not over the address.
+            group = WeightGroup.at(
+                address, 0, store=self.weight_group_store, local_host=host_of(self.node.address)
             )
             self.sender = WeightSender(group, bucket_plan, device=self.device)
 

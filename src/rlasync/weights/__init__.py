@@ -15,6 +15,7 @@ from .buckets import (
 )
 from .errors import SyncError, is_transfer_failure, raised_remotely
 from .group import WeightGroup
+from .protocol import GroupAddress
 from .shm import SharedWeights, ShmOffer
 from .sink import EngineWeights
 from .sync import StagingRing, SyncStats, WeightReceiver, WeightSender
@@ -31,6 +32,7 @@ __all__ = [
     "ActorSink",
     "BucketPlan",
     "EngineWeights",
+    "GroupAddress",
     "ParameterSynchronizer",
     "SharedWeights",
     "ShmOffer",

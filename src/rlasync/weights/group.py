@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ..runtime.errors import first_line
 from .errors import SyncError
+from .protocol import GroupAddress
 
 
 class WeightGroup:
@@ -69,6 +70,22 @@ class WeightGroup:
                 f"weight group (generation {generation}): peers did not all join within {timeout_s} s: {exc}"
             ) from exc
         self._closed = False
+
+    @classmethod
+    def at(cls, address: GroupAddress, rank: int, *, store: Any = None, local_host: str = "") -> WeightGroup:
+        """Become ``rank`` of the group ``address`` describes (``store``: the store already held,
+        reused across generations)."""
+        return cls(
+            address.host,
+            address.port,
+            rank,
+            address.size,
+            backend=address.backend,
+            timeout_s=address.timeout_s,
+            generation=address.generation,
+            store=store,
+            local_host=local_host,
+        )
 
     def broadcast_async(self, tensor: torch.Tensor) -> Any:
         """Start broadcasting ``tensor`` from rank 0 into every rank's ``tensor``; ``wait`` on the result."""

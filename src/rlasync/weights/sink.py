@@ -2,7 +2,7 @@
 
     weights = EngineWeights(engine)                   # any Engine; EngineActor holds one
     mode = await weights.attach(plan, offer)          # once: "shm" (same machine) or "broadcast"
-    await weights.join(host, port, rank, size, ...)   # broadcast engines: a rank of the weight group
+    await weights.join(address, rank)                 # broadcast engines: a rank of the weight group
     await weights.stage(7, timeout_s)                 # the version lands in a staging copy; decoding goes on
     pause = await weights.commit(7)                   # the engine takes it whole: the only pause
 
@@ -23,6 +23,7 @@ import torch
 from .buckets import BucketPlan
 from .errors import SyncError
 from .group import WeightGroup
+from .protocol import GroupAddress
 from .shm import SharedWeights, ShmOffer
 from .sync import StagingRing, WeightReceiver
 
@@ -68,44 +69,23 @@ class EngineWeights:
         self.transport = "shm" if self._shared is not None else "broadcast"
         return self.transport
 
-    async def join(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        backend: str = "gloo",
-        local_host: str = "",
-    ) -> None:
-        """Become ``rank`` of the weight group's ``generation`` (rank 0, the trainer, hosts its
-        store at ``host:port``); ``local_host``: this process's address as the others reach it."""
+    async def join(self, address: GroupAddress, rank: int, local_host: str = "") -> None:
+        """Become ``rank`` of the weight group's generation at ``address`` (rank 0, the trainer,
+        hosts its store); ``local_host``: this process's address as the others reach it."""
         if self.plan is None or self._ring is None:
             raise SyncError("join before attach: the synchroniser sends the plan first")
         if (
-            backend == "nccl" and self.device.type != "cuda"
+            address.backend == "nccl" and self.device.type != "cuda"
         ):  # NCCL moves GPU memory: stage on this process's GPU
             self.device = torch.device("cuda", torch.cuda.current_device())
             self._ring = StagingRing(self.plan, device=self.device, depth=self._ring.depth)
         previous = self._group
-        store = previous.store if previous is not None and previous.address == (host, port) else None
+        here = (address.host, address.port)
+        store = previous.store if previous is not None and previous.address == here else None
         self.close_group()
-
-        def connect() -> WeightGroup:
-            return WeightGroup(
-                host,
-                port,
-                rank,
-                size,
-                backend=backend,
-                timeout_s=timeout_s,
-                generation=generation,
-                store=store,
-                local_host=local_host,
-            )
-
-        self._group = await asyncio.to_thread(connect)
+        self._group = await asyncio.to_thread(
+            WeightGroup.at, address, rank, store=store, local_host=local_host
+        )
         self._receiver = WeightReceiver(self._group, self.plan, ring=self._ring)
 
     async def stage(self, version: int, timeout_s: float) -> float:

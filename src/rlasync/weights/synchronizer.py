@@ -41,6 +41,7 @@ from ..config.weights import WeightsConfig
 from ..runtime import ActorRef, NodeLostError
 from ..runtime.errors import first_line
 from .errors import SyncError, is_transfer_failure
+from .protocol import GroupAddress
 from .sink import EngineWeights
 
 log = logging.getLogger(__name__)
@@ -54,16 +55,7 @@ class WeightSource(Protocol):
     async def share_weights(self, directory: str, plan: bytes) -> Any: ...
     async def weight_backend(self) -> str: ...
     async def weight_store(self, host: str = "") -> tuple[str, int]: ...
-    async def join_weights(
-        self,
-        host: str,
-        port: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        plan: bytes,
-        backend: str = "",
-    ) -> None: ...
+    async def join_weights(self, address: GroupAddress, plan: bytes) -> None: ...
     async def send_weights(self, version: int) -> float: ...
 
 
@@ -79,18 +71,9 @@ class WeightSink(Protocol):
         on this machine; how this engine will receive versions: ``shm`` or ``broadcast``."""
         ...
 
-    async def join(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        backend: str = "gloo",
-    ) -> None:
-        """Become ``rank`` of the weight group's ``generation`` (the trainer, rank 0, hosts its
-        store at ``host:port``)."""
+    async def join(self, address: GroupAddress, rank: int) -> None:
+        """Become ``rank`` of the weight group's generation at ``address`` (the trainer, rank 0,
+        hosts its store)."""
         ...
 
     async def stage(self, version: int, timeout_s: float) -> float:
@@ -152,19 +135,8 @@ class ActorSink:
     async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
         return str(await self.ref.weight_attach.options(timeout=self.deadline)(plan, offer, double_buffer))
 
-    async def join(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        size: int,
-        timeout_s: float,
-        generation: int,
-        backend: str = "gloo",
-    ) -> None:
-        await self.ref.weight_join.options(timeout=self.deadline)(
-            host, port, rank, size, timeout_s, generation, backend
-        )
+    async def join(self, address: GroupAddress, rank: int) -> None:
+        await self.ref.weight_join.options(timeout=self.deadline)(address, rank)
 
     async def stage(self, version: int, timeout_s: float) -> float:
         return float(await self.ref.weight_stage.options(timeout=self.deadline)(version, timeout_s))
@@ -272,16 +244,18 @@ class ParameterSynchronizer:
         while True:
             self.generation += 1
             far = [target for target in self._targets if target.transport == "broadcast"]
-            size = len(far) + 1
             host, port = self._address
+            address = GroupAddress(
+                host=host,
+                port=port,
+                size=len(far) + 1,
+                timeout_s=cfg.timeout_s,
+                generation=self.generation,
+                backend=self.backend,
+            )
             results = await asyncio.gather(
-                self.source.join_weights(
-                    host, port, size, cfg.timeout_s, self.generation, self.plan_bytes, self.backend
-                ),
-                *[
-                    target.sink.join(host, port, rank, size, cfg.timeout_s, self.generation, self.backend)
-                    for rank, target in enumerate(far, 1)
-                ],
+                self.source.join_weights(address, self.plan_bytes),
+                *[target.sink.join(address, rank) for rank, target in enumerate(far, 1)],
                 return_exceptions=True,
             )
             failed = {target: r for target, r in zip(far, results[1:]) if isinstance(r, BaseException)}
