@@ -6,9 +6,15 @@
 
 Measures (a) synchronous pyzmq DEALER/ROUTER over ipc with msgspec messages, the transport
 limit; (b) rlasync actor calls between two node processes of a LocalCluster; (c) Ray
-actors doing the same. (a) and (b) run side by side in alternating rounds (median of each).
-Prints a table, then one JSON line; ratios are ours / reference.
-Absolute figures move 2-3x between sittings on shared machines: read the ratios.
+actors doing the same. Prints a table, then one JSON line; ratios are ours / reference.
+
+(a) and (b) are measured in pairs: both are up at once, on the same pinned cores (the caller on
+one, the echoing process on another), and each of ``ROUNDS`` rounds measures one arm then the
+other (the order alternating), giving one ratio per round. The ratios reported are the medians
+of those pair ratios, with their spread (lowest, highest): the raw arm alone was bimodal here
+(RTT p50 30 us in some sittings, 113 us in others, minutes apart), so a ratio of two medians
+taken apart read 1.24 or 2.88 for the same code. Absolute figures move 2-3x between sittings on
+shared machines: read the paired ratios.
 """
 
 from __future__ import annotations
@@ -33,13 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # children impor
 import rlasync
 from rlasync.transport import Call, Reply
 
-RTT_CALLS = 3000
-PIPELINED_CALLS = 30000
+RTT_CALLS = 6000
+RTT_PAIR_CALLS = 100  # round trips an arm makes in one pair
+PIPELINED_CALLS = 10000  # an arm's calls in one paired round
 WINDOW = 1000
 MIB = 1 << 20
-MIB_CALLS = 300
+MIB_CALLS = 100
 MIB_WINDOW = 8
-ROUNDS = 3  # alternating rounds of the reference and ours; each figure is the median
+ROUNDS = 15  # paired rounds of pipelined calls; each ratio is the median of the pairs
 
 
 class Echo(rlasync.Actor):
@@ -157,15 +164,42 @@ async def _window(call: Callable[[int], Awaitable[Any]], n: int, window: int) ->
     return time.perf_counter() - t
 
 
-async def bench_ours_and_zmq() -> tuple[dict[str, float], dict[str, float]]:
-    """Raw pyzmq and rlasync, both up at once and measured in alternating rounds, so a change
-    in the machine's state (other load, CPU wake-up latency) hits both alike."""
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` (libzmq's I/O threads too) onto ``cores``."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+            pass
+
+
+def paired(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """Ours / reference per round: the median and the spread of the ratios, and each arm's
+    median (for the table)."""
+    ratios = sorted(ours / ref for ref, ours in pairs)
+    return {
+        "pairs": len(pairs),
+        "ratio": statistics.median(ratios),
+        "spread": [round(ratios[0], 3), round(ratios[-1], 3)],
+        "ref": statistics.median(ref for ref, _ in pairs),
+        "ours": statistics.median(ours for _, ours in pairs),
+    }
+
+
+async def bench_ours_and_zmq() -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, Any]]]:
+    """Raw pyzmq and rlasync, both up at once, pinned alike and measured in pairs (see the
+    module's docstring), so a change in the machine's state hits both arms of a pair alike."""
     zmq_ref = RawZmq()
     t = time.perf_counter()
     async with rlasync.LocalCluster(nodes=2) as cluster:
         echo = await cluster.spawn(Echo, node=1)
         await echo.echo(0)
         start_s = time.perf_counter() - t
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) >= 2:  # the callers on one core, the two echoing processes on another
+            pin(os.getpid(), {cores[0]})
+            pin(zmq_ref.server.pid or 0, {cores[1]})
+            pin(cluster.pid(1), {cores[1]})
 
         async def our_rtt(n: int) -> list[float]:
             samples = []
@@ -176,36 +210,55 @@ async def bench_ours_and_zmq() -> tuple[dict[str, float], dict[str, float]]:
             return samples
 
         await our_rtt(200)
-        zmq_rtt: list[float] = []
-        our_rtts: list[float] = []
-        for _ in range(ROUNDS * 2):
-            zmq_rtt += zmq_ref.rtt(RTT_CALLS // (ROUNDS * 2))
-            our_rtts += await our_rtt(RTT_CALLS // (ROUNDS * 2))
         blob = os.urandom(MIB)
-        zmq_calls, our_calls, zmq_mib, our_mib = [], [], [], []
-        for _ in range(ROUNDS):
-            zmq_calls.append(PIPELINED_CALLS / zmq_ref.pipelined(PIPELINED_CALLS, WINDOW))
-            our_calls.append(PIPELINED_CALLS / await _window(echo.echo, PIPELINED_CALLS, WINDOW))
-            zmq_mib.append(MIB_CALLS * MIB / zmq_ref.pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9)
-            our_mib.append(
-                MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9
-            )
+        measures: dict[str, list[tuple[float, float]]] = {"rtt": [], "calls": [], "mib": []}
+        # Round trips in many short pairs (RTT_PAIR_CALLS calls an arm): the machine's state
+        # (a core's wake-up latency) shifts within seconds, and a short pair sees one state.
+        for pair in range(max(RTT_CALLS // RTT_PAIR_CALLS, 2)):
+            ref_rtt = lambda: statistics.median(zmq_ref.rtt(RTT_PAIR_CALLS))  # noqa: E731
+            if pair % 2:  # the order alternates, so neither arm always goes first
+                mine = statistics.median(await our_rtt(RTT_PAIR_CALLS))
+                measures["rtt"].append((ref_rtt(), mine))
+            else:
+                ref = ref_rtt()
+                measures["rtt"].append((ref, statistics.median(await our_rtt(RTT_PAIR_CALLS))))
+        for round_ in range(ROUNDS):
+
+            async def reference() -> tuple[float, float]:
+                return (
+                    PIPELINED_CALLS / zmq_ref.pipelined(PIPELINED_CALLS, WINDOW),
+                    MIB_CALLS * MIB / zmq_ref.pipelined(MIB_CALLS, MIB_WINDOW, blob) / 1e9,
+                )
+
+            async def ours() -> tuple[float, float]:
+                return (
+                    PIPELINED_CALLS / await _window(echo.echo, PIPELINED_CALLS, WINDOW),
+                    MIB_CALLS * MIB / await _window(lambda i: echo.size(blob), MIB_CALLS, MIB_WINDOW) / 1e9,
+                )
+
+            if round_ % 2:
+                mine_t, ref_t = await ours(), await reference()
+            else:
+                ref_t, mine_t = await reference(), await ours()
+            for key, r, o in zip(("calls", "mib"), ref_t, mine_t):
+                measures[key].append((r, o))
         stats = cluster.head.stats()
     zmq_ref.close()
-    median = statistics.median
+    pin(os.getpid(), set(cores))  # back on every core, for what runs after (Ray)
+    pairs = {key: paired(values) for key, values in measures.items()}
     zmq_r = {
-        "rtt_p50_us": median(zmq_rtt) * 1e6,
-        "calls_per_s": median(zmq_calls),
-        "mib_payload_gb_s": median(zmq_mib),
+        "rtt_p50_us": pairs["rtt"]["ref"] * 1e6,
+        "calls_per_s": pairs["calls"]["ref"],
+        "mib_payload_gb_s": pairs["mib"]["ref"],
     }
-    ours = {
-        "rtt_p50_us": median(our_rtts) * 1e6,
-        "calls_per_s": median(our_calls),
-        "mib_payload_gb_s": median(our_mib),
+    ours_r = {
+        "rtt_p50_us": pairs["rtt"]["ours"] * 1e6,
+        "calls_per_s": pairs["calls"]["ours"],
+        "mib_payload_gb_s": pairs["mib"]["ours"],
         "cluster_start_s": start_s,
         "lost_wakeups": stats.lost_wakeups,
     }
-    return zmq_r, ours
+    return zmq_r, ours_r, pairs
 
 
 # -- (c) Ray -----------------------------------------------------------------------------------
@@ -248,7 +301,7 @@ def bench_ray() -> dict[str, float] | str:
                 sent += 1
         return time.perf_counter() - t
 
-    n = PIPELINED_CALLS // 5  # Ray is ~20x slower; fewer calls keep the run short
+    n = PIPELINED_CALLS // 2  # Ray is ~20x slower; fewer calls keep the run short
     calls_s = n / pipelined(n, WINDOW, actor.echo.remote)
     blob = os.urandom(MIB)
     gb_s = MIB_CALLS * MIB / pipelined(MIB_CALLS, MIB_WINDOW, lambda i: actor.size.remote(blob)) / 1e9
@@ -273,8 +326,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        RTT_CALLS, PIPELINED_CALLS, MIB_CALLS, ROUNDS = 120, 2000, 16, 1
-    zmq_r, ours = rlasync.run(bench_ours_and_zmq())
+        RTT_CALLS, PIPELINED_CALLS, MIB_CALLS, ROUNDS = 400, 2000, 16, 2
+    zmq_r, ours, pairs = rlasync.run(bench_ours_and_zmq())
     ray_r = bench_ray() if not args.smoke else "left out of --smoke"
     rows = [("raw pyzmq (sync, ipc)", zmq_r), ("rlasync actors", ours)]
     if isinstance(ray_r, dict):
@@ -287,13 +340,24 @@ def main() -> None:
         )
     if not isinstance(ray_r, dict):
         print(f"Ray skipped: {ray_r}")
+    print(
+        "ours / raw pyzmq, the median of paired rounds (their number; the spread): "
+        + ", ".join(
+            f"{key} {p['ratio']:.3f} ({p['pairs']}; {p['spread'][0]}-{p['spread'][1]})"
+            for key, p in pairs.items()
+        )
+    )
     print(f"lost wake-ups rescued by the safety timer: {ours['lost_wakeups']}")
     result = {
         "rtt_p50_us": round(ours["rtt_p50_us"], 1),
-        "rtt_vs_zmq": round(ours["rtt_p50_us"] / zmq_r["rtt_p50_us"], 3),
+        "rtt_vs_zmq": round(pairs["rtt"]["ratio"], 3),
+        "rtt_vs_zmq_spread": pairs["rtt"]["spread"],
         "rtt_vs_ray": round(ours["rtt_p50_us"] / ray_r["rtt_p50_us"], 3) if isinstance(ray_r, dict) else None,
         "calls_per_s": round(ours["calls_per_s"]),
-        "calls_vs_zmq": round(ours["calls_per_s"] / zmq_r["calls_per_s"], 3),
+        "calls_vs_zmq": round(pairs["calls"]["ratio"], 3),
+        "calls_vs_zmq_spread": pairs["calls"]["spread"],
+        "mib_vs_zmq": round(pairs["mib"]["ratio"], 3),
+        "mib_vs_zmq_spread": pairs["mib"]["spread"],
         "calls_vs_ray": round(ours["calls_per_s"] / ray_r["calls_per_s"], 2)
         if isinstance(ray_r, dict)
         else None,
