@@ -119,7 +119,6 @@ class Peer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._link: SocketPump | None = None  # watch_link's monitor
         self.link_up = False  # watch_link: the connection is up (its handshake done, not dropped since)
-        self.link_down_since = self.loop.time()  # watch_link: loop time it was last dropped (or made)
 
     # -- unary calls ------------------------------------------------------------------------
     def call(
@@ -351,7 +350,7 @@ class Peer:
 
     # -- the link ---------------------------------------------------------------------------
     def watch_link(self) -> None:
-        """Follow this connection in libzmq's events (``link_up``, ``link_down_since``). ZeroMQ's
+        """Follow this connection in libzmq's events (``link_up``). ZeroMQ's
         heartbeats hold it up while the peer's process lives and the link holds, whatever the
         peer's event loop is doing, and drop it ``runtime.link_timeout_s`` after a PING went
         unanswered (a stopped process, a dead host, a cut link)."""
@@ -364,16 +363,12 @@ class Peer:
             event = parse_monitor_message([bytes(f.buffer) if hasattr(f, "buffer") else f for f in frames])
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.link_up = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED and self.link_up:
-                self.link_up, self.link_down_since = False, self.loop.time()
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.link_up = False
 
         self._link = SocketPump(
             monitor, on_event, recheck_s=self.context.config.io_recheck_s, loop=self.loop, batch=False
         )
-
-    def link_lost_for(self) -> float:
-        """Seconds this connection has been down (0 while up); needs ``watch_link``."""
-        return 0.0 if self.link_up else self.loop.time() - self.link_down_since
 
     # -- failure ----------------------------------------------------------------------------
     def mark_lost(self, error: NodeLostError) -> None:

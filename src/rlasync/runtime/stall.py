@@ -38,7 +38,6 @@ class LoopWatchdog:
         self.warn_after = warn_after
         self.setting = setting  # named in the warning, so the reader knows what to raise
         self.period = min(warn_after / 4, 0.25)
-        self.stalls = 0  # stalls reported so far
         self._last = time.monotonic()
         self._loop_thread = threading.get_ident()  # made on the loop's thread (``watch``)
         self._stop = threading.Event()
@@ -82,7 +81,6 @@ class LoopWatchdog:
                         self._others(),
                     )
                     continue
-                self.stalls += 1
                 log.warning(
                     "the event loop has been blocked for %.1fs by %s: calls, timers and replies on it wait "
                     "meanwhile; move blocking work to `await asyncio.to_thread(...)` (warned after %s=%g)",
@@ -170,8 +168,3 @@ def unwatch(loop: asyncio.AbstractEventLoop) -> None:
         return
     del _WATCHED[loop]
     dog.stop()
-
-
-def watchdog(loop: asyncio.AbstractEventLoop) -> LoopWatchdog | None:
-    """The watchdog of ``loop``, if one runs."""
-    return _WATCHED.get(loop, (None, 0))[0]
