@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, StreamEnd, StreamItem
+from ..transport.auth import monitor_event
 from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump, keep_alive
 from .context import NodeContext
@@ -360,10 +360,10 @@ class Peer:
         monitor = self.pump.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
 
         def on_event(frames: list[Any]) -> None:
-            event = parse_monitor_message([bytes(f.buffer) if hasattr(f, "buffer") else f for f in frames])
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            event, _ = monitor_event(frames)
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.link_up = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
+            elif event == zmq.EVENT_DISCONNECTED:
                 self.link_up = False
 
         self._link = SocketPump(

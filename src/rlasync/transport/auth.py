@@ -98,10 +98,16 @@ class AuthCounters:
 
     def on_monitor_event(self, frames: list[Any]) -> tuple[int, int]:
         """Count a failed handshake; return the event and its value (a descriptor, for most)."""
-        event = parse_monitor_message([bytes(f.buffer) if hasattr(f, "buffer") else f for f in frames])
-        if event["event"] & _HANDSHAKE_FAILURES:
+        event, value = monitor_event(frames)
+        if event & _HANDSHAKE_FAILURES:
             self.handshakes_failed += 1
-        return int(event["event"]), int(event["value"])
+        return event, value
+
+
+def monitor_event(frames: list[Any]) -> tuple[int, int]:
+    """A ZeroMQ monitor socket's message (frames as a pump reads them): the event and its value."""
+    event = parse_monitor_message([bytes(f.buffer) if hasattr(f, "buffer") else f for f in frames])
+    return int(event["event"]), int(event["value"])
 
 
 def monitor_events() -> int:
