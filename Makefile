@@ -36,7 +36,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 setup: $(STAMP)
 	@# Two things from apt, installed here as root with apt (CI; once): bubblewrap, the python tool's
-	@# sandbox (rlasync/tools/builtin.py), and Prometheus (prometheus, promtool), which
+	@# sandbox (rlasync/tools/sandbox/), and Prometheus (prometheus, promtool), which
 	@# tests/modes/test_prometheus.py runs the README's monitoring in. Elsewhere, or if that fails,
 	@# the tool needs `isolation: weaker` and that test is skipped.
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \

@@ -22,7 +22,7 @@ from rlasync.tools import (
     register_parser,
     registered_parsers,
 )
-from rlasync.tools import parsers as parsers_module
+from rlasync.tools.parsers import registry as parsers_module
 
 hermes = get_parser("hermes")
 harmony = get_parser("gpt-oss")

@@ -29,20 +29,22 @@ from rlasync.tools import (
     ToolCall,
     ToolContext,
     ToolResult,
-    builtin,
     run_tool_call,
     sandbox_layers,
 )
+from rlasync.tools import python as python_tool
+from rlasync.tools.sandbox import probe
+from rlasync.tools.sandbox.bwrap import sandbox_env
 
 pytestmark = pytest.mark.timeout(60)
 
 FULL = sandbox_layers() == {"namespaces", "cgroup"}
-ISOLATION: builtin.Isolation = (
+ISOLATION: python_tool.Isolation = (
     "strict" if FULL else "weaker"
 )  # where a layer is missing, the plain tests still run
 ROOT = os.geteuid() == 0
 needs_full_sandbox = pytest.mark.skipif(
-    not FULL, reason=f"this machine lacks sandbox layers ({sorted(builtin._machine().missing)})"
+    not FULL, reason=f"this machine lacks sandbox layers ({sorted(probe.machine().missing)})"
 )
 needs_root_sandbox = pytest.mark.skipif(
     not (FULL and ROOT), reason="needs root with bubblewrap and cgroups (what CI has)"
@@ -213,7 +215,7 @@ async def test_environment_is_minimal(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert result.text == "[]"
     names = await run("import os; print(sorted(os.environ))")
-    assert names.text == str(sorted(builtin._env("/x")))  # exactly what the tool sets, nothing of the node's
+    assert names.text == str(sorted(sandbox_env("/x")))  # exactly what the tool sets, nothing of the node's
 
 
 @pytest.mark.skipif(
@@ -287,7 +289,7 @@ async def test_concurrency_is_bounded_per_tool() -> None:
 @pytest.mark.skipif(not (ROOT and shutil.which("bwrap")), reason="CI's case: root with bubblewrap installed")
 def test_root_with_bubblewrap_gets_every_layer() -> None:
     # Guards the tests below: where CI should have the whole sandbox, they must not quietly skip.
-    assert sandbox_layers() == {"namespaces", "cgroup"}, builtin._machine().missing
+    assert sandbox_layers() == {"namespaces", "cgroup"}, probe.machine().missing
 
 
 @needs_root_sandbox
@@ -332,7 +334,7 @@ async def test_the_script_cannot_read_its_callers_environment() -> None:
     assert status == 0 and printed["ok"], printed
     text = str(printed["text"])
     assert text.startswith("refused:") and secret not in text and "RLASYNC_CLUSTER_SECRET" not in text, text
-    assert text.splitlines()[-1] == str(sorted(builtin._env("/x")))
+    assert text.splitlines()[-1] == str(sorted(sandbox_env("/x")))
 
 
 @needs_root_sandbox
@@ -459,10 +461,8 @@ async def test_without_any_layer_a_daemon_holding_the_output_cannot_stall_the_ca
 ) -> None:
     # The fallback with no namespace and no cgroup: nothing kills a setsid daemon, but the call
     # still ends with the script's main process (what is left in the pipe is read with a deadline).
-    monkeypatch.setattr(
-        builtin, "_MACHINE", builtin._Machine(missing={"namespaces": "test", "cgroup": "test"})
-    )
-    monkeypatch.setattr(builtin, "_warned_weaker", True)
+    monkeypatch.setattr(probe, "_MACHINE", probe.Machine(missing={"namespaces": "test", "cgroup": "test"}))
+    monkeypatch.setattr(python_tool, "_warned_weaker", True)
     result = await run(daemon_script(marker), wall_time_s=20, isolation="weaker")
     assert (result.ok, result.text) == (True, "main done")  # not a timeout
 
@@ -490,21 +490,21 @@ def test_strict_refuses_a_machine_without_every_layer_and_weaker_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     lacking = dataclasses.replace(
-        builtin._machine(),
+        probe.machine(),
         bwrap=None,
         setpriv=None,
         unshare=(),
         missing={"namespaces": "bubblewrap is not installed: `apt-get install bubblewrap`"},
     )
-    monkeypatch.setattr(builtin, "_MACHINE", lacking)
-    monkeypatch.setattr(builtin, "_warned_weaker", False)
+    monkeypatch.setattr(probe, "_MACHINE", lacking)
+    monkeypatch.setattr(python_tool, "_warned_weaker", False)
     assert sandbox_layers() == ({"cgroup"} if "cgroup" in lacking.layers else set())
     with pytest.raises(
         SandboxUnavailable, match=r"namespaces \(bubblewrap is not installed.*isolation=\"weaker\""
     ) as raised:
         PythonTool()
     assert "namespaces" in raised.value.missing
-    with caplog.at_level(logging.WARNING, logger=builtin.__name__):
+    with caplog.at_level(logging.WARNING, logger=python_tool.__name__):
         tool = PythonTool(isolation="weaker")
         PythonTool(isolation="weaker")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -520,18 +520,18 @@ def test_strict_refuses_a_machine_without_every_layer_and_weaker_warns_once(
 
 
 def test_a_run_config_opts_in_to_a_weaker_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlasync.compose.preflight import build_run_tools
     from rlasync.config import ConfigError, load_config
-    from rlasync.modes.parts import build_run_tools
 
     lacking = dataclasses.replace(
-        builtin._machine(),
+        probe.machine(),
         bwrap=None,
         setpriv=None,
         unshare=(),
         missing={"namespaces": "bubblewrap is not installed"},
     )
-    monkeypatch.setattr(builtin, "_MACHINE", lacking)
-    monkeypatch.setattr(builtin, "_warned_weaker", True)
+    monkeypatch.setattr(probe, "_MACHINE", lacking)
+    monkeypatch.setattr(python_tool, "_warned_weaker", True)
     strict = load_config(None, ["agent.tools=[python]"])
     with pytest.raises(
         ConfigError, match=r"agent.tools: .*namespaces.*`agent.tools: \{python: \{isolation: weaker\}\}`"

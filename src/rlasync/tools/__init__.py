@@ -35,7 +35,6 @@ from .base import (
     truncate_text,
     validate_arguments,
 )
-from .builtin import PythonRun, PythonTool, SandboxUnavailable, run_python, sandbox_layers
 from .calculator import CALCULATOR, CalculatorTool, calculator
 from .parsers import (
     HarmonyParser,
@@ -46,6 +45,8 @@ from .parsers import (
     register_parser,
     registered_parsers,
 )
+from .python import PythonTool
+from .sandbox import PythonRun, SandboxUnavailable, run_python, sandbox_layers
 from .tool_config import ToolConfigError, build_agent_tools, load_tool_config
 
 __all__ = [
