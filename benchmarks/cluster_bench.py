@@ -35,8 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlasync.compose.model_dir import model_dir_for
+from rlasync.compose.run import Run
 from rlasync.config import RuntimeConfig, load_config
-from rlasync.modes.parts import Run, model_dir_for
 from rlasync.runtime.spawner import fork_children
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ async def head_cpu_per_trajectory(
             "cluster.engines=[1, 2]",
             f"cluster.agent_loops={loops}",
             "engine.backend=sim",
-            f"engine.engine_kwargs={json.dumps(sim)}",
+            *[f"engine.{name}={value}" for name, value in sim.items()],
             "weights.transport=broadcast",
             *extra,
         ],

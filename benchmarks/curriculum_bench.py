@@ -128,10 +128,10 @@ from typing import Any
 
 import msgspec
 
+from rlasync.compose.warmstart import DEFAULT_SETTINGS, warm_start
 from rlasync.config import load_config
 from rlasync.data import Problem, make_problems
 from rlasync.modes import RunInterrupted, train
-from rlasync.modes.warmstart import DEFAULT_SETTINGS, warm_start
 from rlasync.rewards import RewardInput, register_reward
 
 ROOT = Path(__file__).resolve().parents[1]

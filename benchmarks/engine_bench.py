@@ -99,16 +99,14 @@ async def _timed(engine: object, prompts: list[list[int]], lengths: list[int]) -
 
 def vllm_child(model_dir: str, batch: int, repeats: int) -> None:
     """(In the vLLM environment) time vLLM on the same workload; print {"vllm_s": best}."""
-    from rlasync.config import EngineConfig
+    from rlasync.config import VLLMEngineConfig
     from rlasync.engines.vllm import VLLMEngine
 
     _, tok = load_pretrained_dir(model_dir)
     prompts, lengths = workload(tok)
 
     async def run() -> list[float]:
-        engine = await VLLMEngine.create(
-            EngineConfig(backend="vllm", model=model_dir, max_batch=batch, max_seq_len=1024)
-        )
+        engine = await VLLMEngine.create(VLLMEngineConfig(model=model_dir, max_batch=batch, max_seq_len=1024))
         engine.close = _no_close  # type: ignore[method-assign]  # one engine for every run
         await _timed(engine, prompts[:8], [4] * 8)  # warm-up: vLLM compiles on its first requests
         runs = [await _timed(engine, prompts, lengths) for _ in range(repeats)]

@@ -41,13 +41,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the nodes impo
 from actor_bench import Echo, _window
 
 import rlasync
+from rlasync.compose.model_dir import model_dir_for
+from rlasync.compose.telemetry import TARGETS_FILE
 from rlasync.config import RuntimeConfig, load_config
 from rlasync.config.cluster import with_node_modules
 from rlasync.metrics.plot import read_records
 from rlasync.models import build_tiny_lm, save_pretrained_dir
 from rlasync.modes import train
-from rlasync.modes.parts import model_dir_for
-from rlasync.modes.telemetry import TARGETS_FILE
 from rlasync.runtime.spawner import fork_children
 
 ROOT = Path(__file__).resolve().parents[1]

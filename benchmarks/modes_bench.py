@@ -290,8 +290,8 @@ def real_run(
 def real_runs(steps: int, repeats: int, *, smoke: bool = False) -> dict[str, float]:
     """Sync and fully async, alternating ``repeats`` times; the median pair's figures. From the
     quickstart's warm-started model; ``smoke``: from an untrained one, with ``REAL_SMOKE``."""
+    from rlasync.compose.warmstart import warm_start
     from rlasync.models import TinyLMConfig, build_tiny_lm, save_pretrained_dir
-    from rlasync.modes.warmstart import warm_start
 
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:

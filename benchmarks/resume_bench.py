@@ -106,7 +106,7 @@ def wal_append_cost(run_dir: Path, per_step: int, *, repeats: int = 20) -> float
     fsynced, as a log must before the work it records goes on."""
     import msgspec
 
-    from rlasync.modes.fully_async import InFlight
+    from rlasync.modes.rollouter import InFlight
 
     latest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     in_flight = msgspec.msgpack.decode((latest / "in_flight.msgpack").read_bytes(), type=InFlight)
@@ -160,8 +160,8 @@ def main() -> None:
     else:
         import asyncio
 
+        from rlasync.compose.model_dir import model_dir_for
         from rlasync.config import load_config
-        from rlasync.modes.parts import model_dir_for
 
         print("warm-starting the quickstart's model (once, for both runs)...", flush=True)
         config = load_config(CONFIG, [f"train.run_dir={work / 'warm'}"])

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import rlasync
 from rlasync.agents import ToolAgentLoop
+from rlasync.compose.warmstart import load_summary, warm_start
 from rlasync.config import AgentConfig
 from rlasync.data import loop_reward, make_problems
 from rlasync.engines import EngineActor, EngineConfig, Router, SamplingParams
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
-from rlasync.modes.warmstart import load_summary, warm_start
 from rlasync.tools import build_tools
 
 QUESTIONS = 6  # shown in full

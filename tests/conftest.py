@@ -149,7 +149,7 @@ def _warm_start_once(
 
     import msgspec
 
-    from rlasync.modes.warmstart import DEFAULT_SETTINGS, warm_start
+    from rlasync.compose.warmstart import DEFAULT_SETTINGS, warm_start
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

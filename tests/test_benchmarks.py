@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlasync.runtime.spawner import FORKED_SCRIPT
+from rlasync.runtime.forked_commands import FORKED_SCRIPT
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 # gpu_sync.sh needs two GPUs (it is the NCCL run of sync_bench.py, whose smoke runs here).

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlasync.runtime.spawner import FORKED_SCRIPT
+from rlasync.runtime.forked_commands import FORKED_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

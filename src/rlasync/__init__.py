@@ -43,28 +43,14 @@ if TYPE_CHECKING:
 
 # Loaded when first named (PEP 562): `rlasync` itself imports nothing heavy, so the command
 # line starts (and takes over Ctrl-C, rlasync.interrupts) before the runtime has loaded.
-_RUNTIME = (
-    "Actor",
-    "ActorError",
-    "ActorNotFound",
-    "ActorRef",
-    "CallRefused",
-    "CallTimeout",
-    "ClusterStartError",
-    "Forbidden",
-    "JoinError",
-    "LocalCluster",
-    "Node",
-    "NodeLostError",
-    "NotAnEndpoint",
-    "endpoint",
-)
-_LAZY = {**dict.fromkeys(_RUNTIME, ".runtime"), "RuntimeConfig": ".config", "new_secret": ".transport.auth"}
+_ELSEWHERE = {"RuntimeConfig": ".config", "new_secret": ".transport.auth", "run": ""}
+"""Where the lazily loaded names live, if not in ``rlasync.runtime`` (``run`` is defined here)."""
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    where = _ELSEWHERE.get(name, ".runtime")
+    if name in __all__ and where:
+        return getattr(importlib.import_module(where, __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

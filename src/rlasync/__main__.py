@@ -5,10 +5,10 @@ import sys
 
 
 def main() -> None:
-    # Where a spawner serves commands (the test suite's: rlasync.runtime.spawner), it runs this
-    # one forked with torch and transformers loaded, and this process stands in for it.
+    # Where a spawner serves commands (the test suite's: rlasync.runtime.forked_commands), it runs
+    # this one forked with torch and transformers loaded, and this process stands in for it.
     if os.environ.get("RLASYNC_FORK_COMMANDS"):
-        from rlasync.runtime.spawner import run_command
+        from rlasync.runtime.forked_commands import run_command
 
         code = run_command(sys.argv[1:], module="rlasync.__main__", entry="run")
         if code is not None:

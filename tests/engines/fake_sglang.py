@@ -55,7 +55,7 @@ from typing import Any, Literal
 import torch
 from transformers import DynamicCache
 
-from rlasync.config import EngineConfig
+from rlasync.config import SGLangEngineConfig
 from rlasync.engines.sglang import SGLangAPI, SGLangEngine, build_sglang
 from rlasync.models import load_pretrained_dir
 
@@ -659,8 +659,6 @@ async def make_fake_sglang_engine(
 ) -> SGLangEngine:
     """The SGLang adapter around the fake, built by the real factory (``build_sglang``).
     Seeds count (``enable_deterministic_inference``) unless ``server_args`` says otherwise."""
-    config = EngineConfig(
-        backend="sglang", model=model_dir, device="cuda", max_batch=max_batch, max_seq_len=max_seq_len
-    )
+    config = SGLangEngineConfig(model=model_dir, device="cuda", max_batch=max_batch, max_seq_len=max_seq_len)
     server_args.setdefault("enable_deterministic_inference", True)
     return await build_sglang(config, api=FAKE_API, **server_args)

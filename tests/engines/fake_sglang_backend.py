@@ -1,7 +1,8 @@
-"""The SGLang fake as the engine backend ``sglang-fake``: a node that imports this module
-(``runtime.preload_modules``) builds SGLang engines through the adapter's real factory
-(``build_sglang``) around the fake, from an ``EngineConfig`` as a run's placement made it.
-``SGLangInspector`` reads back, on that node, what the fake ``sglang.Engine`` was given."""
+"""The SGLang fake as the engine backend ``sglang``: a process that imports this module (a
+node, through ``runtime.preload_modules``) builds its ``sglang`` engines through the adapter's
+real factory (``build_sglang``) around the fake, from an ``SGLangEngineConfig`` as a run's
+placement made it. ``SGLangInspector`` reads back, on that node, what the fake
+``sglang.Engine`` was given."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from typing import Any
 from fake_sglang import FAKE_API
 
 from rlasync import Actor, endpoint
-from rlasync.config import EngineConfig
+from rlasync.config import SGLangEngineConfig
 from rlasync.engines import Engine, register_backend
 from rlasync.engines.sglang import build_sglang
 
 
-async def _build(config: EngineConfig) -> Engine:
+async def _build(config: SGLangEngineConfig) -> Engine:
     return await build_sglang(config, api=FAKE_API)
 
 
-register_backend("sglang-fake", _build)
+register_backend("sglang", _build)  # SGLang has no CPU build: the fake stands in
 
 
 class SGLangInspector(Actor):

@@ -18,7 +18,7 @@ import pytest_asyncio
 import torch
 from waiting import wait_until
 
-from rlasync.config import EngineConfig
+from rlasync.config import EngineConfig, VLLMEngineConfig
 from rlasync.engines import Engine, EngineError, GenerateRequest, SamplingParams, build_engine
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
 
@@ -42,9 +42,7 @@ async def _torch(model_dir: Path) -> Engine:
 
 
 async def _vllm(model_dir: Path) -> Engine:
-    return await build_engine(
-        EngineConfig(backend="vllm", model=str(model_dir), max_batch=16, max_seq_len=1024)
-    )
+    return await build_engine(VLLMEngineConfig(model=str(model_dir), max_batch=16, max_seq_len=1024))
 
 
 async def _fake_sglang(model_dir: Path) -> Engine:

@@ -256,6 +256,6 @@ async def test_bad_engine_configs_are_refused_clearly(tmp_path: Path) -> None:
         EngineActor()
     async with LocalCluster(nodes=2, config=FAST) as cluster:
         with pytest.raises(ActorError, match="engine.backend='nope'"):
-            await cluster.spawn(EngineActor, EngineConfig(backend="nope", model=str(tmp_path)), node=1)
+            await cluster.spawn(EngineActor, {"backend": "nope", "model": str(tmp_path)}, node=1)
         with pytest.raises(ActorError, match="no config.json"):
             await cluster.spawn(EngineActor, EngineConfig(model=str(tmp_path)), node=1)

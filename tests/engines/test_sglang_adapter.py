@@ -15,7 +15,7 @@ from fake_sglang import ContinueGenerationReqInput, PauseGenerationReqInput, mak
 from numerics import forward_rtol, rounding_close
 from waiting import wait_until
 
-from rlasync.config import EngineConfig
+from rlasync.config import SGLangEngineConfig
 from rlasync.engines import EngineError, GenerateOutput, GenerateRequest, SamplingParams
 from rlasync.engines.sglang import SGLangAPI, SGLangEngine, build_sglang, checkpoint_shapes, engine_kwargs
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
@@ -508,8 +508,7 @@ def test_importing_the_adapter_does_not_import_sglang() -> None:
 
 
 def test_engine_config_maps_to_sglang_server_args(model_dir: Path) -> None:
-    config = EngineConfig(
-        backend="sglang",
+    config = SGLangEngineConfig(
         model=str(model_dir),
         device="cuda:1",
         dtype="bfloat16",
@@ -528,8 +527,7 @@ def test_engine_config_maps_to_sglang_server_args(model_dir: Path) -> None:
         "context_length": 512,
         "tp_size": 1,
     }
-    gpu = EngineConfig(
-        backend="sglang",
+    gpu = SGLangEngineConfig(
         model="m",
         tensor_parallel_size=4,
         mem_fraction_static=0.7,
@@ -550,8 +548,8 @@ async def _real_engine(tmp_path: Path, **extra: Any) -> tuple[SGLangEngine, Any,
     # micro: head_dim 64, a size every SGLang attention kernel takes (nano's 32 may not be).
     model, tok = build_tiny_lm(TinyLMConfig.preset("micro", seed=3))
     folder = save_pretrained_dir(model, tok, tmp_path / "micro")
-    config = EngineConfig(
-        backend="sglang", model=str(folder), device="cuda", dtype="float32", max_batch=8, max_seq_len=1024
+    config = SGLangEngineConfig(
+        model=str(folder), device="cuda", dtype="float32", max_batch=8, max_seq_len=1024
     )
     engine = await build_sglang(
         config, mem_fraction_static=0.2, disable_cuda_graph=True, attention_backend="triton", **extra

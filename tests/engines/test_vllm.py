@@ -17,11 +17,12 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds its environment)")
 
 from rlasync import LocalCluster, RuntimeConfig  # noqa: E402
-from rlasync.config import EngineConfig  # noqa: E402
+from rlasync.compose.warmstart import run_episode  # noqa: E402
+from rlasync.config import VLLMEngineConfig  # noqa: E402
+from rlasync.config.engine import BACKENDS  # noqa: E402
 from rlasync.data import make_problems  # noqa: E402
 from rlasync.engines import EngineActor, Router  # noqa: E402
 from rlasync.models import load_pretrained_dir  # noqa: E402
-from rlasync.modes.warmstart import run_episode  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
@@ -39,7 +40,7 @@ async def test_quickstart_rollout_on_vllm_matches_the_torch_engine(calc_model: P
         for backend, node in (("vllm", 1), ("torch", 0)):
             engine = await cluster.spawn(
                 EngineActor,
-                EngineConfig(backend=backend, model=str(calc_model), max_seq_len=512),
+                BACKENDS[backend](model=str(calc_model), max_seq_len=512),
                 node=node,
                 name=backend,
             )
@@ -125,7 +126,7 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
         ]  # type: ignore[attr-defined]
         return [list(o.token_ids) for o in outs]
 
-    vllm_engine = await build_engine(EngineConfig(backend="vllm", model=str(calc_model), max_seq_len=512))
+    vllm_engine = await build_engine(VLLMEngineConfig(model=str(calc_model), max_seq_len=512))
     torch_engine = TorchEngine.from_pretrained(str(calc_model))
     before = await greedy(vllm_engine, "b")
     g = torch.Generator().manual_seed(0)
@@ -205,8 +206,7 @@ async def test_engine_settings_are_accepted_by_vllm(calc_model: Path) -> None:
 
     from rlasync.engines.vllm import engine_args
 
-    config = EngineConfig(
-        backend="vllm",
+    config = VLLMEngineConfig(
         model=str(calc_model),
         max_seq_len=512,
         max_batch=24,

@@ -11,17 +11,17 @@ import torch
 from safetensors.torch import load_file
 
 from rlasync.agents import ChatTurns
-from rlasync.data import make_problems
-from rlasync.engines import GenerateOutput, GenerateRequest
-from rlasync.models import build_tokenizer, load_pretrained_dir
-from rlasync.modes import warmstart as ws
-from rlasync.modes.warmstart import (
+from rlasync.compose import warmstart as ws
+from rlasync.compose.warmstart import (
     WarmStartSettings,
     encode_sft,
     load_summary,
     run_episode,
     warm_start,
 )
+from rlasync.data import make_problems
+from rlasync.engines import GenerateOutput, GenerateRequest
+from rlasync.models import build_tokenizer, load_pretrained_dir
 
 TINY = WarmStartSettings(
     batch_size=8,

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 
 from rlasync.agents import NoWorkerError
+from rlasync.compose.run import Run
 from rlasync.config import load_config
 from rlasync.engines import NoEngineError
 from rlasync.modes import train_fully_async, train_one_step_off, train_sync
-from rlasync.modes.parts import Run
 from rlasync.runtime.spawner import current_spawner
 from rlasync.trainer import RankLostError
 from rlasync.weights import SyncError

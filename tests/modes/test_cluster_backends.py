@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from rlasync import LocalCluster, RuntimeConfig
-from rlasync.config import EngineConfig, load_config
+from rlasync.compose.run import Run
+from rlasync.config import SGLangEngineConfig, load_config
 from rlasync.engines import EngineActor
 from rlasync.modes import train_sync
-from rlasync.modes.parts import Run
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
@@ -30,8 +30,7 @@ def _importable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_gpu_settings_reach_the_sglang_engine_on_its_node(nano_model_dir: Path) -> None:
     from fake_sglang_backend import SGLangInspector
 
-    config = EngineConfig(
-        backend="sglang-fake",
+    config = SGLangEngineConfig(
         model=str(nano_model_dir),
         device="cuda:1",
         tensor_parallel_size=2,
@@ -73,7 +72,7 @@ async def test_a_sync_run_trains_with_an_sglang_engine_on_a_node(
             "train.max_new_tokens=8",
             "train.val_size=4",
             "cluster.engines=[1]",
-            "engine.backend=sglang-fake",
+            "engine.backend=sglang",
             "engine.device=cuda",
             "engine.engine_kwargs={enable_deterministic_inference: true}",
             "runtime.join_timeout_s=60",

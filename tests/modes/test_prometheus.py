@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from waiting import wait_until_sync
 
+from rlasync.compose.telemetry import RunMetrics
 from rlasync.metrics import Staleness, StepRecord
-from rlasync.modes.telemetry import RunMetrics
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "launch" / "monitoring" / "prometheus.yml"

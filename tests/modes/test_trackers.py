@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from rlasync.compose.run import Run
 from rlasync.config import ConfigError, load_config
-from rlasync.modes.parts import Run
 
 ROOT = Path(__file__).parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

@@ -59,3 +59,41 @@ def test_unreadable_or_non_mapping_file(tmp_path: Path) -> None:
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(bad)
+
+
+def test_the_engine_section_is_its_backends_settings(tmp_path: Path) -> None:
+    from rlasync.config import EngineConfig, SimEngineConfig, VLLMEngineConfig
+
+    assert type(load_config().engine) is EngineConfig and load_config().engine.backend == "torch"
+    path = tmp_path / "vllm.yaml"
+    path.write_text("engine:\n  backend: vllm\n  gpu_memory_utilization: 0.5\n")
+    vllm = load_config(path, ["engine.engine_kwargs={max_num_batched_tokens: 2048}"]).engine
+    assert isinstance(vllm, VLLMEngineConfig) and vllm.gpu_memory_utilization == 0.5
+    assert vllm.engine_kwargs == {"max_num_batched_tokens": 2048}
+    sim = load_config(None, ["engine.backend=sim", "engine.scale=0.01", "engine.median=24"]).engine
+    assert sim == SimEngineConfig(scale=0.01, median=24)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["engine.backend=nope"],
+            "engine.backend='nope' is not an engine backend .*torch, vllm, sglang, sim",
+        ),
+        (
+            ["engine.gpu_memory_utilization=0.5"],
+            "`engine.gpu_memory_utilization` is a setting of engine.backend vllm, not of torch",
+        ),
+        (["engine.backend=sim", "engine.engine_kwargs={}"], "engine.backend vllm or sglang, not of sim"),
+        (
+            ["engine.backend=vllm", "engine.typo=1"],
+            "unknown field `engine.typo`; engine.backend vllm takes .*gpu_memory_utilization",
+        ),
+        (["engine.tensor_parallel_size=2"], "tensor_parallel_size > 1 needs engine.backend vllm or sglang"),
+        (["engine.backend=sim", "engine.scale=0"], "engine.scale"),
+    ],
+)
+def test_engine_mistakes_name_the_backend(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rlasync.config import ClusterConfig, Config
 from rlasync.launcher import HostsFileError, LaunchEnvError, from_env, parse_hosts, remote_command
-from rlasync.launcher.hosts import listen_addresses, placement_overrides
+from rlasync.launcher.hosts import HostRoles, host_roles, listen_addresses
 
 
 def test_hosts_file_lines_comments_keys_and_ipv6() -> None:
@@ -31,12 +32,15 @@ def test_hosts_file_lines_comments_keys_and_ipv6() -> None:
         "tcp://10.0.0.2:29700",
         "tcp://[fd00::3]:29600",
     ]
-    assert placement_overrides(hosts) == [
-        "cluster.engines=[1, 1, 2]",
-        "cluster.engines_per_node=0",
-        "cluster.trainer=[0, 0, 0, 0, 0, 0, 0, 0, 2]",
-        "trainer.world_size=9",
-    ]
+    roles = host_roles(hosts)
+    assert roles == HostRoles(engines=[1, 1, 2], trainer=[0, 0, 0, 0, 0, 0, 0, 0, 2])
+    placed = roles.apply(Config(cluster=ClusterConfig(engines_per_node=2)))  # the roles replace it
+    assert (
+        placed.cluster.engines,
+        placed.cluster.engines_per_node,
+        placed.cluster.trainer,
+        placed.trainer.world_size,
+    ) == ([1, 1, 2], 0, [0, 0, 0, 0, 0, 0, 0, 0, 2], 9)
 
 
 def test_nodes_sharing_an_address_take_the_next_ports_and_no_roles_leave_the_config_to_place() -> None:
@@ -46,7 +50,7 @@ def test_nodes_sharing_an_address_take_the_next_ports_and_no_roles_leave_the_con
         "tcp://127.0.0.1:29601",
         "tcp://127.0.0.1:29650",
     ]
-    assert placement_overrides(hosts) == []
+    assert host_roles(hosts) is None
 
 
 @pytest.mark.parametrize(
@@ -68,7 +72,7 @@ def test_nodes_sharing_an_address_take_the_next_ports_and_no_roles_leave_the_con
 )
 def test_hosts_file_mistakes_name_the_line(text: str, expected: str) -> None:
     with pytest.raises(HostsFileError, match=None) as info:
-        placement_overrides(parse_hosts(text, "hosts.txt"))
+        host_roles(parse_hosts(text, "hosts.txt"))
     assert expected in str(info.value)
 
 

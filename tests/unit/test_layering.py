@@ -24,13 +24,17 @@ LAYERS: list[set[str]] = [
     {"weights"},
     {"engines", "agents", "trainer", "launcher"},
     {"serving"},
+    {"compose"},
     {"modes"},
     {"cli", "__main__"},
 ]
 """Bottom to top. ``rlasync/__init__.py`` (the package's public face) may import any layer but
 ``cli``; ``weights`` is the library both ends of a weight transfer use (the trainer's sender,
 an engine's sink), so it sits under them rather than beside them; ``serving`` (the OpenAI
-endpoint and its loop) speaks to the engines for the agents, so it sits on both."""
+endpoint and its loop) speaks to the engines for the agents, so it sits on both; ``compose``
+(a run's parts, made from the config: where they run, the rows, checkpoints, records) sits on
+all the roles, and ``modes`` (the schedules, each only the order it drives those parts in) on
+it."""
 
 SIDEWAYS: dict[tuple[str, str], str] = {
     ("data", "rlasync.tools.calculator"): "the calc task's prompts offer the calculator's schema",
@@ -147,3 +151,83 @@ def test_config_loads_without_torch() -> None:
     assert done.returncode == 0, (
         f"importing rlasync.config loaded {done.stdout.strip()} {done.stderr[-2000:]}"
     )
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the ``rlasync`` modules it imports, at any depth (in functions, under
+    ``TYPE_CHECKING``): ``from p import m`` is an edge to the module ``p.m`` where ``m`` is one,
+    else to ``p`` (the package's ``__init__``, which that import runs)."""
+    edges: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        named = edges.setdefault(module, set())
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+                targets = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target.startswith("rlasync") and not _is_module(target):
+                    target = target.rpartition(".")[0]  # `import rlasync.x.name`: the module x
+                if target.startswith("rlasync") and target != module:
+                    named.add(target)
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                elif w in stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No circle of imports between modules, lazy and type-only imports included: a circle
+    makes import order matter and the modules in it one concept in several files."""
+    edges = _module_edges()
+    circles = _circles(edges)
+    shown = ["\n".join(f"  {m} -> {sorted(edges[m] & set(c))}" for m in c) for c in circles]
+    assert not circles, "import circles:\n" + "\n\n".join(shown)
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []

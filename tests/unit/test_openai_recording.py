@@ -74,7 +74,7 @@ def test_a_conversation_sent_back_is_found_and_an_edited_one_is_not() -> None:
 def test_further_samples_train_with_their_trajectorys_advantage() -> None:
     import torch
 
-    from rlasync.modes.parts import with_samples
+    from rlasync.compose.batch import with_samples
 
     a, b = (
         trajectory_of([call([1], [2])], response_length=8),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from rlasync.compose.placement import Placement
 from rlasync.config import ConfigError, load_config
-from rlasync.modes.placement import Placement
 
 ROOT = Path(__file__).parents[2]
 
@@ -90,11 +90,10 @@ def test_unknown_and_mistyped_cluster_settings_are_refused() -> None:
 
 def test_engine_settings_map_to_vllm_engine_arguments() -> None:
     """What GPU users set, as vLLM's ``AsyncEngineArgs`` (the vLLM tier checks vLLM accepts them)."""
-    from rlasync.config import EngineConfig
+    from rlasync.config import VLLMEngineConfig
     from rlasync.engines.vllm import engine_args
 
-    config = EngineConfig(
-        backend="vllm",
+    config = VLLMEngineConfig(
         model="m",
         device="cuda:2",
         max_batch=48,

@@ -265,13 +265,13 @@ class _StubRun:
         self.lines.append(record.as_dict())
 
     def stopped(self, record: StepRecord) -> Exception:
-        from rlasync.modes.parts import RunInterrupted
+        from rlasync.compose.result import RunInterrupted
 
         return RunInterrupted(record.step, record.checkpoint)
 
 
 async def _schedule(run: _StubRun, state: dict[str, Any], resume_from: Any = None) -> Any:
-    from rlasync.modes.parts import Steps
+    from rlasync.compose.schedule import Steps
 
     steps = Steps(run, state)  # type: ignore[arg-type]
     await steps.begin(resume_from)
@@ -303,7 +303,7 @@ async def test_steps_validate_checkpoint_write_and_give_the_result() -> None:
 
 
 async def test_steps_stop_at_the_end_of_the_step_asked_with_its_checkpoint() -> None:
-    from rlasync.modes.parts import RunInterrupted
+    from rlasync.compose.result import RunInterrupted
 
     run = _StubRun(10, checkpoint_every=100, stop_after=3)
     with pytest.raises(RunInterrupted) as stopped:
@@ -338,7 +338,7 @@ def test_rollouts_aggregate_a_steps_trajectories() -> None:
 
 
 def test_the_samplers_numbers_are_written_and_shown_to_prometheus() -> None:
-    from rlasync.modes.telemetry import RunMetrics
+    from rlasync.compose.telemetry import RunMetrics
 
     record = StepRecord(step=4, reward=0.5, sampler={"in_band": 0.25, "skipped": 7})
     assert record.as_dict() == {"step": 4, "reward": 0.5, "sampler/in_band": 0.25, "sampler/skipped": 7}

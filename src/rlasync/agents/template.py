@@ -107,7 +107,7 @@ class ChatTurns:
     ) -> list[int]:
         """The ids a model generates to say the assistant ``message`` after ``conversation``: the
         template's rendering of it, up to and including the turn end (what supervised
-        fine-tuning trains a model to produce, ``rlasync.modes.warmstart``)."""
+        fine-tuning trains a model to produce, ``rlasync.compose.warmstart``)."""
         before = self.render(conversation, tools=tools, generation_prompt=True)
         after = self.render([*conversation, message], tools=tools, generation_prompt=False)
         end = after.find(self.turn_end, len(before))

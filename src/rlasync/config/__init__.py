@@ -5,15 +5,24 @@ from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
 from .data import DataConfig
 from .endpoint import EndpointConfig
-from .engine import EngineConfig, RouterConfig
+from .engine import (
+    AnyEngineConfig,
+    EngineConfig,
+    RouterConfig,
+    SGLangEngineConfig,
+    SimEngineConfig,
+    VLLMEngineConfig,
+)
+from .errors import ConfigError
 from .launch import LaunchConfig
-from .loader import Config, ConfigError, convert, load_config
+from .loader import Config, convert, load_config
 from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
 
 __all__ = [
     "AgentConfig",
+    "AnyEngineConfig",
     "AsyncTrainingConfig",
     "ClusterConfig",
     "Config",
@@ -24,8 +33,11 @@ __all__ = [
     "LaunchConfig",
     "RouterConfig",
     "RuntimeConfig",
+    "SGLangEngineConfig",
+    "SimEngineConfig",
     "TrainConfig",
     "TrainerConfig",
+    "VLLMEngineConfig",
     "WeightsConfig",
     "convert",
     "load_config",

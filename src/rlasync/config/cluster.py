@@ -36,7 +36,7 @@ NodeRank = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """The placement of a run (``cluster.*``); ``rlasync.modes.Placement`` checks it as a whole."""
+    """The placement of a run (``cluster.*``); ``rlasync.compose.placement.Placement`` checks it as a whole."""
 
     nodes: NonNegativeInt = 0
     """Node processes of the run, the head included; 0: as many as the placement names (its

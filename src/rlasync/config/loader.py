@@ -20,17 +20,14 @@ from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
 from .data import DataConfig
-from .engine import EngineConfig, RouterConfig
+from .engine import AnyEngineConfig, EngineConfig, RouterConfig, engine_message, with_backend
+from .errors import ConfigError
 from .launch import LaunchConfig
 from .runtime import RuntimeConfig
 from .train import TrainConfig, TrainerConfig
 from .weights import WeightsConfig
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override is malformed; the message names the dotted path."""
 
 
 RENAMED = {"trainer.call_timeout_s": "trainer.operation_timeout_s"}
@@ -45,7 +42,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
-    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    engine: AnyEngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
@@ -114,6 +111,9 @@ def _set_dotted(tree: dict[str, Any], override: str) -> None:
 
 def convert(tree: Any, kind: type[T]) -> T:
     """Turn plain data into a typed config, or raise ConfigError naming the dotted path."""
+    whole = kind is Config and isinstance(tree, dict)
+    if whole and "engine" in tree:
+        tree = {**tree, "engine": with_backend(tree["engine"])}
     try:
         return msgspec.convert(tree, kind, strict=False)
     except msgspec.ValidationError as exc:
@@ -124,6 +124,8 @@ def convert(tree: Any, kind: type[T]) -> T:
             old = f"{unknown[2]}.{unknown[1]}"
             if old in RENAMED:
                 message = f"`{old}` was renamed to `{RENAMED[old]}`"
+        if whole:
+            message = engine_message(message, tree.get("engine"))
         raise ConfigError(f"invalid config: {message}") from None
 
 

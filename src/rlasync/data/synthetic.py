@@ -16,7 +16,7 @@ half-trained policy is *uncertain per problem*. Single-digit tables are memorise
 plus a 1-digit number, where the answer's tens digit depends on a carry (a rule shared by
 all problems rather than a per-problem fact), over 900 problems.
 
-No torch here: ``rlasync.modes.warmstart`` trains on these, the RL loop rewards with them.
+No torch here: ``rlasync.compose.warmstart`` trains on these, the RL loop rewards with them.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 ``EngineActor`` hosts any engine on a node; ``Router`` spreads requests over all of them.
 """
 
-from ..config.engine import EngineConfig, RouterConfig
-from .actor import EngineActor, build_engine, register_backend
+from ..config.engine import EngineConfig, RouterConfig, SGLangEngineConfig, SimEngineConfig, VLLMEngineConfig
+from .actor import EngineActor
+from .backends import build_engine, register_backend
 from .group import EngineGroup
 from .protocol import Engine, EngineError, EngineLostError
 from .router import EngineLoad, NoEngineError, Router, RouterBusyError, RouterStats
@@ -37,9 +38,12 @@ __all__ = [
     "RouterBusyError",
     "RouterConfig",
     "RouterStats",
+    "SGLangEngineConfig",
     "SamplingParams",
+    "SimEngineConfig",
     "TokenChunk",
     "TorchEngine",
+    "VLLMEngineConfig",
     "build_engine",
     "register_backend",
 ]

@@ -3,116 +3,28 @@
     engine = await cluster.spawn(EngineActor, EngineConfig(model="runs/nano"), node=1, name="engine-0")
     out = await engine.generate(GenerateRequest(request_id="r1", prompt_ids=ids))
 
-Which engine it builds comes from ``EngineConfig.backend``: a registry of async factories,
-``torch`` built in; the vLLM and SGLang adapters register theirs. A request whose caller
-goes away (cancelled, timed out, its node lost) is aborted in the engine, so no sequence
-keeps decoding for nobody.
+Which engine it builds comes from the config's ``backend`` (``build_engine``, in
+``engines.backends``). A request whose caller goes away (cancelled, timed out, its node lost)
+is aborted in the engine, so no sequence keeps decoding for nobody.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..config.engine import EngineConfig
-from ..registry import Registry
+from ..config.engine import EngineConfig, engine_settings
 from ..runtime import Actor, endpoint
 from ..weights.protocol import GroupAddress  # at import: weight_join's hint must resolve
-from .protocol import Engine, EngineError
+from .backends import build_engine
+from .protocol import Engine
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 if TYPE_CHECKING:
     from ..weights.sink import EngineWeights  # imported when first used: the weights layer sits below
-
-EngineFactory = Callable[[EngineConfig], Awaitable[Engine]]
-_BACKENDS = Registry[EngineFactory](
-    "engine backend",
-    unknown="engine.backend={name!r} is not a registered engine backend (known: {known})",
-    error=EngineError,
-)
-
-
-def register_backend(name: str, factory: EngineFactory) -> None:
-    """Make ``EngineConfig(backend=name)`` build its engine with ``await factory(config)``."""
-    _BACKENDS.register(name, factory)
-
-
-async def build_engine(config: EngineConfig) -> Engine:
-    if not config.model:
-        raise EngineError("engine.model is empty: set it to a Hugging Face model folder on the engine's node")
-    return await _BACKENDS.get(config.backend)(config)
-
-
-async def _build_torch(config: EngineConfig) -> Engine:
-    from .torch_engine import TorchEngine
-
-    def load() -> Engine:
-        import torch
-
-        dtype = None if config.dtype == "auto" else getattr(torch, config.dtype)
-        return TorchEngine.from_pretrained(
-            config.model,
-            device=config.device,
-            dtype=dtype,
-            max_batch=config.max_batch,
-            max_seq_len=config.max_seq_len or None,
-            seed=config.seed,
-            cpu_threads=config.cpu_threads,
-        )
-
-    # Loading weights blocks for seconds: off the event loop, so the node keeps answering.
-    return await asyncio.to_thread(load)
-
-
-async def _build_vllm(config: EngineConfig) -> Engine:
-    from .vllm import VLLMEngine  # imports vLLM: only when selected
-
-    return await VLLMEngine.create(config)
-
-
-async def _build_sglang(config: EngineConfig) -> Engine:
-    from .sglang import build_sglang  # imports SGLang only when it builds one
-
-    return await build_sglang(config)
-
-
-async def _build_sim(config: EngineConfig) -> Engine:
-    """A simulated GPU (``SimEngine``: decoding time from a model, no network) on the wall
-    clock, for planning and for measuring the runtime without model compute. Its settings come
-    from ``engine.engine_kwargs``: ``base_s``, ``per_seq_s`` (a step of ``b`` sequences takes
-    ``base_s + per_seq_s * b``), ``median``, ``sigma``, ``cap`` (log-normal response lengths),
-    ``token_block`` and ``scale`` (wall seconds per simulated second)."""
-    from .sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
-
-    options = dict(config.engine_kwargs)
-
-    def take(*names: str) -> dict[str, Any]:
-        return {name: options.pop(name) for name in names if name in options}
-
-    try:
-        clock = SimClock(scale=msgspec.convert(options.pop("scale", 1.0), float, strict=False))
-        latency = msgspec.convert(
-            {**take("base_s", "per_seq_s"), "max_batch": config.max_batch}, LatencyModel, strict=False
-        )
-        lengths = msgspec.convert(take("median", "sigma", "cap"), LogNormalLengths, strict=False)
-        token_block = msgspec.convert(options.pop("token_block", 1), int, strict=False)
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise EngineError(f"engine.engine_kwargs of the sim backend: {exc}") from None
-    if options:
-        raise EngineError(
-            f"engine.engine_kwargs: the sim backend takes base_s, per_seq_s, median, sigma, cap, token_block, scale; not {sorted(options)}"
-        )
-    return SimEngine(clock, latency, lengths, token_block=token_block)
-
-
-register_backend("torch", _build_torch)
-register_backend("sim", _build_sim)
-register_backend("vllm", _build_vllm)
-register_backend("sglang", _build_sglang)
 
 
 class EngineActor(Actor):
@@ -125,7 +37,7 @@ class EngineActor(Actor):
         if (config is None) == (engine is None):
             raise ValueError("EngineActor needs exactly one of `config` (an EngineConfig) or `engine`")
         # Arguments of a remote spawn arrive as plain data: rebuild the Struct (and check it).
-        self.config = msgspec.convert(config, EngineConfig) if isinstance(config, dict) else config
+        self.config = engine_settings(config) if isinstance(config, dict) else config
         self.engine: Engine | None = engine
         self._weights: EngineWeights | None = None  # on the first weight_attach
         self._pauses = 0  # pause() calls, and the seconds between each and its resume()

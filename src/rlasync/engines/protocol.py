@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Container, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 
 class EngineError(RuntimeError):
@@ -32,6 +32,27 @@ async def until_finished(queue: asyncio.Queue[TokenChunk | BaseException]) -> As
         yield item
         if item.finish_reason is not None:
             return
+
+
+async def collect(request: GenerateRequest, chunks: AsyncIterator[TokenChunk]) -> GenerateOutput:
+    """``generate`` of an engine whose output is its stream's chunks put together."""
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    finish: FinishReason = "abort"
+    async for chunk in chunks:
+        tokens += chunk.token_ids
+        logprobs += chunk.logprobs
+        versions += chunk.versions
+        finish = chunk.finish_reason or finish
+    return GenerateOutput(
+        request_id=request.request_id,
+        prompt_ids=list(request.prompt_ids),
+        token_ids=tokens,
+        logprobs=logprobs,
+        versions=versions,
+        finish_reason=finish,
+    )
 
 
 async def wait_until_idle(idle: asyncio.Event, timeout: float | None) -> None:

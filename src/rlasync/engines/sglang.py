@@ -1,6 +1,6 @@
 """The SGLang engine behind the Engine protocol: an in-process ``sglang.Engine``, token-in/token-out.
 
-    engine = await build_sglang(EngineConfig(backend="sglang", model="runs/micro", device="cuda"))
+    engine = await build_sglang(SGLangEngineConfig(model="runs/micro", device="cuda"))
     out = await engine.generate(GenerateRequest(request_id="r1", prompt_ids=ids))
 
 Written against SGLang's own source: ``python/sglang/srt/entrypoints/engine.py``,
@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.engine import EngineConfig
+from ..config.engine import SGLangEngineConfig
 from .meter import TokenRate
 from .protocol import EngineError, until_finished
 from .types import (
@@ -586,8 +586,8 @@ def kv_pool_bytes(engine: Any) -> int:
         return 0
 
 
-def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
-    """``sglang.Engine`` arguments (its ``ServerArgs`` fields) for an ``EngineConfig``:
+def engine_kwargs(config: SGLangEngineConfig) -> dict[str, Any]:
+    """``sglang.Engine`` arguments (its ``ServerArgs`` fields) for an ``SGLangEngineConfig``:
     ``max_batch`` is ``max_running_requests``, ``tensor_parallel_size`` is ``tp_size``,
     ``cuda:N`` is ``base_gpu_id``; ``engine_kwargs`` (any other ``ServerArgs`` field) last."""
     device, _, index = config.device.partition(":")
@@ -609,7 +609,9 @@ def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
     return {**kwargs, **config.engine_kwargs}
 
 
-async def build_sglang(config: EngineConfig, *, api: SGLangAPI | None = None, **extra: Any) -> SGLangEngine:
+async def build_sglang(
+    config: SGLangEngineConfig, *, api: SGLangAPI | None = None, **extra: Any
+) -> SGLangEngine:
     """An ``SGLangEngine`` for ``config`` (the ``sglang`` backend's factory). ``extra`` goes to
     ``sglang.Engine`` as is: ``mem_fraction_static``, ``enable_memory_saver``,
     ``enable_deterministic_inference`` (per-request seeds), ``attention_backend``, ...

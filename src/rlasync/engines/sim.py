@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from .protocol import EngineError, until_finished, wait_until_idle
+from .protocol import EngineError, collect, until_finished, wait_until_idle
 from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 
@@ -296,21 +296,7 @@ class SimEngine:
                 self._waiting.remove(seq)
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        tokens: list[int] = []
-        versions: list[int] = []
-        finish: FinishReason = "abort"
-        async for chunk in self.generate_stream(request):
-            tokens += chunk.token_ids
-            versions += chunk.versions
-            finish = chunk.finish_reason or finish
-        return GenerateOutput(
-            request_id=request.request_id,
-            prompt_ids=list(request.prompt_ids),
-            token_ids=tokens,
-            logprobs=[-1.0] * len(tokens),
-            versions=versions,
-            finish_reason=finish,
-        )
+        return await collect(request, self.generate_stream(request))
 
     async def abort(self, request_id: str) -> bool:
         if request_id in self._running:

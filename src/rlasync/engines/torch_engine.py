@@ -30,57 +30,10 @@ from .batch import KVBatch
 from .meter import TokenRate
 from .protocol import EngineError, check_request, until_finished, wait_until_idle
 from .sampling import sample, uniforms
-from .types import (
-    EngineStats,
-    FinishReason,
-    GenerateOutput,
-    GenerateRequest,
-    PauseMode,
-    RequestProgress,
-    TokenChunk,
-)
+from .torch_sequence import SequenceEvent, TorchSequence
+from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 log = logging.getLogger(__name__)
-
-# What the worker hands to the event loop: a chunk for one request's caller.
-_Event = tuple["_Sequence", TokenChunk]
-_NO_TOKEN: list[Any] = []
-
-
-class _Sequence(RequestProgress):
-    """A request in the torch engine. Its tokens, logprobs and versions are written by the
-    worker thread only, and never again once it has ended; ``finish`` is set by the event
-    loop when the caller is told it ended."""
-
-    __slots__ = ("stream", "queue", "stop_ids")
-
-    def __init__(self, request: GenerateRequest, eos: int | None, stream: bool) -> None:
-        super().__init__(request)
-        self.stream = stream  # a streaming caller gets a chunk per token; others one at the end
-        self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
-        stop = set(request.params.stop_token_ids)
-        if eos is not None and not request.params.ignore_eos:
-            stop.add(eos)
-        self.stop_ids = stop
-
-    def end(self, reason: FinishReason, version: int) -> _Event:
-        """(worker) The last chunk: the final token for a stream, and the finish reason."""
-        if self.stream and reason != "abort":
-            last = TokenChunk(
-                request_id=self.request.request_id,
-                token_ids=self.tokens[-1:],
-                logprobs=self.logprobs[-1:],
-                versions=[version],
-                finish_reason=reason,
-            )
-            return self, last
-        return self, TokenChunk(
-            request_id=self.request.request_id,
-            token_ids=_NO_TOKEN,
-            logprobs=_NO_TOKEN,
-            versions=_NO_TOKEN,
-            finish_reason=reason,
-        )
 
 
 class TorchEngine:
@@ -110,18 +63,18 @@ class TorchEngine:
         # Shared between the loop and the worker, under _lock.
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
-        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._waiting: collections.deque[TorchSequence] = collections.deque()
         self._aborts: set[str] = set()
         self._commands: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._paused = False
         self._frozen = False
         self._stop = False
         # Owned by the worker thread.
-        self._rows: list[_Sequence] = []  # running, in batch row order
-        self._events: list[_Event] = []  # requests ended by commands, delivered with the next step
+        self._rows: list[TorchSequence] = []  # running, in batch row order
+        self._events: list[SequenceEvent] = []  # requests ended by commands, delivered with the next step
         self._version = 0
         # Owned by the event loop.
-        self._by_id: dict[str, _Sequence] = {}
+        self._by_id: dict[str, TorchSequence] = {}
         self._finished = 0
         self._running = 0  # rows after the last delivered step
         self._idle = asyncio.Event()
@@ -141,7 +94,7 @@ class TorchEngine:
         return cls(model, **kwargs)
 
     # -- requests ---------------------------------------------------------------------------
-    def _submit(self, request: GenerateRequest, stream: bool = False) -> _Sequence:
+    def _submit(self, request: GenerateRequest, stream: bool = False) -> TorchSequence:
         if self._closed:
             raise EngineError("the engine is closed")
         check_request(
@@ -151,7 +104,7 @@ class TorchEngine:
             running=self._by_id,
         )
         self._start()
-        seq = _Sequence(request, self.eos, stream)
+        seq = TorchSequence(request, self.eos, stream)
         self._by_id[request.request_id] = seq
         with self._lock:
             self._waiting.append(seq)
@@ -200,7 +153,7 @@ class TorchEngine:
             await self._command(lambda: None)  # returns between two steps, with no step after
             return []
         if mode == "abort":
-            running: list[_Sequence] = await self._command(self._abort_running)
+            running: list[TorchSequence] = await self._command(self._abort_running)
             return [seq.output() for seq in running]
         await self._command(lambda: None)  # a step boundary: what it reported is current
         await wait_until_idle(self._idle, timeout)
@@ -312,7 +265,7 @@ class TorchEngine:
 
     def _deliver(
         self,
-        events: list[_Event],
+        events: list[SequenceEvent],
         running: int,
         results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
     ) -> None:
@@ -337,7 +290,7 @@ class TorchEngine:
                 else:
                     future.set_result(result)
 
-    def _fail(self, seqs: list[_Sequence], error: BaseException) -> None:
+    def _fail(self, seqs: list[TorchSequence], error: BaseException) -> None:
         for seq in seqs:
             if seq.finish is None:
                 seq.finish = "abort"
@@ -376,7 +329,7 @@ class TorchEngine:
                 aborts, self._aborts = self._aborts, set()
                 stop = self._stop
                 frozen = self._frozen and not stop
-                admit: list[_Sequence] = []
+                admit: list[TorchSequence] = []
                 if aborts:
                     for seq in [s for s in self._waiting if s.request.request_id in aborts]:
                         self._waiting.remove(seq)
@@ -401,7 +354,7 @@ class TorchEngine:
                     ]
                     self._batch.keep(keep)
                     self._rows = [self._rows[i] for i in keep]
-            failed: list[_Sequence] = []
+            failed: list[TorchSequence] = []
             error: BaseException | None = None
             if (self._rows or admit) and not frozen:
                 try:
@@ -428,7 +381,7 @@ class TorchEngine:
             if stop:
                 return
 
-    def _abort_running(self) -> list[_Sequence]:
+    def _abort_running(self) -> list[TorchSequence]:
         """(worker) End every running request now; they are returned as partials."""
         running, self._rows = self._rows, []
         self._batch.keep([])
@@ -443,7 +396,7 @@ class TorchEngine:
             waiting, self._waiting = list(self._waiting), collections.deque()
         self._events += [seq.end("abort", self._version) for seq in waiting]
 
-    def _uniforms(self, seqs: list[_Sequence]) -> torch.Tensor:
+    def _uniforms(self, seqs: list[TorchSequence]) -> torch.Tensor:
         """(worker) The number each row samples its next token from: a seeded request's is
         fixed by its seed and the position of that token (``sampling.seeded_uniform``)."""
         seeds = [
@@ -454,10 +407,10 @@ class TorchEngine:
         ]
         return uniforms(seeds, self._generator)
 
-    def _step(self, admit: list[_Sequence]) -> list[_Event]:
+    def _step(self, admit: list[TorchSequence]) -> list[SequenceEvent]:
         """(worker) One engine step: decode the running rows, prefill the newcomers."""
         rows = list(self._rows)
-        picked: list[tuple[_Sequence, int, float]] = []
+        picked: list[tuple[TorchSequence, int, float]] = []
         if rows:
             logits = self._batch.decode(self.model)
             tokens, logprobs = sample(logits, [s.request.params for s in rows], self._uniforms(rows))
@@ -471,7 +424,7 @@ class TorchEngine:
             rows += admit
         # Record the tokens, and decide who is done now, so the batch shrinks before the next step.
         version = self._version
-        events: list[_Event] = []
+        events: list[SequenceEvent] = []
         keep = []
         positions = self._batch.pos.tolist()
         for i, (seq, token, logprob) in enumerate(picked):
@@ -485,17 +438,7 @@ class TorchEngine:
             else:
                 keep.append(i)
                 if seq.stream:
-                    events.append(
-                        (
-                            seq,
-                            TokenChunk(
-                                request_id=seq.request.request_id,
-                                token_ids=[token],
-                                logprobs=[logprob],
-                                versions=[version],
-                            ),
-                        )
-                    )
+                    events.append(seq.token(token, logprob, version))
         self._rate.add(len(picked))
         self._rows = rows
         if len(keep) < len(rows):

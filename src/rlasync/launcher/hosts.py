@@ -23,7 +23,7 @@ from typing import Literal
 
 import msgspec
 
-from ..config import ConfigError
+from ..config import Config, ConfigError
 from ..runtime.address import tcp_address
 
 Role = Literal["engine", "trainer"]
@@ -148,11 +148,29 @@ def _address(value: str, where: str, key: str) -> str:
     return value
 
 
-def placement_overrides(hosts: list[Host]) -> list[str]:
-    """The ``cluster.*`` (and ``trainer.world_size``) overrides the hosts' roles make; none when
-    no host names roles (the config's ``cluster`` section places the run)."""
+class HostRoles(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the hosts file's roles place the run: the ``cluster`` section it replaces."""
+
+    engines: list[int]
+    """The node (host line, the head 0) of each engine replica."""
+    trainer: list[int]
+    """The node of each trainer rank, in rank order."""
+
+    def apply(self, config: Config) -> Config:
+        """``config`` placed by these roles: its engines and trainer ranks on these nodes (no
+        ``engines_per_node``), and as many trainer ranks as they place."""
+        cluster = msgspec.structs.replace(
+            config.cluster, engines=list(self.engines), engines_per_node=0, trainer=list(self.trainer)
+        )
+        trainer = msgspec.structs.replace(config.trainer, world_size=len(self.trainer))
+        return msgspec.structs.replace(config, cluster=cluster, trainer=trainer)
+
+
+def host_roles(hosts: list[Host]) -> HostRoles | None:
+    """The placement the hosts' roles make; None when no host names roles (the config's
+    ``cluster`` section places the run)."""
     if not any(h.roles for h in hosts):
-        return []
+        return None
     engines = [rank for rank, h in enumerate(hosts) for _ in range(h.engine_count)]
     trainer = [rank for rank, h in enumerate(hosts) for _ in range(h.trainer_count)]
     if not engines or not trainer:
@@ -160,12 +178,7 @@ def placement_overrides(hosts: list[Host]) -> list[str]:
         raise HostsFileError(
             f"no host has the {missing} role: add roles={missing} to a line (a run needs both roles somewhere)"
         )
-    return [
-        f"cluster.engines={engines}",
-        "cluster.engines_per_node=0",
-        f"cluster.trainer={trainer}",
-        f"trainer.world_size={len(trainer)}",
-    ]
+    return HostRoles(engines=engines, trainer=trainer)
 
 
 def listen_addresses(hosts: list[Host], base_port: int) -> list[str]:

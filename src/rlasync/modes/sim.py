@@ -17,11 +17,13 @@ from typing import Any
 import msgspec
 import torch
 
+from ..compose.fleet import make_fleet
+from ..compose.result import TrainResult
+from ..compose.run import Run
 from ..config import ClusterConfig, Config
 from ..engines import EngineGroup
 from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
 from ..weights import SyncReport
-from .parts import Run, TrainResult
 
 
 class SimTrainer:
@@ -81,8 +83,8 @@ class SimSync:
 
 class SimCluster:
     """``engines`` simulated GPUs, a simulated trainer of ``trainer_gpus`` GPUs and the modelled
-    sync: the stand-ins ``Run.open(config, simulated=...)`` composes like real parts (engine
-    actors on the head behind the real router, an agent-loop worker beside them)."""
+    sync: the stand-ins ``make_fleet(simulated=...)`` composes like real parts (engine actors
+    on the head behind the real router, an agent-loop worker beside them: ``compose.sim_fleet``)."""
 
     def __init__(
         self,
@@ -139,7 +141,7 @@ async def train_run(
     from . import train_fully_async, train_one_step_off, train_sync
 
     config = simulated_config(config)
-    run = await Run.open(config, simulated=cluster)
+    run = await Run.open(config, fleet=make_fleet(simulated=cluster))
     schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[
         config.train.mode
     ]

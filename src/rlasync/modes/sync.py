@@ -21,74 +21,60 @@ The trainer is a ``TrainerActor``: ``trainer.world_size`` data-parallel rank pro
 
 from __future__ import annotations
 
-import asyncio
 import time
+from pathlib import Path
 
-from ..config import Config
+from ..compose.result import RunInterrupted, TrainResult
+from ..compose.run import Run
+from ..compose.schedule import Schedule, Steps
 from ..metrics import Staleness, StepRecord, Weights
-from .parts import OnStep, Run, RunInterrupted, Steps, TrainResult, checkpoint_to_resume
 
 
-async def train_sync(
-    config: Config,
-    *,
-    resume: bool = False,
-    on_step: OnStep = None,
-    run: Run | None = None,
-    stop: asyncio.Event | None = None,
-) -> TrainResult:
+@Schedule
+async def train_sync(run: Run, steps: Steps, resume_from: Path | None) -> None:
     """Run the schedule above; with ``resume``, continue from the newest checkpoint in
     ``train.run_dir`` exactly as if the run had not stopped. ``run``: parts made elsewhere
-    (``Run.from_parts``, e.g. the simulation's), else they are built from ``config``. ``stop``:
+    (``Run.open``, e.g. the simulation's), else they are built from ``config``. ``stop``:
     set, the run ends the step in progress and raises ``RunInterrupted``.
 
     Shutdown order, after the last step or on an error: close the metrics file, drop the
     weight group, stop the trainer's ranks, then the engine."""
-    cfg = config.train
-    resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
-    run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
-    steps = Steps(run, state, on_step)
-    try:
-        await steps.begin(resume_from)
-        for step in steps:
-            t0 = time.perf_counter()
-            uses, rows = run.draw(cfg.prompts_per_step)
-            trajectories = await run.rollout(rows, name=f"step{step}")
-            if cfg.dynamic_sampling:  # only groups with signal, refilled
-                uses, trajectories, sampling = await run.with_signal(uses, trajectories, name=f"step{step}")
-                run.sampled(sampling)
-            t1 = time.perf_counter()
-            batch, train_batch = run.train_batch(trajectories)
-            groups = [
-                trajectories[i : i + cfg.group_size] for i in range(0, len(trajectories), cfg.group_size)
-            ]
-            run.learned(uses, groups)
-            train_metrics = await run.trainer.step(train_batch, temperature=cfg.temperature)
-            synced = await run.synchronizer.sync(step)
-            t2 = time.perf_counter()
-            record = StepRecord(
-                step=step,
-                reward=float(batch.rewards.mean()),
-                rollout_s=t1 - t0,
-                train_s=t2 - t1,
-                response_tokens=int(batch.response_mask.sum()),
-                response_len_max=int(batch.response_mask.sum(-1).max()),
-                train=train_metrics,
-                weights=Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s),
-                data_rows=uses,
-                # Measured as the asynchronous modes measure them: 0 versions behind (trained at
-                # the version that generated them); the trainer waits out the rollout, the
-                # engine waits out training and the weight sync.
-                staleness=Staleness.of(groups, version=step - 1),
-                trainer_idle_ratio=(t1 - t0) / (t2 - t0),
-                rollouter_idle_ratio=(t2 - t1) / (t2 - t0),
-            )
-            if steps.validating(step):
-                await steps.validate(record)
-            await steps.end(record, version=step)
-    finally:
-        await run.close()
-    return steps.result()
+    cfg = run.config.train
+    await steps.begin(resume_from)
+    for step in steps:
+        t0 = time.perf_counter()
+        uses, rows = run.draw(cfg.prompts_per_step)
+        trajectories = await run.rollout(rows, name=f"step{step}")
+        if cfg.dynamic_sampling:  # only groups with signal, refilled
+            uses, trajectories, sampling = await run.with_signal(uses, trajectories, name=f"step{step}")
+            run.sampled(sampling)
+        t1 = time.perf_counter()
+        batch, train_batch = run.train_batch(trajectories)
+        groups = [trajectories[i : i + cfg.group_size] for i in range(0, len(trajectories), cfg.group_size)]
+        run.learned(uses, groups)
+        train_metrics = await run.trainer.step(train_batch, temperature=cfg.temperature)
+        synced = await run.synchronizer.sync(step)
+        t2 = time.perf_counter()
+        record = StepRecord(
+            step=step,
+            reward=float(batch.rewards.mean()),
+            rollout_s=t1 - t0,
+            train_s=t2 - t1,
+            response_tokens=int(batch.response_mask.sum()),
+            response_len_max=int(batch.response_mask.sum(-1).max()),
+            train=train_metrics,
+            weights=Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s),
+            data_rows=uses,
+            # Measured as the asynchronous modes measure them: 0 versions behind (trained at
+            # the version that generated them); the trainer waits out the rollout, the
+            # engine waits out training and the weight sync.
+            staleness=Staleness.of(groups, version=step - 1),
+            trainer_idle_ratio=(t1 - t0) / (t2 - t0),
+            rollouter_idle_ratio=(t2 - t1) / (t2 - t0),
+        )
+        if steps.validating(step):
+            await steps.validate(record)
+        await steps.end(record, version=step)
 
 
 __all__ = ["RunInterrupted", "TrainResult", "train_sync"]

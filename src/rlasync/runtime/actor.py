@@ -46,7 +46,7 @@ from typing import (
 import msgspec
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .host import Host
 
 log = logging.getLogger(__name__)
 
@@ -217,10 +217,11 @@ def endpoints_of(cls: type) -> dict[str, _EndpointBase]:
 class Actor:
     """Base class of actors. Subclass it, mark methods with ``@endpoint``, spawn it on a node.
 
-    The hosting node sets ``self.node`` and ``self.name`` before ``on_start`` runs.
+    The hosting node sets ``self.node`` (what an actor may ask of it: ``host.Host``) and
+    ``self.name`` before ``on_start`` runs.
     """
 
-    node: Node
+    node: Host
     name: str
 
     async def on_start(self) -> None:

@@ -8,7 +8,7 @@ This process is the head (node-0); ``nodes - 1`` child processes are nodes 1..N-
 children talk over Unix sockets in a private directory (``runtime.transport: ipc``) or
 over loopback TCP authenticated with a fresh cluster secret (``tcp``). Leaving the block
 stops the children (politely, then SIGKILL after ``runtime.shutdown_timeout_s``) and the
-head. The children die with this process (``runtime.process``), and one that exits while the
+head. The children die with this process (``runtime.lifeline``), and one that exits while the
 cluster runs is declared dead at once.
 """
 

@@ -159,3 +159,18 @@ class HasContext(Protocol):
 
     @property
     def context(self) -> NodeContext: ...
+
+
+class NodeView(HasContext, Protocol):
+    """A node as each part it is made of (``calls``, ``joining``, ``children``) sees it at the
+    least: which node it is, its settings, its loop and context, and whether it is stopping
+    (it starts nothing new then). Each part's protocol adds what that part needs besides."""
+
+    node_id: str
+    config: RuntimeConfig
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def stopping(self) -> bool: ...

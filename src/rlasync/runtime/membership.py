@@ -5,7 +5,8 @@ to it, and register actor names with it. A node silent for ``runtime.node_dead_a
 is declared dead: the head pushes that news to every live node at once (and repeats it in
 heartbeat replies), and each node fails its pending calls to the dead one with
 ``NodeLostError``. Every node hosts a ``NodeService`` as ``_node`` for spawning, stats and
-shutdown.
+shutdown. Both see their node as a ``ServiceHost``: an actor's ``Host`` and the node's hooks for
+what the membership decides.
 """
 
 from __future__ import annotations
@@ -19,19 +20,49 @@ import re
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from .actor import Actor, endpoint
+from .caller import current_caller
+from .context import HasContext, NodeContext
 from .errors import ActorNotFound, Forbidden
-from .server import current_caller
+from .host import Host
+from .ref import ActorRef, actor_info
 from .types import ActorInfo, HeartbeatReply, JoinReply, MemberStatus, NodeInfo, NodeStats, SpawnSpec
 
 log = logging.getLogger(__name__)
 HEAD = "node-0"
 
 
+class ServiceHost(Host, Protocol):
+    """What the runtime's own actors ask of their node (``Node``) besides what any actor may:
+    its counters, and its hooks for the news the membership brings (who is a member, who died,
+    the cluster ends) and for what it is asked to do (spawn here, message another node)."""
+
+    stats_: NodeStats
+    join_listeners: list[Any]  # on the head: called with each node that joins
+
+    def connected(self, info: NodeInfo) -> bool: ...
+
+    def set_members(self, epoch: int, members: list[NodeInfo]) -> None: ...
+
+    def on_node_dead(
+        self, node_id: str, reason: str, incarnation: str | None = None, *, graceful: bool = False
+    ) -> None: ...
+
+    def tell_service(self, info: NodeInfo, method: str, args: list[Any]) -> None: ...
+
+    def on_cluster_end(self) -> None: ...
+
+    async def spawn_here(
+        self, cls: type[Actor], args: list[Any], kwargs: dict[str, Any], name: str
+    ) -> ActorRef: ...
+
+
 class Membership(Actor):
     """Who is in the cluster and where each named actor lives (on the head only)."""
+
+    node: ServiceHost
 
     def __init__(self) -> None:
         self.members: dict[str, NodeInfo] = {}
@@ -275,6 +306,8 @@ def _order(node_id: str) -> tuple[int, ...]:
 class NodeService(Actor):
     """The runtime's own actor on every node (``_node``)."""
 
+    node: ServiceHost
+
     @endpoint
     async def spawn(self, spec: SpawnSpec) -> ActorInfo:
         if spec.name.startswith("_"):
@@ -326,9 +359,19 @@ class NodeService(Actor):
         _refuse_unless(self.node, members, action, f"only {' or '.join(allowed)} may {action}")
 
 
-def _refuse_unless(node: Any, allowed: list[NodeInfo], action: str, message: str) -> None:
+def service_at(node: NodeContext | HasContext, info: NodeInfo) -> ActorRef:
+    """A ref to the ``NodeService`` of the process ``info`` describes, for ``node``'s calls."""
+    return ActorRef(node, actor_info("_node", NodeService, info), NodeService)
+
+
+def membership_at(node: NodeContext | HasContext, head: NodeInfo) -> ActorRef:
+    """A ref to the ``Membership`` of the head ``head`` describes, for ``node``'s calls."""
+    return ActorRef(node, actor_info("_membership", Membership, head), Membership)
+
+
+def _refuse_unless(node: ServiceHost, allowed: list[NodeInfo], action: str, message: str) -> None:
     """Raise ``Forbidden(message)`` (counted) unless the running call comes from this process or
-    from one of the processes ``allowed`` describes (``server.current_caller``)."""
+    from one of the processes ``allowed`` describes (``caller.current_caller``)."""
     caller = current_caller.get()
     if caller is None or any(caller.is_node(info) for info in allowed):
         return

@@ -92,7 +92,7 @@ class Peer:
             sock.setsockopt(zmq.IPV6, 1)  # ZeroMQ dials IPv6 only when told
         keep_alive(sock, config.heartbeat_interval_s, config.link_timeout_s)
         if info.address.startswith("tcp://"):
-            # Over TCP this process is its CURVE key (server.Caller); the callee names the
+            # Over TCP this process is its CURVE key (caller.Caller); the callee names the
             # connection itself, so no peer can pick another's routing id and take its replies.
             context.require_keys().make_client(sock)
         else:

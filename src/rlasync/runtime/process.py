@@ -1,37 +1,34 @@
-"""Node processes: starting one (``LocalCluster``, a node's supervised children), and a child's
-watch over the parent that started it.
+"""Node processes: starting one (``LocalCluster``, a node's supervised children), and ending one.
 
     proc = await start_node_process("node-1.0", "ipc:///tmp/d/node-1.0.sock", head_address,
                                     config=config, secret=secret, parent=os.getpid())
 
 A node process gets what must not be on its command line (``ps`` shows that to every user)
 through its environment: the cluster secret and the runtime config. A *child* (``parent``
-given) dies with the process that started it: on Linux the kernel sends it SIGTERM when the
-parent exits (``PR_SET_PDEATHSIG``), and it also checks its parent every second, so a parent
-killed with SIGKILL leaves no orphan behind, on any system.
+given) dies with the process that started it (``runtime.lifeline``). It runs
+``WORKER_ENTRY``, forked from this process's spawner where there is one (``runtime.spawner``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Callable
 
 import msgspec
 
 from ..config import RuntimeConfig
+from .lifeline import PARENT_ENV
 from .spawner import current_spawner
 from .types import CONFIG_ENV, SECRET_ENV
 
 log = logging.getLogger(__name__)
 
-PARENT_ENV = "RLASYNC_PARENT_PID"
-_PR_SET_PDEATHSIG = 1
+WORKER = "rlasync.runtime.worker"
+WORKER_ENTRY = f"{WORKER}:main"
+"""A node process's entry: ``python -m rlasync.runtime.worker ARGV``, or forked, ``main(ARGV)``."""
 
 
 async def start_node_process(
@@ -61,44 +58,14 @@ async def start_node_process(
         if parent is not None:  # its parent process is the spawner, which dies with this one
             full_env[PARENT_ENV] = str(spawner.pid)
         try:
-            return await spawner.spawn(argv, full_env)  # type: ignore[return-value]
+            return await spawner.spawn(WORKER_ENTRY, argv, full_env)  # type: ignore[return-value]
         except OSError as exc:
             log.warning("forking %s failed (%s); starting it from nothing", node_id, exc)
     if parent is not None:
         full_env[PARENT_ENV] = str(parent)
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlasync.runtime.worker", *argv, env=full_env, stdin=subprocess.DEVNULL
+        sys.executable, "-m", WORKER, *argv, env=full_env, stdin=subprocess.DEVNULL
     )
-
-
-def parent_from_env() -> int | None:
-    """The pid this process must die with, if a node started it as its child."""
-    raw = os.environ.get(PARENT_ENV)
-    return int(raw) if raw and raw.isdigit() else None
-
-
-def set_death_signal(sig: int) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        except (OSError, AttributeError):  # no prctl: watch_parent still notices
-            log.debug("prctl(PR_SET_PDEATHSIG) is unavailable; polling the parent instead")
-
-
-def die_with_parent(parent: int) -> bool:
-    """Ask the kernel for SIGTERM when the parent exits (Linux); False if the parent is gone already."""
-    set_death_signal(signal.SIGTERM)
-    return os.getppid() == parent  # checked after prctl: a parent that died just before is seen here
-
-
-async def watch_parent(parent: int, on_gone: Callable[[], None], period_s: float = 1.0) -> None:
-    """Call ``on_gone`` once the parent process has exited (its child is then re-parented)."""
-    while os.getppid() == parent:
-        await asyncio.sleep(period_s)
-    log.warning("the node process that started this one (pid %d) is gone; stopping", parent)
-    on_gone()
 
 
 def exit_process(code: object) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from .actor import endpoints_of
 from .context import HasContext, NodeContext
 from .errors import NotAnEndpoint
-from .types import ActorInfo
+from .types import ActorInfo, NodeInfo
 
 
 class ActorRef:
@@ -112,3 +112,10 @@ class RemoteStream(RemoteEndpoint):
 
     def __call__(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
         return self.route(self.ref.info, self.method, list(args), kwargs, self.timeout, self.convert)
+
+
+def actor_info(name: str, cls: type, node: NodeInfo) -> ActorInfo:
+    """What a ref to the actor ``name`` of class ``cls`` on ``node`` knows of it: its endpoints
+    (streaming or not) and its class's ``module:QualName``."""
+    endpoints = {n: ep.streaming for n, ep in endpoints_of(cls).items()}
+    return ActorInfo(name, node, endpoints, f"{cls.__module__}:{cls.__qualname__}")

@@ -23,6 +23,7 @@ from ..transport import Call, Cancel, DecodeError, Error, Reply, StreamAck, Stre
 from ..transport.codec import NeedsTorch, OversizedBody
 from ..transport.zmq_io import SocketPump
 from .actor import Actor, endpoints_of
+from .caller import Caller, current_caller
 from .context import NodeContext
 from .errors import (
     ActorNotFound,
@@ -34,40 +35,9 @@ from .errors import (
     error_reply,
     wire_name,
 )
-from .types import NodeInfo, claim_of, process_claim
+from .types import NodeInfo, claim_of
 
 log = logging.getLogger(__name__)
-
-
-class Caller:
-    """Who sent a call. Over TCP, the CURVE key it authenticated with (``key``): no peer can
-    speak as another by naming it. Over ``ipc://`` (a socket folder only this user can enter)
-    there is no handshake, and the identity the peer set (``claim``, ``node-1:<incarnation>``)
-    is taken at its word. One ``Caller`` per principal, however many connections it opens:
-    ``running`` counts its calls being served now, over all of them."""
-
-    __slots__ = ("key", "claim", "running", "connections", "dead")
-
-    def __init__(self, key: str, claim: str) -> None:
-        self.key = key
-        self.claim = claim
-        self.running = 0
-        self.connections = 0  # routing ids it speaks through now
-        self.dead = False  # its process was declared dead: it is served no more
-
-    def is_node(self, info: NodeInfo) -> bool:
-        """Whether this caller is the process ``info`` describes."""
-        if self.key:
-            return self.key == info.key
-        return self.claim == process_claim(info.node_id, info.incarnation)
-
-    def __str__(self) -> str:
-        return f"key {self.key[:12]}..." if self.key else repr(self.claim)
-
-
-# The caller of the endpoint running now (None: a call from this process). Membership and
-# the node service read it to refuse what only a given node may ask.
-current_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("rlasync_caller", default=None)
 
 
 class _Serving:

@@ -26,15 +26,8 @@ children die with it (their parent), so nothing outlives the node. ``runtime.for
 false`` turns it off.
 
 A launched spawner can also fork whole ``python -m rlasync`` commands (``commands=PATH``, a
-Unix socket): where ``RLASYNC_FORK_COMMANDS`` names that socket, the command's process asks the
-spawner for a copy of itself that runs the command (``run_command``), in the asking process's
-working directory, environment, module path, standard streams, umask, CPUs and network
-namespace, and stands in for it: signals sent to it are passed on, its exit code (or death by a
-signal) is the command's, and killed, it takes the command with it. What differs from an exec'd
-command: its process id and parent (its children are not the asking process's descendants), its
-session, and the mount namespace (the spawner's). The test suite starts its commands so (each
-would import torch and transformers again: ~5 s of CPU); a test about a command's process tree
-unsets the variable.
+Unix socket, where ``RLASYNC_FORK_COMMANDS`` names it): the test suite's way to start its
+commands, in ``runtime.forked_commands``, which this module reaches only by name.
 """
 
 from __future__ import annotations
@@ -43,7 +36,6 @@ import array
 import asyncio
 import gc
 import importlib
-import io
 import logging
 import os
 import select
@@ -52,18 +44,20 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
-from .. import plugins
+from ..plugins import load as load_plugin
+from .lifeline import set_death_signal
 
 log = logging.getLogger(__name__)
 
 
 class _Request(msgspec.Struct, frozen=True):
     id: int
+    entry: str  # what the child runs: "module:function", called with ``argv``
     argv: list[str]
     env: dict[str, str]
     cwd: str = ""  # the node's working directory when it asked ("": it has none; keep the spawner's)
@@ -72,35 +66,19 @@ class _Request(msgspec.Struct, frozen=True):
 
 # One request or report per datagram (a request carries file descriptors), up to this size: a
 # request holds the node's whole environment, a few kB.
-_MAX_MESSAGE = 1 << 20
-
-
-class _Command(msgspec.Struct, frozen=True):
-    """A command to fork, as the asking process would have run it: ``python -m MODULE ARGV``,
-    where ``MODULE.ENTRY()`` runs it and ends the process; its stdin, stdout, stderr and network
-    namespace come with it (SCM_RIGHTS)."""
-
-    module: str  # or, where ``script`` is set, none: ``python SCRIPT ARGV``
-    entry: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    path: list[str]  # its sys.path
-    executable: str  # a spawner of another Python refuses
-    umask: int
-    cpus: list[int]
-    script: str = ""
+MAX_MESSAGE = 1 << 20
 
 
 COMMANDS_ENV = "RLASYNC_FORK_COMMANDS"
-"""Set to a spawner's command socket: ``python -m rlasync`` runs forked from it (``run_command``)."""
+"""Set to a spawner's command socket: ``python -m rlasync`` runs forked from it (``runtime.forked_commands``)."""
 
-_COMMAND_FDS = 4  # stdin, stdout, stderr, network namespace
-_COMMAND_START_S = 120.0  # a spawner still importing its modules answers late; then the command runs itself
-_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+COMMAND_DESK = "rlasync.runtime.forked_commands:CommandDesk"
+"""What serves the commands on a launched spawner's command socket (``CommandDesk``), by name."""
 
 
-class _Report(msgspec.Struct, frozen=True):
+class Report(msgspec.Struct, frozen=True):
+    """What the spawner tells whoever asked it: a child started (``pid``), or exited (``code``)."""
+
     id: int = 0  # the request a "started" report answers
     pid: int = 0
     code: int | None = None  # set: the process exited with it (-N: killed by signal N)
@@ -143,7 +121,7 @@ class Spawner:
         self.pid, self._sock = pid, sock
         self._process = process  # a launched spawner, reaped when it is gone; a forked one is the OS's
         self._next = 0
-        self._asked: dict[int, asyncio.Future[_Report]] = {}
+        self._asked: dict[int, asyncio.Future[Report]] = {}
         self._children: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits reported before the node saw the start
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the reports
@@ -174,7 +152,7 @@ class Spawner:
     def launch(cls, preload_modules: Sequence[str] = (), *, commands: str = "") -> Spawner | None:
         """Start a spawner as a process of its own that imports ``preload_modules`` first: for a
         process that already runs threads or an event loop. ``commands``: a path where it also
-        listens for ``python -m rlasync`` commands to fork (``run_command``; set
+        listens for ``python -m rlasync`` commands to fork (``forked_commands``; set
         ``RLASYNC_FORK_COMMANDS`` to it). None where there is no fork."""
         if not hasattr(os, "fork"):
             return None
@@ -212,9 +190,9 @@ class Spawner:
                 self._process.kill()
                 self._process.wait()
 
-    async def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedProcess:
-        """Fork a child that runs ``rlasync.runtime.worker.main(argv)`` with ``env`` as its
-        environment. ``OSError`` if the spawner is gone."""
+    async def spawn(self, entry: str, argv: list[str], env: dict[str, str]) -> ForkedProcess:
+        """Fork a child that runs ``entry`` (``"module:function"``, as ``python -m module``:
+        ``function(argv)``) with ``env`` as its environment. ``OSError`` if the spawner is gone."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # the first loop, or a later one (a process may run several in turn)
             if self._loop is not None and not self._loop.is_closed():
@@ -226,8 +204,8 @@ class Spawner:
             raise OSError("the spawner process is gone")
         self._next += 1
         asked = self._asked[self._next] = loop.create_future()
-        stdio = _open_fds(1, 2)
-        request = _Request(self._next, argv, env, cwd=_cwd(), stdio=bool(stdio))
+        stdio = open_fds(1, 2)
+        request = _Request(self._next, entry, argv, env, cwd=working_directory(), stdio=bool(stdio))
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))] if stdio else []
         self._sock.sendmsg([msgspec.json.encode(request)], rights)
         report = await asked
@@ -240,7 +218,7 @@ class Spawner:
 
     def _on_readable(self) -> None:
         try:
-            data = self._sock.recv(_MAX_MESSAGE)
+            data = self._sock.recv(MAX_MESSAGE)
         except BlockingIOError:
             return
         except OSError:
@@ -248,7 +226,7 @@ class Spawner:
         if not data:
             self._gone()
             return
-        report = msgspec.json.decode(data, type=_Report)
+        report = msgspec.json.decode(data, type=Report)
         if report.code is None:
             future = self._asked.pop(report.id, None)
             if future is not None and not future.done():
@@ -267,7 +245,7 @@ class Spawner:
             self._loop.remove_reader(self._sock.fileno())
         for future in self._asked.values():
             if not future.done():
-                future.set_result(_Report(error="the spawner process is gone"))
+                future.set_result(Report(error="the spawner process is gone"))
         for proc in self._children.values():
             proc.exited(-signal.SIGKILL)
         self._children.clear()
@@ -287,11 +265,25 @@ def current_spawner() -> Spawner | None:
 
 
 # -- the spawner process ---------------------------------------------------------------------
-def _serve(sock: socket.socket, node: int, commands: socket.socket | None = None) -> int:
+class Commands(Protocol):
+    """What a launched spawner asks of the desk that serves its command socket
+    (``runtime.forked_commands.CommandDesk``): the descriptors to wait on, and its share of
+    each round: the exits of its commands, and the callers ready."""
+
+    def fds(self) -> list[int]: ...
+
+    def exited(self, pid: int, code: int) -> bool:
+        """``pid`` exited with ``code``: tell its caller if it ran a command (False: not one)."""
+        ...
+
+    def serve(self, readable: list[int], close_copies: Callable[[], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _serve(sock: socket.socket, node: int, commands: Commands | None = None) -> int:
     """Fork children on request (the node's on ``sock``, commands on ``commands``), reap them,
     report both; return when the node is gone."""
-    from .process import set_death_signal
-
     set_death_signal(signal.SIGKILL)  # the node is gone: so is the spawner, and with it its children
     if os.getppid() != node:
         return 0
@@ -306,68 +298,39 @@ def _serve(sock: socket.socket, node: int, commands: socket.socket | None = None
     # ~140 ms each on a small machine, and touch every page it shares with the spawner.
     gc.collect()
     gc.freeze()
-    callers: dict[int, socket.socket] = {}  # connection fd -> a command's caller
-    running: dict[int, int] = {}  # a caller's connection fd -> its command's pid
-    commanded: dict[int, socket.socket | None] = {}  # a command's pid -> its caller (None: gone)
 
     def close_copies() -> None:  # in a child: the spawner's sockets are not its own
         os.close(wake_r)
         os.close(wake_w)
         sock.close()
-        for other in [commands, *callers.values()]:
-            if other is not None:
-                other.close()
+        if commands is not None:
+            commands.close()
 
     while True:
-        listening = [commands.fileno()] if commands is not None else []
+        listening = commands.fds() if commands is not None else []
         try:
-            readable: list[int] = select.select([sock.fileno(), wake_r, *listening, *callers], [], [], 1.0)[0]
+            readable: list[int] = select.select([sock.fileno(), wake_r, *listening], [], [], 1.0)[0]
         except InterruptedError:
             readable = []
         if wake_r in readable:
             os.read(wake_r, 4096)
         for pid, code in _reap():
-            if pid not in commanded:
-                _send(sock, _Report(pid=pid, code=code))
-                continue
-            caller = commanded.pop(pid)
-            if caller is not None:  # the command's exit is its caller's
-                _send(caller, _Report(pid=pid, code=code))
-                callers.pop(caller.fileno(), None)
-                running.pop(caller.fileno(), None)
-                caller.close()
-        if commands is not None and commands.fileno() in readable:
-            try:
-                caller, _ = commands.accept()
-                callers[caller.fileno()] = caller
-            except OSError:
-                pass
-        for fd in [fd for fd in readable if fd in callers]:
-            caller = callers[fd]
-            if fd in running:  # a running command's caller sends nothing more: it went away
-                if _gone(caller):
-                    pid = running.pop(fd)
-                    os.kill(pid, signal.SIGKILL)  # killed, the caller takes its command with it
-                    commanded[pid] = None
-                    callers.pop(fd).close()
-                continue
-            command_pid = _fork_command(caller, close_copies)
-            if command_pid is None:
-                callers.pop(fd).close()
-            else:
-                running[fd], commanded[command_pid] = command_pid, caller
+            if commands is None or not commands.exited(pid, code):
+                send_report(sock, Report(pid=pid, code=code))
+        if commands is not None:
+            commands.serve(readable, close_copies)
         if sock.fileno() not in readable:
             continue
-        data, fds, flags, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+        data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
         if not data:
             return 0
         request = msgspec.json.decode(data, type=_Request)
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-                raise OSError(f"a request over {_MAX_MESSAGE} bytes, or its file descriptors, was cut")
+                raise OSError(f"a request over {MAX_MESSAGE} bytes, or its file descriptors, was cut")
             pid = os.fork()
         except OSError as exc:
-            _send(sock, _Report(id=request.id, error=str(exc)))
+            send_report(sock, Report(id=request.id, error=str(exc)))
             for fd in fds:
                 os.close(fd)
             continue
@@ -376,7 +339,7 @@ def _serve(sock: socket.socket, node: int, commands: socket.socket | None = None
             _child(request, fds)  # never returns
         for fd in fds:  # the child's now
             os.close(fd)
-        _send(sock, _Report(id=request.id, pid=pid))
+        send_report(sock, Report(id=request.id, pid=pid))
 
 
 def _reap() -> list[tuple[int, int]]:
@@ -391,7 +354,7 @@ def _reap() -> list[tuple[int, int]]:
         exited.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def _send(sock: socket.socket, report: _Report) -> None:
+def send_report(sock: socket.socket, report: Report) -> None:
     try:
         sock.send(msgspec.json.encode(report))
     except OSError:
@@ -399,18 +362,17 @@ def _send(sock: socket.socket, report: _Report) -> None:
 
 
 def _child(request: _Request, stdio: list[int]) -> None:
-    """In a forked child: become ``python -m rlasync.runtime.worker ARGV`` and exit with its code."""
+    """In a forked child: become ``python -m MODULE ARGV`` (its ``entry``, ``MODULE:FUNCTION``)
+    and exit with its code."""
     code = 1
     try:
         if not (request.stdio and len(stdio) == 2):  # no streams of the node's: the spawner's
             for fd in stdio:
                 os.close(fd)
             stdio = []
-        sys.argv = [sys.executable, "-m", "rlasync.runtime.worker", *request.argv]
-        _adopt([os.open(os.devnull, os.O_RDONLY), *stdio], request.cwd, request.env, sys.path, sys.argv)
-        from .worker import main
-
-        code = main(request.argv)
+        sys.argv = [sys.executable, "-m", request.entry.partition(":")[0], *request.argv]
+        adopt([os.open(os.devnull, os.O_RDONLY), *stdio], request.cwd, request.env, sys.path, sys.argv)
+        code = named(request.entry)(request.argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -423,7 +385,7 @@ def _child(request: _Request, stdio: list[int]) -> None:
         os._exit(code)
 
 
-def _adopt(streams: list[int], cwd: str, env: dict[str, str], path: list[str], title: list[str]) -> None:
+def adopt(streams: list[int], cwd: str, env: dict[str, str], path: list[str], title: list[str]) -> None:
     """In a forked child: take the asking process's standard streams (stdin, then stdout and
     stderr if given), working directory, environment and module path, and default signals; show
     ``title`` as its command line."""
@@ -452,131 +414,6 @@ def _adopt(streams: list[int], cwd: str, env: dict[str, str], path: list[str], t
         logger.propagate = True
 
 
-def _fork_command(caller: socket.socket, close_copies: Any) -> int | None:
-    """Read a command from ``caller`` and fork it; its pid, or None (told to the caller) if it
-    cannot run here."""
-    try:
-        data, fds, flags, _ = socket.recv_fds(caller, _MAX_MESSAGE, _COMMAND_FDS)
-    except OSError:
-        return None
-    try:
-        if not data:
-            return None  # the caller went away before asking
-        error = ""
-        command = msgspec.json.decode(data, type=_Command)
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != _COMMAND_FDS:
-            error = "the command or its file descriptors were cut"
-        elif command.executable != sys.executable:
-            error = f"this spawner runs {sys.executable}, not {command.executable}"
-        if error:
-            _send(caller, _Report(error=error))
-            return None
-        if _gone(caller):  # it stopped waiting (and runs the command itself)
-            return None
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            _send(caller, _Report(error=str(exc)))
-            return None
-        if pid == 0:
-            close_copies()
-            _command_child(command, fds)  # never returns
-        _send(caller, _Report(pid=pid))
-        return pid
-    except msgspec.DecodeError as exc:
-        _send(caller, _Report(error=f"not a command: {exc}"))
-        return None
-    finally:
-        for fd in fds:  # the child's now (or nobody's)
-            os.close(fd)
-
-
-def _gone(caller: socket.socket) -> bool:
-    """Has the caller closed its end (it exited, or was killed)?"""
-    try:
-        return not caller.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
-def _command_child(command: _Command, fds: list[int]) -> None:
-    """In a forked child: become ``python -m rlasync ARGV`` as the caller would have run it."""
-    from .process import set_death_signal
-
-    code = 1
-    try:
-        os.setsid()  # a session of its own, as the caller's process group is not the spawner's
-        set_death_signal(signal.SIGKILL)  # the spawner (the test session) ended: so does the command
-        *streams, netns = fds
-        _enter_network_namespace(netns)
-        how = [command.script] if command.script else ["-m", command.module.removesuffix(".__main__")]
-        title = [command.executable, *how, *command.argv]
-        _adopt(streams, command.cwd, command.env, command.path, title)
-        os.umask(command.umask)
-        if command.cpus:
-            os.sched_setaffinity(0, command.cpus)
-        _reopen_standard_streams()
-        if command.script:
-            _run_script(command.script, command.argv)
-        module = importlib.import_module(command.module)
-        sys.argv = [str(module.__file__), *command.argv]
-        sys.modules["__main__"] = module  # as under `python -m` (click names the program by it)
-        getattr(module, command.entry)()  # ends the process
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
-
-
-def _enter_network_namespace(fd: int) -> None:
-    """Join the caller's network namespace (``ip netns exec``), if it is not the spawner's."""
-    if os.fstat(fd).st_ino == os.stat("/proc/self/ns/net").st_ino:
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, _CLONE_NEWNET) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"cannot join the caller's network namespace: {os.strerror(error)}")
-
-
-_CLONE_NEWNET = 0x40000000
-
-
-def _reopen_standard_streams() -> None:
-    """``sys.stdout`` and ``sys.stderr`` anew on the caller's descriptors: buffered as an exec'd
-    process's would be (line by line on a terminal, unbuffered under ``PYTHONUNBUFFERED``), not
-    as the spawner's were."""
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        old = getattr(sys, name)
-        tty = os.isatty(fd)
-        raw = io.FileIO(fd, "w", closefd=False)
-        binary: Any = raw if unbuffered else io.BufferedWriter(raw)
-        setattr(
-            sys,
-            name,
-            io.TextIOWrapper(
-                binary,
-                encoding=old.encoding,
-                errors=old.errors,
-                line_buffering=tty or name == "stderr",
-                write_through=unbuffered or name == "stderr",
-            ),
-        )
-
-
 def _name_process(argv: list[str]) -> None:
     """Show the worker's command line in ``ps`` (as an exec'd child would), not the parent's."""
     try:
@@ -586,7 +423,7 @@ def _name_process(argv: list[str]) -> None:
     setproctitle.setproctitle(" ".join(argv))
 
 
-def _open_fds(*fds: int) -> list[int]:
+def open_fds(*fds: int) -> list[int]:
     """``fds`` if every one is open (a daemon may have closed its stdout), else none."""
     try:
         for fd in fds:
@@ -596,11 +433,18 @@ def _open_fds(*fds: int) -> list[int]:
     return list(fds)
 
 
-def _cwd() -> str:
+def working_directory() -> str:
     try:
         return os.getcwd()
     except OSError:  # the working directory was removed: the child keeps the spawner's
         return ""
+
+
+def named(entry: str) -> Any:
+    """The object ``"module:name"`` names, its module imported now. The spawner reaches what its
+    children run by name: the worker imports the node, which starts processes through here."""
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def fork_children(config: Any) -> None:
@@ -609,7 +453,7 @@ def fork_children(config: Any) -> None:
     if not getattr(config, "fork_children", False) or current_spawner() is not None:
         return
     for module in config.preload_modules:
-        plugins.load(module)
+        load_plugin(module)
     use_spawner(Spawner.start())
 
 
@@ -618,9 +462,11 @@ def main(argv: list[str]) -> int:
     (``COMMANDS_FD`` -1: no commands)."""
     fd, node, listener, *modules = argv
     sock = socket.socket(fileno=int(fd))
-    commands = socket.socket(fileno=int(listener)) if int(listener) >= 0 else None
+    commands = None
+    if int(listener) >= 0:
+        commands = named(COMMAND_DESK)(socket.socket(fileno=int(listener)))
     for module in modules:
-        plugins.load(module)
+        load_plugin(module)
     return _serve(sock, int(node), commands)
 
 
@@ -630,108 +476,3 @@ _LAUNCHED = (
     "import sys; from rlasync.runtime.spawner import main; from rlasync.runtime.process import exit_process; "
     "exit_process(main(sys.argv[1:]))"
 )
-
-
-# -- a command's side -------------------------------------------------------------------------
-def run_command(argv: list[str], *, module: str = "", entry: str = "", script: str = "") -> int | None:
-    """Run ``python -m MODULE ARGV`` (``MODULE.ENTRY()`` runs it and ends the process), or
-    ``python SCRIPT ARGV``, forked by the spawner listening at ``$RLASYNC_FORK_COMMANDS``, and
-    stand in for it until it ends: signals this process gets are passed on, and killed, it
-    takes the command with it. The command's exit code (-N: killed by signal N), or None if no
-    spawner takes it (none listens, or it runs another Python): then run it here."""
-    where = os.environ.get(COMMANDS_ENV)
-    if not where:
-        return None
-    caller = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    opened: list[int] = []
-    try:
-        caller.settimeout(_COMMAND_START_S)
-        caller.connect(where)
-        fds = [fd if _open_fds(fd) else _devnull(opened) for fd in (0, 1, 2)]
-        fds.append(_opened(opened, "/proc/self/ns/net"))
-        umask = os.umask(0)
-        os.umask(umask)
-        command = _Command(
-            module=module,
-            entry=entry,
-            script=os.path.abspath(script) if script else "",
-            argv=argv,
-            env=dict(os.environ),
-            cwd=_cwd(),
-            path=list(sys.path),
-            executable=sys.executable,
-            umask=umask,
-            cpus=sorted(os.sched_getaffinity(0)),
-        )
-        socket.send_fds(caller, [msgspec.json.encode(command)], fds)
-        report = msgspec.json.decode(caller.recv(_MAX_MESSAGE), type=_Report)
-    except (OSError, msgspec.DecodeError):  # none listens, or it did not answer in time
-        caller.close()
-        return None
-    finally:
-        for fd in opened:
-            os.close(fd)
-    if report.error:
-        caller.close()
-        return None
-    pid = report.pid
-
-    def relay(sig: int, _: Any) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in _RELAYED:
-        signal.signal(sig, relay)
-    caller.settimeout(None)  # the command runs as long as it runs; its end, or the spawner's, answers
-    data = caller.recv(_MAX_MESSAGE)
-    caller.close()
-    if not data:
-        sys.stderr.write("rlasync: the spawner that ran this command ended before it\n")
-        return 1
-    code = msgspec.json.decode(data, type=_Report).code
-    if code is not None and code < 0:  # killed by a signal: so is this process, as the command was
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code if code is not None else 1
-
-
-def run_script(argv: list[str]) -> None:
-    """``python -c FORKED_SCRIPT SCRIPT ARG...``: ``python SCRIPT ARG...``, forked as
-    ``run_command`` forks a command where a spawner serves them, else run here."""
-    script, *args = argv
-    code = run_command(args, script=script)
-    if code is None:
-        _run_script(script, args)
-    sys.exit(code)
-
-
-FORKED_SCRIPT = "import sys; from rlasync.runtime.spawner import run_script; run_script(sys.argv[1:])"
-"""``[sys.executable, "-c", FORKED_SCRIPT, SCRIPT, *ARGS]`` runs ``python SCRIPT ARGS`` (``run_script``)."""
-
-
-def _run_script(script: str, argv: list[str]) -> None:
-    """Run ``script`` as ``python SCRIPT ARGV`` would, in this process, and end it."""
-    import runpy
-
-    from .process import exit_process
-
-    sys.argv = [script, *argv]
-    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *(p for p in sys.path if p)]  # as python SCRIPT
-    code: object = 0
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as done:
-        code = done.code
-    exit_process(code)
-
-
-def _devnull(opened: list[int]) -> int:
-    return _opened(opened, os.devnull, os.O_RDWR)
-
-
-def _opened(opened: list[int], path: str, flags: int = os.O_RDONLY) -> int:
-    fd = os.open(path, flags)
-    opened.append(fd)
-    return fd

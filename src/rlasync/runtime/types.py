@@ -30,14 +30,14 @@ class NodeInfo(msgspec.Struct, frozen=True):
     incarnation: str  # changes when a node of that rank restarts
     pid: int = 0
     host: str = ""
-    key: str = ""  # the CURVE public key its calls authenticate with ("" on ipc: see server.Caller)
+    key: str = ""  # the CURVE public key its calls authenticate with ("" on ipc: see caller.Caller)
     version: str = ""  # its rlasync version: the head refuses a node of another one
     metrics: str = ""  # host:port of its Prometheus /metrics ("" when runtime.metrics_port is off)
 
 
 def process_claim(node_id: str, incarnation: str) -> str:
     """Who a process says it is over ``ipc://``, where there is no handshake:
-    ``<node>:<incarnation>`` (``server.Caller.claim``), so a restarted rank is never taken for
+    ``<node>:<incarnation>`` (``caller.Caller.claim``), so a restarted rank is never taken for
     its dead predecessor."""
     return f"{node_id}:{incarnation}"
 

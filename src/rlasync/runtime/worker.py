@@ -22,8 +22,9 @@ import msgspec
 from ..config import RuntimeConfig, convert
 from .errors import JoinError
 from .events import emit
-from .node import EX_TEMPFAIL, Node, rank_of
-from .process import die_with_parent, parent_from_env, watch_parent
+from .joining import EX_TEMPFAIL
+from .lifeline import die_with_parent, parent_from_env, watch_parent
+from .node import Node, rank_of
 from .types import CONFIG_ENV, SECRET_ENV
 
 log = logging.getLogger(__name__)

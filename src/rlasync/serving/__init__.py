@@ -9,10 +9,11 @@ one for chat and evaluation; a run whose rows use the ``openai`` loop (``agent.d
 openai``, ``agent.openai_agent: module:function``) starts one on each agent-loop worker.
 """
 
-from .endpoint import Endpoint, EndpointError
+from .endpoint import Endpoint
 from .loop import AgentCallError, OpenAIAgentLoop, load_agent
 from .recording import Call, Recording, samples, trajectory_of
 from .schema import APIError
+from .server import EndpointError
 
 __all__ = [
     "APIError",

@@ -1,4 +1,4 @@
-"""The OpenAI API's request bodies as msgspec Structs, and its error shape.
+"""The OpenAI API's request bodies as msgspec Structs, its response envelope, and its error shape.
 
 Fields clients send that do not change what is generated (``user``, ``metadata``, ``store``…)
 are read and ignored, as OpenAI's own server does; a field whose value would change the result
@@ -8,6 +8,7 @@ and that the engines cannot honour (a penalty, ``echo``, forced tool choice) is 
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -197,3 +198,22 @@ def decode_request(body: bytes, kind: type[ChatRequest] | type[CompletionRequest
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+
+
+def envelope(
+    kind: str, rid: str, model: str, choices: list[Any], *, created: int = 0, **more: Any
+) -> dict[str, Any]:
+    """A response (or a streamed chunk) of ``kind``: its id, time and model around ``choices``."""
+    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+    return {
+        "id": f"{prefix}-{rid}",
+        "object": kind,
+        "created": created or int(time.time()),
+        "model": model,
+        "choices": choices,
+        **more,
+    }
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

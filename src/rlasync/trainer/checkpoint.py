@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,17 @@ WEIGHT_SUFFIXES = {
     ".pth",
     ".gguf",
 }  # the source's weights (shards too): never copied
+
+
+@dataclass(frozen=True)
+class _Save:
+    """One save in progress: written to ``partial``, renamed to ``final`` once sealed."""
+
+    partial: Path
+    final: Path
+    step: int
+    state: dict[str, Any]  # the controller's, ``step`` included: state.json
+    source: Path  # the folder the model was loaded from: its tokenizer files are copied
 
 
 class CheckpointError(ValueError):
@@ -80,11 +92,8 @@ class Checkpoints:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         await trainer.save(partial, background=True)  # the ranks took their state: training may go on
-        self._sealing = asyncio.ensure_future(
-            self._finish(
-                trainer, partial, final, step, {**state, "step": step}, dict(files or {}), Path(model_source)
-            )
-        )
+        save = _Save(partial, final, step, {**state, "step": step}, Path(model_source))
+        self._sealing = asyncio.ensure_future(self._finish(trainer, save, dict(files or {})))
         if not background:
             await self.wait()
         return final
@@ -95,38 +104,22 @@ class Checkpoints:
         if sealing is not None:
             await sealing
 
-    async def _finish(
-        self,
-        trainer: TrainerActor,
-        partial: Path,
-        final: Path,
-        step: int,
-        state: dict[str, Any],
-        files: dict[str, Any],
-        source: Path,
-    ) -> Path:
+    async def _finish(self, trainer: TrainerActor, save: _Save, files: dict[str, Any]) -> Path:
         contents = {name: await data if inspect.isawaitable(data) else data for name, data in files.items()}
         await trainer.saved()
         # Writing, checksums and fsyncs read and flush every byte: in a thread, the loop serves meanwhile.
-        await in_background(self._write_and_seal, partial, final, step, state, contents, source)
-        return final
+        await in_background(self._write_and_seal, save, contents)
+        return save.final
 
-    def _write_and_seal(
-        self,
-        partial: Path,
-        final: Path,
-        step: int,
-        state: dict[str, Any],
-        files: dict[str, bytes],
-        source: Path,
-    ) -> None:
-        for item in source.iterdir():  # the tokenizer: the model folder is then complete
+    def _write_and_seal(self, save: _Save, files: dict[str, bytes]) -> None:
+        partial = save.partial
+        for item in save.source.iterdir():  # the tokenizer: the model folder is then complete
             if item.is_file() and item.name not in MODEL_FILES and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, partial / "model" / item.name)
         for name, data in files.items():
             (partial / name).write_bytes(data)
-        (partial / STATE).write_text(json.dumps(state))
-        self._seal(partial, final, step)
+        (partial / STATE).write_text(json.dumps(save.state))
+        self._seal(partial, save.final, save.step)
 
     def _seal(self, partial: Path, final: Path, step: int) -> None:
         """The manifest, every file and folder on disk, then the rename into place."""

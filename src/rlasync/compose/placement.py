@@ -64,10 +64,6 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
                 "cluster.start=external needs cluster.listen, the head's TCP address the other nodes join "
                 "(e.g. tcp://10.0.0.1:29600)"
             )
-        if config.engine.tensor_parallel_size > 1 and config.engine.backend == "torch":
-            raise ConfigError(
-                "engine.tensor_parallel_size > 1 needs engine.backend vllm or sglang (the torch engine runs on one device)"
-            )
         return cls(nodes=nodes, engines=engines, trainer=trainer, loops=c.agent_loops)
 
     def workers(self) -> dict[int, list[int]]:
