@@ -343,6 +343,11 @@ async def test_a_process_declared_dead_gets_no_call_served_after() -> None:
             return await counter.add(0) > 0
 
         await wait_until(pumping, what="node-1's calls reach node-2")
+
+        async def known() -> bool:  # else node-2, never told of node-1, would "hear" its death at once
+            return await view.sees("node-1")
+
+        await wait_until(known, what="node-2 has heard of node-1 joining")
         os.kill(cluster.pid(1), signal.SIGSTOP)
         try:
             await _wait_gone(cluster.head, "node-1")
