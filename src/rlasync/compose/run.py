@@ -61,14 +61,6 @@ class Run:
       head's router and for every worker.
     """
 
-    cluster: Any  # the nodes: ``cluster.head`` is this process's node
-    router: Any  # the head's Router over every engine in rotation
-    engine: EngineGroup  # over that router: pause and resume every engine at once
-    rollouts: Any  # the AgentLoopManager
-    trainer: Trainer  # a TrainerActor, or a stand-in
-    synchronizer: WeightSync  # a ParameterSynchronizer, or a stand-in
-    sampler: Sampler  # the training rows' sampler (``Feed``)
-
     def __init__(
         self, config: Config, *, stop: asyncio.Event | None = None, fleet: Fleet | None = None
     ) -> None:
@@ -118,7 +110,6 @@ class Run:
                 self.feed.read,
                 lambda head: self.recorder.export(head, lambda: self.fleet.router, self._closers),
             )
-            self._take_parts()
             await self.recorder.open(self._closers, resumed_at=metrics_upto)
             await self.fleet.start()
         except BaseException:
@@ -129,12 +120,41 @@ class Run:
         # paused the controller 0.05-0.26 s, every ~30 steps of the quickstart.
         gc.freeze()
 
-    def _take_parts(self) -> None:
-        """The fleet's parts and the sampler, opened: the schedules drive them (``run.trainer``)."""
-        fleet = self.fleet
-        self.cluster, self.router, self.engine = fleet.cluster, fleet.router, fleet.engine
-        self.rollouts, self.trainer, self.synchronizer = fleet.rollouts, fleet.trainer, fleet.synchronizer
-        self.sampler = self.feed.sampler
+    # The parts the schedules drive, as the fleet opened them (``Fleet``) and the feed's sampler.
+    @property
+    def cluster(self) -> Any:
+        """The nodes: ``cluster.head`` is this process's node."""
+        return self.fleet.cluster
+
+    @property
+    def router(self) -> Any:
+        """The head's Router over every engine in rotation."""
+        return self.fleet.router
+
+    @property
+    def engine(self) -> EngineGroup:
+        """Over that router: pause and resume every engine at once."""
+        return self.fleet.engine
+
+    @property
+    def rollouts(self) -> Any:
+        """The AgentLoopManager: rows to trajectories, on the workers."""
+        return self.fleet.rollouts
+
+    @property
+    def trainer(self) -> Trainer:
+        """A TrainerActor, or a stand-in."""
+        return self.fleet.trainer
+
+    @property
+    def synchronizer(self) -> WeightSync:
+        """A ParameterSynchronizer, or a stand-in."""
+        return self.fleet.synchronizer
+
+    @property
+    def sampler(self) -> Sampler:
+        """The training rows' sampler (``Feed``)."""
+        return self.feed.sampler
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
         """Sampling parameters with ``seed``, else the next seed."""
