@@ -228,7 +228,12 @@ class Roster:
             self._calls.forget(incarnation, reason, graceful)
             info = self.known.get(incarnation)
             if info is not None:
-                self.dead_callers.add(info.key or process_claim(info.node_id, info.incarnation))
+                # Its calls come back under its CURVE key over TCP, under its claim over ipc (no
+                # handshake there, though the node has a key): a connection dropped before this
+                # news and opened again after it is refused either way.
+                self.dead_callers.update(
+                    p for p in (info.key, process_claim(info.node_id, info.incarnation)) if p
+                )
                 if self.server is not None:
                     self.server.forget(info)
         member = self.members.get(node_id)
