@@ -266,7 +266,7 @@ def engine(args: argparse.Namespace) -> None:
                 await asyncio.to_thread(group.barrier)
                 await weights.stage(version, timeout_s=600)
                 await asyncio.to_thread(group.barrier)
-                shm_pauses.append(await weights.commit(version))
+                shm_pauses.append((await weights.commit(version)).pause_s)
             await asyncio.to_thread(group.barrier)
         stop.set()
         await decoding

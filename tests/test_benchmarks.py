@@ -32,6 +32,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "resume_bench.py",
         "metrics_bench.py",
         "curriculum_bench.py",
+        "pause_bench.py",
     } <= set(SCRIPTS)
 
 

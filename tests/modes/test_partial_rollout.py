@@ -1,6 +1,7 @@
 """Partial rollouts on the warm-started calculator model: a weight sync in the middle of tool
-calls and of a long generation never waits for the tools, and every trajectory resumes under
-the new weights with its tokens and per-token versions intact."""
+calls and of a long generation never waits for the tools, and every trajectory goes on under
+the new weights with its tokens and per-token versions intact: cut and re-submitted
+(``interrupt=abort``) or carried across the swap with its KV cache (``keep``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from waiting import wait_until
 
 from rlasync.agents import SingleTurnAgentLoop, ToolAgentLoop
-from rlasync.config import AgentConfig, TrainerConfig, WeightsConfig
+from rlasync.config import AgentConfig, AsyncTrainingConfig, TrainerConfig, WeightsConfig
 from rlasync.data import synthetic_rows
 from rlasync.engines import SamplingParams, TorchEngine
 from rlasync.models import load_pretrained_dir
@@ -55,8 +56,10 @@ def _a_step(ids: list[int]) -> TrainBatch:
 
 
 @pytest.mark.timeout(600)  # the calculator warm-start (about a minute, more on a busy machine) runs first
+@pytest.mark.parametrize("interrupt", ["abort", "keep"])
 @uvloop
 async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_resume_intact(
+    interrupt: str,
     calc_model: Path,
 ) -> None:
     _, tok = load_pretrained_dir(calc_model)
@@ -98,19 +101,29 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
         )
         await trainer.step(_a_step(tool_loops[0].state.prompt_ids + tool_loops[0].state.response_ids[:8]))
         started = time.monotonic()
-        run = SimpleNamespace(
-            engine=engine, synchronizer=synchronizer, config=SimpleNamespace(weights=WeightsConfig())
+        config = SimpleNamespace(
+            weights=WeightsConfig(), async_training=AsyncTrainingConfig(interrupt=interrupt)
         )
-        await _sync(run, None, 1, partial=True, advance=False)  # type: ignore[arg-type]
+        run = SimpleNamespace(engine=engine, synchronizer=synchronizer, config=config)
+        weights = await _sync(run, None, 1, advance=False)  # type: ignore[arg-type]
         took = time.monotonic() - started
         assert engine.weight_version == 1 and not tool.release.is_set() and not any(t.done() for t in tasks)
         assert took < 10, took  # the tools are still running: the sync did not wait for them
-        await wait_until(
-            lambda: len(long_loop.state.partial_ids) >= 8,
-            interval_s=0.001,
-            what="the cut turn's output reached its loop",
-        )
-        cut = list(long_loop.state.partial_ids)  # the long turn's tokens so far, all version 0
+        if interrupt == "abort":
+            await wait_until(
+                lambda: len(long_loop.state.partial_ids) >= 8,
+                interval_s=0.001,
+                what="the cut turn's output reached its loop",
+            )
+            cut = list(long_loop.state.partial_ids)  # the long turn's tokens so far, all version 0
+            assert weights.reprefill_tokens and weights.reprefill_tokens >= len(cut)
+        else:
+            cut = list(
+                next(
+                    seq.tokens for seq in engine._by_id.values() if seq.request.request_id.startswith("long")
+                )
+            )
+            assert weights.reprefill_tokens == 0 and len(cut) >= 8
         before = [(list(loop.state.response_ids), list(loop.state.versions)) for loop in tool_loops]
         tool.release.set()
         trajectories = await asyncio.gather(*tasks)
@@ -127,7 +140,8 @@ async def test_a_sync_mid_tool_call_never_waits_for_the_tool_and_trajectories_re
             model_versions == sorted(model_versions) and model_versions[-1] == 1
         )  # answered under the new weights
     versions = long.versions
-    assert long.response_ids[: len(cut)] == cut and len(long.response_ids) == 400 and long.metrics.aborts == 1
+    assert long.response_ids[: len(cut)] == cut and len(long.response_ids) == 400
+    assert long.metrics.aborts == (1 if interrupt == "abort" else 0)
     assert (
         versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1
     )  # cut mid-turn, resumed under v1

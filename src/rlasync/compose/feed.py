@@ -84,7 +84,9 @@ class Feed:
         self._files = files  # the rows of data.train_files/val_files, read by preflight
         self.generator = generator  # data.generator: adds rows as the run learns
         self.rng = random.Random(cfg.seed)  # the sampling seeds
-        self.params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+        self.params = SamplingParams(
+            temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, ignore_eos=cfg.ignore_eos
+        )
 
     def read(self) -> None:
         """The rows (the synthetic task's drawn now) and their sampler. Blocking."""

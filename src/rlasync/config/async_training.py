@@ -22,16 +22,33 @@ class AsyncTrainingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     require_batches: Annotated[int, msgspec.Meta(ge=1)] = 1
     """Mini-batches of ``train.prompts_per_step`` samples one trainer step takes from the
     queue; the step makes one optimiser update per mini-batch."""
+    interrupt: Literal["keep", "abort", "drain"] | None = None
+    """What a weight version does to the model turns an engine is generating when it takes it
+    (each engine takes it at its own decode step while the others go on; never all at once):
+
+    - ``keep`` (the default): they go on across the swap with their KV cache; their later
+      tokens carry the new version, the earlier ones the old (trained with their own versions,
+      under the staleness bound). The torch engine and the simulator swap between two decode
+      steps with no pause; vLLM and SGLang freeze their running requests (``pause("keep")``,
+      cache kept) for the load.
+    - ``abort``: they are cut, keep their tokens, and continue under the new weights once
+      re-submitted: each must be prefilled again (``weights/reprefill_tokens``).
+    - ``drain``: the engine admits nothing new until they finish (``drain_timeout_s``), then swaps.
+
+    Unset: ``keep``, or ``drain`` where ``partial_rollout`` is false. A running tool call is
+    never waited for."""
+    commit: Literal["each", "together"] = "each"
+    """``each``: engines stage a version while they decode and take it at their own step, half of
+    them at a time. ``together``: the old global pause, kept for comparison
+    (``benchmarks/pause_bench.py``): every engine stops (as ``interrupt`` says) for the whole
+    transfer and resumes together."""
     partial_rollout: bool = True
-    """At a weight sync, interrupt in-flight generations (engine ``pause("abort")``), keep
-    their tokens and per-token versions, and continue them under the new weights after the
-    sync. False: the sync first waits for in-flight model turns to finish (``pause("wait")``).
-    Either way it never waits for a tool call: a running tool goes on, and the trajectory's
-    next turn queues in the engine until the sync is done."""
+    """verl's switch: false (turns are not continued across versions) means ``interrupt: drain``
+    unless ``interrupt`` is set."""
     drain_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 120.0
-    """With ``partial_rollout`` false, how long a weight sync waits for in-flight model turns
-    to finish; those still running then are cut and continued under the new weights, as
-    ``partial_rollout`` does. The sync itself has ``weights.timeout_s``."""
+    """With ``interrupt: drain``, how long an engine waits for its running model turns to finish
+    before it takes a version; those still running then are cut (as ``abort``). The transfer
+    itself has ``weights.timeout_s``."""
     use_rollout_log_probs: bool = True
     """PPO's old logprobs are the engine's (behaviour) logprobs. False: the trainer recomputes
     them at the start of each step (the proximal policy) and the loss is AReaL's decoupled
@@ -50,3 +67,10 @@ class AsyncTrainingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """The upper ratio bound of ``rollout_rs``; the lower one is its inverse."""
     max_concurrent_samples: Annotated[int, msgspec.Meta(ge=0)] = 0
     """Samples (prompt groups) generating at once; 0: as many as the staleness bound admits."""
+
+    @property
+    def interruption(self) -> Literal["keep", "abort", "drain"]:
+        """``interrupt`` as it applies: ``keep``, or ``drain`` where ``partial_rollout`` is false."""
+        if self.interrupt is not None:
+            return self.interrupt
+        return "keep" if self.partial_rollout else "drain"

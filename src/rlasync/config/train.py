@@ -113,6 +113,9 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS
     """New tokens one model turn may sample (a turn cut there ends with finish reason
     ``length``); the whole response has its own budget, ``agent.response_length``."""
+    ignore_eos: bool = False
+    """Sample ``max_new_tokens`` in every turn, past the end-of-sequence token (verl's
+    ``rollout.ignore_eos``): for benchmarks that need turns of a known length."""
     warmstart_greedy_threshold: Fraction = 0.4
     """The warm-start stops once held-out greedy accuracy reaches this (or sampled accuracy
     0.15): RL then starts from a policy that emits the format but is often wrong."""

@@ -136,8 +136,11 @@ class EngineActor(Actor):
         return float(await self._weights_side().stage(version, timeout_s))
 
     @endpoint
-    async def weight_commit(self, version: int) -> float:
-        return float(await self._weights_side().commit(version))
+    async def weight_commit(
+        self, version: int, interrupt: str = "keep", drain_timeout_s: float = 120.0
+    ) -> Any:
+        """Take the staged ``version`` at the engine's own step (``weights.commit.take_version``)."""
+        return await self._weights_side().commit(version, interrupt, drain_timeout_s)  # type: ignore[arg-type]
 
     def _weights_side(self) -> EngineWeights:
         if self._weights is None:

@@ -41,6 +41,10 @@ class TorchEngine:
 
     last_swap_s = 0.0
     """How long the last ``swap_weights`` held decoding."""
+    swaps_between_steps = True
+    """Weight updates run on the worker between two steps: running requests go on across them
+    with their KV cache, their later tokens tagged with the new version (``interrupt=keep``
+    needs no pause)."""
 
     def __init__(
         self,

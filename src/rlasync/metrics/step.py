@@ -74,12 +74,23 @@ def _group(kind: Any) -> type[Flat] | None:
 
 class Weights(Flat, kw_only=True):
     """A weight sync's seconds: the transfer, and how long generation was paused for it (the
-    fully asynchronous schedule reports the sync, the engines' swap and the whole pause)."""
+    fully asynchronous schedule reports the sync, the longest swap and its own wait, and what
+    the version cost the engines)."""
 
     transfer_s: float | None = msgspec.field(default=None, name="weights/transfer_s")
     sync_s: float | None = msgspec.field(default=None, name="weights/sync_s")
     swap_s: float | None = msgspec.field(default=None, name="weights/swap_s")
     pause_s: float | None = msgspec.field(default=None, name="weights/pause_s")
+    engine_idle_s: float | None = msgspec.field(default=None, name="weights/engine_idle_s")
+    """Decoding time the engines lost to the version, summed over them."""
+    reprefill_tokens: int | None = msgspec.field(default=None, name="weights/reprefill_tokens")
+    """Tokens of the turns the version cut, which the engines must prefill again."""
+    all_paused: int | None = msgspec.field(default=None, name="weights/all_paused")
+    """1 if every engine was paused at one instant for this version (``commit=together`` always is)."""
+    live_versions: int | None = msgspec.field(default=None, name="weights/live_versions")
+    """Distinct versions the engines in rotation serve once the sync returns."""
+    engines_behind: int | None = msgspec.field(default=None, name="weights/engines_behind")
+    """Engines in rotation still serving an older version once the sync returns."""
 
 
 class Staleness(Flat, kw_only=True):

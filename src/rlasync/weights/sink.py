@@ -4,7 +4,7 @@
     mode = await weights.attach(plan, offer)          # once: "shm" (same machine) or "broadcast"
     await weights.join(address, rank)                 # broadcast engines: a rank of the weight group
     await weights.stage(7, timeout_s)                 # the version lands in a staging copy; decoding goes on
-    pause = await weights.commit(7)                   # the engine takes it whole: the only pause
+    commit = await weights.commit(7, "keep")         # the engine takes it whole at its next step
 
 Staging and committing are two steps so that a synchroniser with several engines can stage
 the version on all of them first and only then let them switch, close together, and so a
@@ -21,6 +21,7 @@ import msgspec
 import torch
 
 from .buckets import BucketPlan
+from .commit import Commit, Interrupt, take_version
 from .errors import SyncError
 from .group import WeightGroup
 from .protocol import GroupAddress
@@ -105,19 +106,31 @@ class EngineWeights:
         self._staged = staged
         return time.perf_counter() - started
 
-    async def commit(self, version: int) -> float:
-        """The engine takes the staged ``version``; returns how long it paused decoding."""
+    async def commit(
+        self, version: int, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> Commit:
+        """The engine takes the staged ``version`` at its own step boundary; what happens to its
+        running turns is ``interrupt`` (``weights.commit``). Returns how long it paused."""
         if self._staged is None or self._staged[0] != version:
             have = "nothing" if self._staged is None else f"version {self._staged[0]}"
             raise SyncError(f"commit of version {version}, but {have} is staged here")
         _, tensors = self._staged
         self._staged = None
-        swap = getattr(self.engine, "swap_weights", None)
-        if swap is not None and self._ring is not None and self._ring.depth == 2:
-            return float(await swap(tensors, version))
-        began = time.perf_counter()
-        await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused
-        return time.perf_counter() - began
+        swap_by_reference = getattr(self.engine, "swap_weights", None)
+        if swap_by_reference is not None and self._ring is not None and self._ring.depth == 2:
+
+            async def swap() -> float | None:
+                return float(await swap_by_reference(tensors, version))
+
+        else:
+
+            async def swap() -> float | None:
+                await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused
+                return None
+
+        return await take_version(
+            self.engine, swap, version=version, interrupt=interrupt, drain_timeout_s=drain_timeout_s
+        )
 
     async def alive(self, within_s: float) -> bool:
         """An engine in this process always answers."""

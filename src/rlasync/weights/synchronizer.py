@@ -2,7 +2,7 @@
 
     sync = ParameterSynchronizer(config.weights, trainer, [engine_a, engine_b], router=router)
     await sync.start()                    # plan sent once, shared memory offered, group formed
-    report = await sync.sync(version=7)   # every engine stages v7 while decoding, then all swap
+    report = await sync.sync(version=7)   # every engine stages v7 while decoding, then takes it
 
 The sending side is a ``WeightSource`` (the trainer actor: rank 0 sends, other ranks help
 gather shards), wherever rank 0 runs: it hosts the group's store on its node, at the address
@@ -14,7 +14,9 @@ engine on the trainer's machine copies each version from the trainer's shared me
 the trainer and take a bucketed broadcast.
 
 A sync has two phases. *Stage*: every engine receives the version into a staging copy while
-it keeps decoding. *Commit*: only once all have staged, each swaps it in (the only pause).
+it keeps decoding. *Commit*: only once all have staged, each takes it at its own decode-step
+boundary (``weights.commit.take_version``: running turns go on with their cache, are cut, or
+finish first, as ``interrupt`` says), half the engines at a time, so never all at once.
 So from the caller's view the version bump is atomic: when ``sync`` returns, every engine in
 rotation serves the new version, and an engine that could not take it is out of rotation
 (removed from the ``router``), never left serving a silent mix.
@@ -40,6 +42,7 @@ import msgspec
 from ..config.weights import WeightsConfig
 from ..runtime import ActorRef, NodeLostError
 from ..runtime.errors import first_line
+from .commit import Commit, Interrupt, all_paused, in_waves
 from .errors import SyncError, is_transfer_failure
 from .protocol import GroupAddress
 from .sink import EngineWeights
@@ -80,8 +83,11 @@ class WeightSink(Protocol):
         """Receive ``version`` into a staging copy while the engine decodes; seconds taken."""
         ...
 
-    async def commit(self, version: int) -> float:
-        """The engine takes the staged ``version`` whole; seconds it paused decoding."""
+    async def commit(
+        self, version: int, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> Commit:
+        """The engine takes the staged ``version`` whole, at its own step boundary; its running
+        turns go on, are cut or finish first (``interrupt``, see ``weights.commit``)."""
         ...
 
     async def alive(self, within_s: float) -> bool:
@@ -98,7 +104,9 @@ class WeightSync(Protocol):
     ``SimSync``): the trainer's current parameters served by every engine in rotation as
     ``version`` when it returns."""
 
-    async def sync(self, version: int) -> SyncReport: ...
+    async def sync(
+        self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> SyncReport: ...
 
 
 class Rotation(Protocol):
@@ -116,6 +124,12 @@ class SyncReport(msgspec.Struct, kw_only=True):
     """From the start of the sync until every engine had staged the version (they decoded meanwhile)."""
     pause_s: float
     """The longest stop of an engine to take it."""
+    engine_idle_s: float = 0.0
+    """Decoding time the engines lost to this version, summed over them (``weights/engine_idle_s``)."""
+    reprefill_tokens: int = 0
+    """Tokens of the turns cut to take it, to be prefilled again (``weights/reprefill_tokens``)."""
+    all_paused: bool = False
+    """Was every engine paused at one instant? (Never, with two or more engines: they commit in waves.)"""
     attempts: int = 1
     engines: dict[str, int] = {}
     """Engine name -> the version it serves now (all equal ``version``)."""
@@ -141,8 +155,13 @@ class ActorSink:
     async def stage(self, version: int, timeout_s: float) -> float:
         return float(await self.ref.weight_stage.options(timeout=self.deadline)(version, timeout_s))
 
-    async def commit(self, version: int) -> float:
-        return float(await self.ref.weight_commit.options(timeout=self.deadline)(version))
+    async def commit(
+        self, version: int, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> Commit:
+        # A drain may take its whole timeout before the swap: the call's deadline allows for it.
+        deadline = self.deadline + (drain_timeout_s if interrupt == "drain" else 0.0)
+        answer = await self.ref.weight_commit.options(timeout=deadline)(version, interrupt, drain_timeout_s)
+        return msgspec.convert(answer, Commit)
 
     async def alive(self, within_s: float) -> bool:
         try:
@@ -171,10 +190,10 @@ class _Target:
     async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
         self.transport = str(await self.sink.attach(plan, offer, double_buffer=double_buffer))
 
-    async def commit(self, version: int) -> float:
-        pause = float(await self.sink.commit(version))
+    async def commit(self, version: int, interrupt: Interrupt, drain_timeout_s: float) -> Commit:
+        commit = await self.sink.commit(version, interrupt, drain_timeout_s)
         self.version = version
-        return pause
+        return commit
 
 
 class ParameterSynchronizer:
@@ -283,8 +302,12 @@ class ParameterSynchronizer:
         self._targets.append(target)
         self._regroup = target.transport == "broadcast" or self._regroup
 
-    async def sync(self, version: int) -> SyncReport:
-        """Move the trainer's current parameters to every engine in rotation as ``version``."""
+    async def sync(
+        self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> SyncReport:
+        """Move the trainer's current parameters to every engine in rotation as ``version``: each
+        stages it while it decodes, then takes it at its own step (``interrupt``: what happens
+        to its running turns), half the engines at a time so that never all of them stop."""
         if not self._started:
             raise RuntimeError("call start() first")
         if self._regroup:
@@ -327,8 +350,9 @@ class ParameterSynchronizer:
         # What this sync staged: an engine added meanwhile (a node that joined again, while the
         # trainer was sending) has not staged this version and joins at the next sync.
         targets = [target for target in targets if target in self._targets]
-        pauses = await asyncio.gather(*[target.commit(version) for target in targets], return_exceptions=True)
+        pauses = await in_waves(targets, lambda target: target.commit(version, interrupt, drain_timeout_s))
         failed = {target: p for target, p in zip(targets, pauses) if isinstance(p, BaseException)}
+        commits = [p for p in pauses if isinstance(p, Commit)]
         if failed:  # staged but could not switch: out of rotation (it serves its old version)
             await self._drop(failed, f"committing version {version}", always=True)
         for target in targets:
@@ -341,7 +365,10 @@ class ParameterSynchronizer:
             bytes=self.total_bytes,
             transfer_s=transfer,
             attempts=attempts,
-            pause_s=max((p for p in pauses if isinstance(p, float)), default=0.0),
+            pause_s=max((c.pause_s for c in commits), default=0.0),
+            engine_idle_s=sum(c.pause_s for c in commits),
+            reprefill_tokens=sum(c.reprefill_tokens for c in commits),
+            all_paused=all_paused(commits, len(targets)),
             engines=self.engines,
             transports={target.name: target.transport for target in self._targets},
             removed=self.removed[removed_before:],
