@@ -75,6 +75,9 @@ class RunMetrics:
         self.rollout_s = Timings()
         self.sync_s = Timings()
         self.pause_s = Timings()
+        self.engine_idle_s = 0.0
+        self.reprefill_tokens = 0
+        self.all_paused = 0
         self.staleness: list[int] = []  # samples trained, by versions behind (index)
 
     def observe(self, record: StepRecord) -> None:
@@ -98,6 +101,9 @@ class RunMetrics:
                 self.sync_s.observe(sync)
             if record.weights.pause_s is not None:
                 self.pause_s.observe(record.weights.pause_s)
+            self.engine_idle_s += record.weights.engine_idle_s or 0.0
+            self.reprefill_tokens += record.weights.reprefill_tokens or 0
+            self.all_paused += record.weights.all_paused or 0
         if record.staleness is not None:
             hist = record.staleness.sample_hist
             self.staleness += [0] * (len(hist) - len(self.staleness))
@@ -128,6 +134,21 @@ class RunMetrics:
                 "Seconds generation was paused for each weight sync.",
                 self.pause_s,
             ),
+            counter(
+                "rlasync_weight_engine_idle_seconds_total",
+                "Decoding seconds the engines lost to weight versions, summed over engines.",
+                self.engine_idle_s,
+            ),
+            counter(
+                "rlasync_weight_reprefill_tokens_total",
+                "Tokens of turns cut by weight versions, prefilled again.",
+                self.reprefill_tokens,
+            ),
+            counter(
+                "rlasync_weight_all_paused_total",
+                "Weight versions for which every engine was paused at one instant.",
+                self.all_paused,
+            ),
         ]
         staleness = HistogramMetricFamily(
             "rlasync_sample_staleness",
@@ -150,6 +171,23 @@ class RunMetrics:
         out.append(gauge("rlasync_train_step", "The last step written.", record.step))
         version = record.queue.version if record.queue is not None else record.step
         out.append(gauge("rlasync_weight_version", "Weight version the trainer last published.", version))
+        weights = record.weights
+        if weights is not None and weights.live_versions is not None:
+            out.append(
+                gauge(
+                    "rlasync_weight_live_versions",
+                    "Distinct versions the engines serve.",
+                    weights.live_versions,
+                )
+            )
+        if weights is not None and weights.engines_behind is not None:
+            out.append(
+                gauge(
+                    "rlasync_weight_engines_behind",
+                    "Engines serving an older version than the last one published.",
+                    weights.engines_behind,
+                )
+            )
         for key, (name, doc) in _TRAINER_GAUGES.items():
             if key in record.train:
                 out.append(gauge(name, doc, record.train[key]))

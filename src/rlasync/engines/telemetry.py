@@ -41,6 +41,12 @@ def engine_families(engine: str, stats: EngineStats, *, pauses: int, paused_s: f
             engine=engine,
         ),
         gauge("rlasync_engine_weight_version", "Weight version served.", stats.weight_version, engine=engine),
+        gauge(
+            "rlasync_engine_oldest_running_version",
+            "Oldest weight version among the tokens being decoded (-1: none running).",
+            stats.oldest_running_version,
+            engine=engine,
+        ),
         gauge("rlasync_engine_paused", "1 while generation is paused.", float(stats.paused), engine=engine),
         counter("rlasync_engine_pauses_total", "Times generation was paused.", pauses, engine=engine),
         counter(

@@ -231,6 +231,14 @@ class TorchEngine:
             finished=self._finished,
             generated_tokens=self._rate.total,
             batch_size=self._rate.last,
+            oldest_running_version=min(
+                (
+                    seq.versions[0]
+                    for seq in list(self._by_id.values())
+                    if seq.finish is None and seq.versions
+                ),
+                default=-1,
+            ),
         )
 
     async def close(self) -> None:
