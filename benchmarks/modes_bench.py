@@ -7,9 +7,16 @@ model on this machine's 2 cores.
 router, agent loops, rollouter, queue and controllers; the trainer's step and the weight sync
 take modelled times). Sync uses all 32 GPUs for generation, then training (colocated); the
 async modes split them 16 : 16. For each mode: steps/hour (after the first sync period, in
-simulated time), the GPU busy fraction, and the mode's own ideal: an analytic bound with zero
-idle time on the workload the run actually drew (its formula is printed), and how close the
-mode came to it. ``--check-scale`` runs the simulation again at half the scale (twice as fast
+simulated time), the GPU busy fraction, the mode's own ideal (an analytic bound with zero
+idle time on the workload the run actually drew, its formula printed) and how close the mode
+came to it, and the fraction of the **pooled ideal**: every GPU busy at a full batch and
+nothing paused, ``T x ((a + c*256)/256 + 1/r) / 32`` for the run's tokens T, the same bound
+for every schedule. The simulator charges what real engines pay to take a version: the
+transfer (engines decode meanwhile), each engine's swap, and the prefill of every turn cut.
+Fully async runs four ways (``async_training.interrupt``, ``commit``): keep (the default:
+turns go on across the swap), abort (cut and re-prefilled), drain (finish first), and
+``commit=together`` abort (the old global pause: every engine stopped for the whole sync).
+``--check-scale`` runs the simulation again at half the scale (twice as fast
 against the wall clock) and prints how much the results moved.
 
 **Real tiny model on 2 cores**: the quickstart task, the engine's process on core 0 and the
@@ -19,8 +26,9 @@ phases, so its ideal on this workload is (generation + training) / max(generatio
 from the sync run's phase times: 2x only when the two phases take equally long. The pair runs
 ``--real-repeats`` times, alternating, and the median ratio is reported (the machines are shared).
 
-Last line JSON: ``{"sim_speedup_async_vs_sync", "sim_speedup_one_step_vs_sync", "sim_partial_gain",
-"sim_async_fraction_of_ideal", "sim_sync_fraction_of_ideal", "real_speedup_async_vs_sync"}``.
+Last line JSON: ``{"sim_speedup_async_vs_sync", "sim_speedup_one_step_vs_sync", "sim_keep_gain_vs_together",
+"sim_async_fraction_of_ideal", "sim_sync_fraction_of_ideal", "sim_<mode>_fraction_of_pooled_ideal"
+(each schedule), "real_speedup_async_vs_sync"}``; fully async is its default, ``interrupt=keep``.
 
 ``--smoke`` (for ``make test``; its figures mean nothing): two simulated steps of each mode, 16
 samples a step, and one real pair of 2 steps of a few short trajectories from an untrained
@@ -48,15 +56,16 @@ from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock, Virtua
 from rlasync.modes.sim import SimCluster, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
-LATENCY = LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256)
+LATENCY = LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256)  # prefill and swap: its defaults
 LENGTHS = LogNormalLengths(median=2000, sigma=0.8, cap=16000)
 GPUS, PROMPTS, GROUP, TRAIN_RATE, SYNC_S, BLOCK = 32, 32, 16, 10_000.0, 1.0, 16
 # Four steps per weight version (verl's recipe). The bound is exact per token, so it must leave a
 # long response time to finish: the longest (16,000 tokens) takes 16,000 decoding steps, about
-# 850 s at a full batch, which is many trainer steps. Measured (160 steps, the first 60 left
-# out): staleness 4 -> 0.87 of the ideal (the trainer waits for the tail at its deadline and the
-# GPUs drain), 5 -> 0.90, 6 -> 0.94 and 167 steps/h, 8 -> 0.84 (a pipeline that long has not
-# settled in 160 steps). 6: tokens at most 6 versions (24 steps) old.
+# 850 s at a full batch, which is many trainer steps. Measured with partial rollouts, before the
+# simulator charged swaps and re-prefills (160 steps, the first 60 left out): staleness 4 -> 0.87
+# of the ideal (the trainer waits for the tail at its deadline and the GPUs drain), 5 -> 0.90,
+# 6 -> 0.94 and 167 steps/h, 8 -> 0.84 (a pipeline that long has not settled in 160 steps).
+# 6: tokens at most 6 versions (24 steps) old.
 ASYNC = {"trigger_parameter_sync_step": 4, "staleness_threshold": 6.0, "require_batches": 1}
 # --smoke: 64 synthetic problems to draw prompts from, not 20,000 (making them took ~0.4 s a run).
 SMOKE_DATA = ["data.synthetic_train_size=64"]
@@ -74,35 +83,40 @@ SIM_EXTRA: list[str] = []
 
 
 class Mode(msgspec.Struct, kw_only=True):
+    key: str  # in the JSON line's keys
     label: str
     mode: str
     steps: int
     warmup: int  # steps left out of the rate (the pipeline filling)
-    partial: bool = True
+    interrupt: str = "keep"
+    commit: str = "each"
     trigger: int = 1
 
 
-MODES = [
-    Mode(label="sync (32 colocated)", mode="sync", steps=4, warmup=0),
-    Mode(label="one-step-off (16:16)", mode="one_step_off", steps=6, warmup=1),
+def _fully_async(interrupt: str, commit: str = "each") -> Mode:
     # 160 steps, the first 60 left out: the bound lets the pipeline hold about 28 steps of samples.
-    Mode(
-        label="fully async, no partial (16:16)",
+    together = ", together" if commit == "together" else ""
+    return Mode(
+        key=f"fully_async_{commit + '_' if commit == 'together' else ''}{interrupt}",
+        label=f"fully async, {interrupt}{together} (16:16)",
         mode="fully_async",
         steps=160,
         warmup=60,
-        partial=False,
-        trigger=ASYNC["trigger_parameter_sync_step"],
-    ),
-    Mode(
-        label="fully async + partial (16:16)",
-        mode="fully_async",
-        steps=160,
-        warmup=60,
-        partial=True,
-        trigger=ASYNC["trigger_parameter_sync_step"],
-    ),
+        interrupt=interrupt,
+        commit=commit,
+        trigger=int(ASYNC["trigger_parameter_sync_step"]),
+    )
+
+
+MODES = [
+    Mode(key="sync", label="sync (32 colocated)", mode="sync", steps=4, warmup=0),
+    Mode(key="one_step_off", label="one-step-off (16:16)", mode="one_step_off", steps=6, warmup=1),
+    _fully_async("keep"),
+    _fully_async("abort"),
+    _fully_async("drain"),
+    _fully_async("abort", "together"),  # the old behaviour: every engine stopped for the whole sync
 ]
+ASYNC_KEEP, TOGETHER = "fully_async_keep", "fully_async_together_abort"
 
 
 def sim_config(mode: Mode, run_dir: str) -> Config:
@@ -117,7 +131,8 @@ def sim_config(mode: Mode, run_dir: str) -> Config:
         "train.validate_every=100000",
         f"train.run_dir={run_dir}",
         "train.model_dir=simulated",
-        f"async_training.partial_rollout={str(mode.partial).lower()}",
+        f"async_training.interrupt={mode.interrupt}",
+        f"async_training.commit={mode.commit}",
         f"async_training.trigger_parameter_sync_step={mode.trigger}",
         f"async_training.staleness_threshold={ASYNC['staleness_threshold']}",
         f"async_training.require_batches={ASYNC['require_batches']}",
@@ -133,7 +148,8 @@ def ideal_step_s(mode: Mode, record: dict[str, Any], batch: float | None = None)
     staleness bound let the run keep; None: the most the hardware takes, 256)."""
     tokens = record["response_tokens"] * BLOCK  # real tokens generated and trained on
     longest = record["response_len_max"] * BLOCK
-    a, c, s = LATENCY.base_s, LATENCY.per_seq_s, SYNC_S
+    a, c, h = LATENCY.base_s, LATENCY.per_seq_s, LATENCY.swap_s
+    s = SYNC_S + 2 * h  # a sync: the transfer, then each half of the engines swaps in turn
     half = GPUS // 2
     if (
         mode.mode == "sync"
@@ -143,14 +159,25 @@ def ideal_step_s(mode: Mode, record: dict[str, Any], batch: float | None = None)
     if mode.mode == "one_step_off":  # 16 generate the next batch while 16 train on this one
         b = min(LATENCY.max_batch, PROMPTS * GROUP / half)
         return max(longest * (a + c), tokens * (a / b + c) / half, tokens / (TRAIN_RATE * half)) + s
+    # The engines decode through the transfer and lose only their swap; the trainer waits for all.
     b = min(LATENCY.max_batch, batch or LATENCY.max_batch)
-    return max(tokens * (a / b + c) / half + s / mode.trigger, tokens / (TRAIN_RATE * half))
+    return max(
+        tokens * (a / b + c) / half + h / mode.trigger, tokens / (TRAIN_RATE * half) + s / mode.trigger
+    )
+
+
+def pooled_step_s(record: dict[str, Any]) -> float:
+    """The pooled ideal of one step, the same for every schedule: its tokens made and trained on
+    with every GPU busy at a full batch and nothing paused."""
+    a, c, b = LATENCY.base_s, LATENCY.per_seq_s, LATENCY.max_batch
+    return record["response_tokens"] * BLOCK * ((a + c * b) / b + 1 / TRAIN_RATE) / GPUS
 
 
 FORMULAS = {
-    "sync": "sum over steps of  max(L_max*(a+c), T*(a/b+c)/32) + T/(r*32) + s,  b = min(256, 512/32)",
-    "one_step_off": "sum over steps of  max(max(L_max*(a+c), T*(a/b+c)/16), T/(r*16)) + s,  b = min(256, 512/16)",
-    "fully_async": "sum over steps of  max(T*(a/b+c)/16 + s/trigger, T/(r*16)),  b = the mean batch the bound let the run keep (and b = 256: 'full batch')",
+    "sync": "sum over steps of  max(L_max*(a+c), T*(a/b+c)/32) + T/(r*32) + s + 2h,  b = min(256, 512/32)",
+    "one_step_off": "sum over steps of  max(max(L_max*(a+c), T*(a/b+c)/16), T/(r*16)) + s + 2h,  b = min(256, 512/16)",
+    "fully_async": "sum over steps of  max(T*(a/b+c)/16 + h/trigger, T/(r*16) + (s + 2h)/trigger),  b = the mean batch the bound let the run keep (and b = 256: 'full batch')",
+    "pooled (every mode)": "sum over steps of  T*((a + c*256)/256 + 1/r)/32: every GPU busy at a full batch, no pause",
 }
 
 
@@ -187,6 +214,8 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
         busy = cluster.generation_busy_s() + cluster.trainer.busy_s * trainer_gpus
         mean_batch = sum(g.batch_s for g in cluster.engines) / max(cluster.generation_busy_s(), 1e-9)
         gen_busy = cluster.generation_busy_s() / (engines * elapsed)
+        stopped = sum(g.stopped_s for g in cluster.engines) / (engines * elapsed)
+        prefill = sum(g.prefill_s for g in cluster.engines) / (engines * elapsed)
     first = records[mode.warmup - 1]["sim_t"] if mode.warmup else 0.0
     counted = records[mode.warmup :]
     measured = records[-1]["sim_t"] - first
@@ -198,6 +227,9 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
         "steps_per_hour": len(counted) / measured * 3600,
         "gpu_busy": busy / (GPUS * elapsed),
         "fraction_of_ideal": ideal / measured,
+        "fraction_of_pooled_ideal": sum(pooled_step_s(r) for r in counted) / measured,
+        "stopped": stopped,
+        "prefill": prefill,
         "ideal_steps_per_hour": len(counted) / ideal * 3600,
         "full_batch_steps_per_hour": len(counted) / full * 3600,
         "sim_s": elapsed,
@@ -207,22 +239,18 @@ async def simulate(mode: Mode, scale: float) -> dict[str, float]:
     }
 
 
-async def simulate_all(scale: float) -> dict[str, dict[str, float]]:
+def run_sim(clock: str, scale: float) -> dict[str, dict[str, float]]:
+    """Every mode on the simulated cluster, by its key: on a ``VirtualTimeLoop`` (the schedulers'
+    own Python time costs no simulated time: exact at any scale) or against the wall clock.
+    Each mode on a loop of its own: on one shared with the runs before it, a run's start-up
+    took a different simulated time from one run of the benchmark to the next."""
     results = {}
     for mode in MODES:
         began = time.perf_counter()
-        results[mode.label] = await simulate(mode, scale)
-        results[mode.label]["wall_s"] = time.perf_counter() - began
+        with asyncio.Runner(loop_factory=VirtualTimeLoop if clock == "virtual" else None) as runner:
+            results[mode.key] = runner.run(simulate(mode, scale))
+        results[mode.key]["wall_s"] = time.perf_counter() - began
     return results
-
-
-def run_sim(clock: str, scale: float) -> dict[str, dict[str, float]]:
-    """Every mode on the simulated cluster: on a ``VirtualTimeLoop`` (the schedulers' own Python
-    time costs no simulated time: exact at any scale) or against the wall clock."""
-    if clock == "virtual":
-        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-            return runner.run(simulate_all(scale))
-    return asyncio.run(simulate_all(scale))
 
 
 def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: str) -> None:
@@ -230,15 +258,19 @@ def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: st
         "(of ideal: steps/h over the ideal's; gen busy: generation GPUs' time with work; batch: their mean batch; full-batch/h: the ideal at 256;"
     )
     print(
-        " gen/trained: tokens generated in the measured steps over those trained, 1 when the pipeline is steady)"
+        " gen/trained: tokens generated in the measured steps over those trained, 1 when the pipeline is steady;"
     )
     print(
-        f"\n{'mode':34s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'GPU busy':>9s} {'gen busy':>9s} {'batch':>6s} {'full-batch/h':>13s} {'gen/trained':>12s} {'sim s':>7s} {'wall s':>7s}   ({clock_name} clock, scale {scale:g})"
+        " of pooled: the pooled ideal's time over the mode's; paused, prefill: generation GPUs' time stopped for weights, prefilling)"
     )
-    for label, r in results.items():
+    print(
+        f"\n{'mode':36s} {'steps/h':>8s} {'ideal/h':>8s} {'of ideal':>9s} {'of pooled':>10s} {'GPU busy':>9s} {'gen busy':>9s} {'paused':>7s} {'prefill':>8s} {'batch':>6s} {'full-batch/h':>13s} {'gen/trained':>12s} {'sim s':>7s} {'wall s':>7s}   ({clock_name} clock, scale {scale:g})"
+    )
+    labels = {mode.key: mode.label for mode in MODES}
+    for key, r in results.items():
         print(
-            f"{label:34s} {r['steps_per_hour']:8.2f} {r['ideal_steps_per_hour']:8.2f} {r['fraction_of_ideal']:9.3f} {r['gpu_busy']:9.3f} "
-            f"{r['generation_busy']:9.3f} {r['mean_batch']:6.1f} {r['full_batch_steps_per_hour']:13.2f} {r['generated_per_trained']:12.3f} {r['sim_s']:7.0f} {r['wall_s']:7.1f}"
+            f"{labels[key]:36s} {r['steps_per_hour']:8.2f} {r['ideal_steps_per_hour']:8.2f} {r['fraction_of_ideal']:9.3f} {r['fraction_of_pooled_ideal']:10.3f} {r['gpu_busy']:9.3f} "
+            f"{r['generation_busy']:9.3f} {r['stopped']:7.3f} {r['prefill']:8.3f} {r['mean_batch']:6.1f} {r['full_batch_steps_per_hour']:13.2f} {r['generated_per_trained']:12.3f} {r['sim_s']:7.0f} {r['wall_s']:7.1f}"
         )
 
 
@@ -337,7 +369,10 @@ def simulated_cluster(args: argparse.Namespace) -> dict[str, float]:
         f"  decode step of b sequences: a + c*b = {LATENCY.base_s * 1e3:g} ms + {LATENCY.per_seq_s * 1e3:g} ms * b, b <= {LATENCY.max_batch}"
     )
     print(
-        f"  training r = {TRAIN_RATE:,.0f} tokens/s per GPU; s = {SYNC_S:g} s per weight sync; fully async: {ASYNC}"
+        f"  prefill {LATENCY.prefill_per_token_s * 1e6:.0f} us per token of context (every request's; a cut turn's again when re-submitted); h = {LATENCY.swap_s:g} s per engine to swap weights"
+    )
+    print(
+        f"  training r = {TRAIN_RATE:,.0f} tokens/s per GPU; s = {SYNC_S:g} s per weight transfer (engines decode meanwhile); fully async: {ASYNC}"
     )
     print(
         f"  one simulated second per {args.scale * 1e3:g} ms of the event loop's {args.clock} clock; each simulated token stands for {BLOCK} (T: a step's tokens)"
@@ -346,21 +381,21 @@ def simulated_cluster(args: argparse.Namespace) -> dict[str, float]:
         print(f"  ideal, {mode}: {formula}")
     results = run_sim(args.clock, args.scale)
     print_sim(results, args.scale, args.clock)
-    labels = [m.label for m in MODES]
-    rate = {label: results[label]["steps_per_hour"] for label in labels}
+    rate = {key: r["steps_per_hour"] for key, r in results.items()}
     summary: dict[str, float] = {
-        "sim_speedup_async_vs_sync": rate[labels[3]] / rate[labels[0]],
-        "sim_speedup_one_step_vs_sync": rate[labels[1]] / rate[labels[0]],
-        "sim_partial_gain": rate[labels[3]] / rate[labels[2]],
-        "sim_async_fraction_of_ideal": results[labels[3]]["fraction_of_ideal"],
-        "sim_sync_fraction_of_ideal": results[labels[0]]["fraction_of_ideal"],
+        "sim_speedup_async_vs_sync": rate[ASYNC_KEEP] / rate["sync"],
+        "sim_speedup_one_step_vs_sync": rate["one_step_off"] / rate["sync"],
+        "sim_keep_gain_vs_together": rate[ASYNC_KEEP] / rate[TOGETHER],
+        "sim_async_fraction_of_ideal": results[ASYNC_KEEP]["fraction_of_ideal"],
+        "sim_sync_fraction_of_ideal": results["sync"]["fraction_of_ideal"],
+        **{
+            f"sim_{key}_fraction_of_pooled_ideal": r["fraction_of_pooled_ideal"] for key, r in results.items()
+        },
     }
     if args.check_scale:
         half = run_sim(args.clock, args.scale / 2)
         print_sim(half, args.scale / 2, args.clock)
-        moved = max(
-            abs(half[label]["steps_per_hour"] / results[label]["steps_per_hour"] - 1) for label in labels
-        )
+        moved = max(abs(half[key]["steps_per_hour"] / rate[key] - 1) for key in results)
         print(f"at half the scale the steps/hour moved by at most {moved * 100:.1f} %")
         summary["sim_scale_check_max_change"] = moved
     return summary

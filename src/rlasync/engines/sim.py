@@ -13,15 +13,24 @@ by the steps that fit in the time that passed, instead of waking for every decod
 Each *simulated token* stands for ``token_block`` tokens (the step time is multiplied by it),
 which keeps the Python work per simulated second small; counts it reports are real tokens.
 
+It charges what a real engine pays besides decoding (``LatencyModel``): admitting a request
+costs the prefill of its context, during which the running sequences make no progress; a
+weight swap (``update_weights``) holds decoding for ``swap_s``; a frozen engine
+(``pause("keep")``) decodes nothing. A step in progress keeps its progress across such a stop.
+
 A request's response length comes from its seed (the agent loops seed each turn), and a turn
 that was cut (``pause("abort")``) and is re-submitted continues where it stopped, so partial
-rollouts behave as on a real engine. Tokens carry the weight version they were made under.
+rollouts behave as on a real engine, and pays the prefill of everything it had made: the
+cut dropped its KV cache. Tokens carry the weight version in force when they were made: a
+swap counts the steps made so far under the old version first (a block in progress at the
+swap carries the new one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import random
 from collections.abc import AsyncIterator, Mapping
@@ -95,14 +104,30 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 
 class LatencyModel(msgspec.Struct, frozen=True, kw_only=True):
-    """One decoding step of ``b`` sequences takes ``base_s + per_seq_s * b`` seconds, ``b <= max_batch``."""
+    """What a simulated GPU's work costs, in seconds. One decoding step of ``b`` sequences takes
+    ``base_s + per_seq_s * b``, ``b <= max_batch``: with the defaults 53 ms at a full batch,
+    0.21 ms a token."""
 
     base_s: float = 0.015
     per_seq_s: float = 0.00015
     max_batch: int = 256
+    prefill_per_token_s: float = 1 / 30_000
+    """Seconds the GPU spends per token of a request's context before it decodes it. A prefill
+    is one forward pass over the context, compute-bound: about 2N FLOPs a token for N
+    parameters, against 6N for a training token (forward and backward). At the simulated
+    trainer's 10,000 tokens/s per GPU (``SimTrainer``, ``benchmarks/modes_bench.py``) that is
+    30,000 tokens/s: 33 us a token, a sixth of a decoded token's cost at a full batch."""
+    swap_s: float = 0.1
+    """Seconds an engine decodes nothing to take a staged weight version. An assumed order of
+    magnitude, not a measurement: copying the staged weights of an 8B model (16 GB in bf16)
+    over the live ones at HBM bandwidth takes ~10-20 ms; an engine's weight loader (vLLM's
+    ``load_weights``: one call per parameter) and the pause around it take longer."""
 
     def step_s(self, batch: int) -> float:
         return self.base_s + self.per_seq_s * batch
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.prefill_per_token_s * tokens
 
 
 class LogNormalLengths(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,19 +143,24 @@ class LogNormalLengths(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Seq:
-    __slots__ = ("request", "queue", "remaining", "finish", "emitted", "made")
+    __slots__ = ("request", "queue", "remaining", "finish", "emitted", "made", "context")
 
-    def __init__(self, request: GenerateRequest, remaining: int, finish: FinishReason) -> None:
+    def __init__(self, request: GenerateRequest, remaining: int, finish: FinishReason, context: int) -> None:
         self.request = request
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         self.remaining = remaining  # simulated tokens until this request ends
         self.finish = finish  # how it ends when they are done: "stop" or "length"
         self.made: list[int] = []  # the version of each simulated token not yet sent
         self.emitted = 0
+        self.context = context  # real tokens to prefill when admitted
 
 
 class SimEngine:
     """A simulated GPU behind the ``Engine`` protocol (see the module docstring)."""
+
+    swaps_between_steps = True
+    """``weights.commit.take_version`` runs a swap between two steps while the running turns go
+    on (``interrupt=keep``): the swap itself is the only pause (``LatencyModel.swap_s``)."""
 
     def __init__(
         self,
@@ -159,11 +189,16 @@ class SimEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
-        self._began: float | None = None  # simulated time the current steps started counting from
+        self._began: float | None = None  # simulated time the step in progress began (None: none runs)
         self._mark = 0.0
         self._step = 1.0
-        self.busy_s = 0.0  # simulated seconds with at least one sequence decoding
+        self._stops = 0  # reasons the GPU decodes nothing now: a freeze (pause "keep"), swaps
+        self._stopped_since: float | None = None
+        self._prefill_due = 0.0  # seconds of prefill the admitted requests need before the next step
+        self.busy_s = 0.0  # simulated seconds decoding or prefilling with at least one sequence running
         self.batch_s = 0.0  # running sequences integrated over busy time (batch_s / busy_s: the mean batch)
+        self.stopped_s = 0.0  # simulated seconds stopped (frozen or swapping weights)
+        self.prefill_s = 0.0  # simulated seconds of prefill charged
         self.tokens = 0  # real tokens made
         self.finished = 0
 
@@ -190,10 +225,11 @@ class SimEngine:
     async def _decode_forever(self) -> None:
         while not self._closed:
             self._admit()
-            if not self._running or self._frozen:
+            if not self._running or self._stops:
                 if not self._running:
                     self._idle.set()
-                self._began = None  # the next step starts when work comes
+                    self._began = None  # the next step starts when work comes
+                    self._prefill_due = 0.0  # the requests it was for left before it ran
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -202,32 +238,56 @@ class SimEngine:
             if self._began is None:
                 self._began = self._mark = now
             # A step in progress finishes first (a real engine changes its batch between steps):
-            # ``_began`` stays at its start, so an arrival does not throw a partial step away.
+            # ``_began`` stays at its start, so an arrival does not throw a partial step away. The
+            # prefills of the requests just admitted come before the rest of it.
+            self._began += self._prefill_due
+            self.prefill_s += self._prefill_due
+            self._prefill_due = 0.0
             self._step = self.latency.step_s(len(self._running)) * self.token_block
             steps = min(seq.remaining for seq in self._running.values())
             self._wake.clear()
-            try:  # sleep straight to the next completion, unless an arrival, abort or pause comes first
+            # Sleep straight to the next completion, unless an arrival, abort or pause comes first.
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self._wake.wait(),
                     timeout=self.clock.wall(max(0.0, self._began + steps * self._step - now)),
                 )
-                self._account()
-            except TimeoutError:
-                self._account(steps)
+            self._account()
 
-    def _account(self, steps: int | None = None) -> None:
-        """Count the decoding steps run since the last count (``steps`` when the GPU slept to a
-        completion, else those that fit in the time that passed), before the batch changes."""
+    def _account(self) -> None:
+        """Count the decoding steps run since the last count (those that fit in the time that
+        passed), before the batch, the version or the state changes. A stopped GPU runs none."""
         if self._began is None:
             return
         now = self.clock.now()
-        self.busy_s += now - self._mark
-        self.batch_s += len(self._running) * (now - self._mark)
+        if self._stopped_since is None:
+            self.busy_s += now - self._mark
+            self.batch_s += len(self._running) * (now - self._mark)
+            # (A sleep to a completion ends on its step's end, to a rounding error.)
+            fit = max(0, int((now - self._began) / self._step + 1e-6))
+            fit = min(fit, min((seq.remaining for seq in self._running.values()), default=0))
+            self._began += fit * self._step
+            self._advance(fit)
         self._mark = now
-        fit = int((now - self._began) / self._step) if steps is None else steps
-        fit = min(fit, min((seq.remaining for seq in self._running.values()), default=0))
-        self._began += fit * self._step
-        self._advance(fit)
+
+    def _stop(self) -> None:
+        """Decode nothing until as many ``_go``: the steps so far are counted first, and a step in
+        progress keeps its progress (it ends that much later)."""
+        if self._stops == 0:
+            self._account()
+            self._stopped_since = self.clock.now()
+        self._stops += 1
+        self._wake.set()
+
+    def _go(self) -> None:
+        self._stops -= 1
+        if self._stops == 0 and self._stopped_since is not None:
+            now = self.clock.now()
+            self.stopped_s += now - self._stopped_since
+            if self._began is not None:
+                self._began += now - self._stopped_since
+            self._mark, self._stopped_since = now, None
+        self._wake.set()
 
     def _advance(self, steps: int) -> None:
         if steps <= 0:
@@ -243,6 +303,7 @@ class SimEngine:
         while self._waiting and not self._paused and len(self._running) < self.latency.max_batch:
             seq = self._waiting.popleft()
             self._running[seq.request.request_id] = seq
+            self._prefill_due += self.latency.prefill_s(seq.context)
 
     def _end(self, rid: str, finish: FinishReason) -> None:
         seq = self._running.pop(rid, None)
@@ -276,9 +337,13 @@ class SimEngine:
             raise EngineError(f"request id {request.request_id!r} is already running; ids must be unique")
         seed = request.params.seed if request.params.seed is not None else hash(request.request_id)
         total = -(-self.lengths.draw(seed) // self.token_block)
-        left = max(1, total - self._progress.get(seed, 0))
+        made = self._progress.get(seed, 0)
+        left = max(1, total - made)
         budget = max(1, request.params.max_new_tokens)
-        seq = _Seq(request, min(left, budget), "stop" if left <= budget else "length")
+        # Its context, in real tokens: the prompt, which for a cut turn re-submitted ends with the
+        # ``made`` blocks it had made (the agent loops send them), each ``token_block`` tokens.
+        context = len(request.prompt_ids) + made * (self.token_block - 1)
+        seq = _Seq(request, min(left, budget), "stop" if left <= budget else "length", context)
         self._waiting.append(seq)
         self._ensure_running()
         self._wake.set()
@@ -309,8 +374,9 @@ class SimEngine:
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
         self._paused = True
         if mode == "keep":
-            self._frozen = True
-            self._wake.set()
+            if not self._frozen:
+                self._frozen = True
+                self._stop()
             return []
         if mode == "abort":
             self._account()  # the steps made so far belong to the cut turns
@@ -329,15 +395,26 @@ class SimEngine:
                 )
                 self._end(rid, "abort")
             return outs
-        await wait_until_idle(self._idle, timeout)
+        # ``timeout`` in simulated seconds, as every duration this engine is told.
+        await wait_until_idle(self._idle, None if timeout is None else self.clock.wall(timeout))
         return []
 
     async def resume(self) -> None:
-        self._paused = self._frozen = False
+        self._paused = False
+        if self._frozen:
+            self._frozen = False
+            self._go()
         self._wake.set()
 
     async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        """Take ``version`` between two steps: the steps made so far carry the old one; then the
+        GPU decodes nothing for the swap (``latency.swap_s``)."""
+        self._stop()
         self._version = version
+        try:
+            await self.clock.sleep(self.latency.swap_s)
+        finally:
+            self._go()
 
     @property
     def weight_version(self) -> int:

@@ -1,6 +1,7 @@
 """A simulated cluster for the real schedules: simulated GPUs (``SimEngine``) behind the real
-router and engine actors, a trainer whose step takes a modelled time, and a weight sync of a
-modelled duration. The rollouter, queue, agent loops and controllers are the real ones.
+router and engine actors, a trainer whose step takes a modelled time, and a weight sync that
+costs what a real one does (``SimSync``). The rollouter, queue, agent loops and controllers
+are the real ones.
 
     cluster = SimCluster(clock, engines=16, trainer_gpus=16)
     result = await train_run(config, cluster)   # any train.mode, in simulated time
@@ -11,7 +12,8 @@ and for planning (how many GPUs to give generation, which staleness bound).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -24,6 +26,7 @@ from ..config import ClusterConfig, Config
 from ..engines import EngineGroup
 from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
 from ..weights import SyncReport
+from ..weights.commit import Commit, Interrupt, all_paused, in_waves, take_version
 
 
 class SimTrainer:
@@ -65,17 +68,64 @@ class SimTrainer:
 
 
 class SimSync:
-    """A weight sync of ``seconds`` simulated seconds, then every engine serves the new version."""
+    """The weight sync as ``ParameterSynchronizer`` runs it, in simulated time: the version's
+    ``weight_bytes`` go through a relay of ``bandwidth`` bytes/s to every engine at once
+    (``weight_bytes / bandwidth`` seconds) while they keep decoding (the stage); then each
+    engine takes it as ``interrupt`` says (``weights.commit.take_version``: ``keep`` holds it
+    for its swap, ``LatencyModel.swap_s``; ``abort`` cuts its turns, which pay their prefill
+    again when re-submitted; ``drain`` lets them finish first), half the engines at a time
+    (``in_waves``). The trainer waits for all of it, as it waits for the real sync.
 
-    def __init__(self, clock: SimClock, engines: EngineGroup, seconds: float = 1.0) -> None:
-        self.clock, self.engines, self.seconds = clock, engines, seconds
+    The report's seconds are the event loop's (``SimClock.wall``), as the schedules' own
+    timings; its ``reprefill_tokens`` count the simulator's tokens (a response block is one)."""
+
+    def __init__(
+        self,
+        clock: SimClock,
+        engines: Sequence[SimEngine],
+        *,
+        weight_bytes: int = 16_000_000_000,
+        bandwidth: float = 16e9,
+    ) -> None:
+        self.clock, self.engines = clock, list(engines)
+        self.weight_bytes, self.bandwidth = weight_bytes, bandwidth
         self.syncs = 0
 
-    async def sync(self, version: int) -> SyncReport:
-        await self.clock.sleep(self.seconds)
-        await self.engines.update_weights({}, version)
+    async def sync(
+        self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> SyncReport:
+        transfer = self.weight_bytes / self.bandwidth
+        await self.clock.sleep(transfer)  # staged while every engine decodes
+
+        async def commit(engine: SimEngine) -> Commit:
+            began = self.clock.now()
+            taken = await take_version(
+                engine,
+                lambda: engine.update_weights({}, version),
+                version=version,
+                interrupt=interrupt,
+                drain_timeout_s=drain_timeout_s,
+            )
+            # take_version times the pause on the machine's clocks; here time is simulated.
+            return msgspec.structs.replace(taken, began=began, pause_s=self.clock.now() - began)
+
+        results = await in_waves(self.engines, commit)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # a simulated engine does not fail a commit: a bug
+        commits = [c for c in results if isinstance(c, Commit)]
         self.syncs += 1
-        return SyncReport(version=version, bytes=0, transfer_s=self.clock.wall(self.seconds), pause_s=0.0)
+        return SyncReport(
+            version=version,
+            bytes=self.weight_bytes,
+            transfer_s=self.clock.wall(transfer),
+            pause_s=self.clock.wall(max((c.pause_s for c in commits), default=0.0)),
+            engine_idle_s=self.clock.wall(sum(c.pause_s for c in commits)),
+            reprefill_tokens=sum(c.reprefill_tokens for c in commits),
+            all_paused=all_paused(commits, len(self.engines)),
+            engines={engine.name: version for engine in self.engines},
+            transports={engine.name: "broadcast" for engine in self.engines},
+        )
 
     def close(self) -> None:
         return None
@@ -84,7 +134,11 @@ class SimSync:
 class SimCluster:
     """``engines`` simulated GPUs, a simulated trainer of ``trainer_gpus`` GPUs and the modelled
     sync: the stand-ins ``make_fleet(simulated=...)`` composes like real parts (engine actors
-    on the head behind the real router, an agent-loop worker beside them: ``compose.sim_fleet``)."""
+    on the head behind the real router, an agent-loop worker beside them: ``compose.sim_fleet``).
+
+    ``sync_s``: seconds the weights take through the relay (``weight_bytes`` of them: an 8B
+    model in bf16; 1 s is a 16 GB/s relay); what each engine pays to take them is its
+    ``latency``'s (``swap_s``, and the prefill of cut turns)."""
 
     def __init__(
         self,
@@ -97,6 +151,7 @@ class SimCluster:
         token_block: int = 16,
         tokens_per_s_per_gpu: float = 10_000.0,
         sync_s: float = 1.0,
+        weight_bytes: int = 16_000_000_000,
     ) -> None:
         from ..models import build_tokenizer
 
@@ -109,10 +164,13 @@ class SimCluster:
             clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block
         )
         self.tokenizer = build_tokenizer()
-        self.sync_s = sync_s
+        self.sync_s, self.weight_bytes = sync_s, weight_bytes
 
     def synchronizer(self, engines: EngineGroup) -> SimSync:
-        return SimSync(self.clock, engines, self.sync_s)
+        """The sync takes each version on the simulated GPUs themselves, in this process (as
+        ``EngineWeights`` does on a local engine); the group behind the router is not needed."""
+        bandwidth = self.weight_bytes / self.sync_s if self.sync_s > 0 else math.inf
+        return SimSync(self.clock, self.engines, weight_bytes=self.weight_bytes, bandwidth=bandwidth)
 
     def generation_busy_s(self) -> float:
         return sum(gpu.busy_s for gpu in self.engines)
