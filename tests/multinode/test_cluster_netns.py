@@ -174,7 +174,7 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
     two_hosts: Hosts, tmp_path: Path, nano_model_dir: Path
 ) -> None:
     hosts = two_hosts
-    steps = 30
+    steps = 60  # enough for the cut-off node to rejoin while the run goes on (no step waits for it)
     cluster = Cluster(
         hosts,
         tmp_path,
@@ -186,10 +186,9 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
             "cluster.trainer=[0]",
             "trainer.world_size=1",
             "async_training.staleness_threshold=1",
-            # Each engine lost stalls the next sync for node_dead_after_s and then this deadline
-            # (killed as well as cut off): 5 s is still ~100x a sync of this model (~0.05 s at most),
-            # and the cut-off node rejoins well within it (~0.5 s after the link is back).
-            "weights.timeout_s=5",
+            # The default deadline: a lost engine fails only its own pair group's transfer, so
+            # the others' syncs never wait it out (it once stalled the run for all of it).
+            "weights.timeout_s=120",
         ],
         nodes={1: hosts.b, 2: hosts.a, 3: hosts.b},
     )
@@ -203,10 +202,23 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
         cluster.wait_for_log(0, "node-3 declared dead")
         cluster.wait_for_log(3, "node-3 lost the head")
         hosts.link(up=True)  # it rejoins as a new process; engine-2 starts there again
+        wait_until_sync(
+            lambda: (
+                any(r.get("cluster/rejoins") == 1 for r in cluster.records())
+                or cluster.processes[0].poll() is not None
+            ),
+            timeout_s=120,
+            what="node-3 rejoined",
+        )
         assert cluster.processes[0].wait(timeout=300) == 0, cluster.log(0)
         assert cluster.processes[3].wait(timeout=30) == 0  # told by the head that the run ended
         records = [r for r in cluster.records() if r["step"] > 0]
         assert [r["step"] for r in records] == list(range(1, steps + 1))
+        # Steps kept coming through both losses: the longest took at most what noticing a dead
+        # node takes beside a couple of normal steps (issue 48's bound), never the deadline.
+        step_s = sorted(float(r["step_s"]) for r in records)  # type: ignore[arg-type]
+        print(f"steps: median {step_s[len(step_s) // 2]:.2f} s, longest {step_s[-1]:.2f} s")
+        assert step_s[-1] <= 2 * step_s[len(step_s) // 2] + 2 * DEAD_AFTER_S + 5, step_s[-5:]
         assert min(r["cluster/engines"] for r in records[:2]) == 3
         assert records[-1]["cluster/engines"] == 2 and records[-1]["cluster/rejoins"] == 1, records[
             -1

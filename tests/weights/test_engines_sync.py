@@ -187,8 +187,8 @@ async def test_an_engine_added_while_a_sync_is_sending_joins_at_the_next_one(
     async with _one_engine_and_a_late_one(nano_model_dir) as (trainer, router, sync, late):
         send = sync.source.send_weights
 
-        async def send_then_a_node_joins(version: int) -> Any:
-            sent = await send(version)
+        async def send_then_a_node_joins(version: int, peers: Any = None) -> Any:
+            sent = await send(version, peers)
             await sync.add_engine(late)  # after the staged list was taken, before the commit
             return sent
 

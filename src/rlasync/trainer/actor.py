@@ -295,11 +295,17 @@ class TrainerActor:
         return str(address[0]), int(address[1])
 
     async def join_weights(self, address: GroupAddress, plan: bytes) -> None:
-        """Rank 0 becomes rank 0 of the weight group's generation at ``address``."""
+        """Rank 0 becomes rank 0 of a weight group at ``address`` (one engine's pair group, or
+        the group of every broadcast engine)."""
         await self._call_ranks({0: [address, plan]}, "join_weights", timeout=address.timeout_s + 5.0)
 
-    async def send_weights(self, version: int) -> float:
-        return float((await self._call_all("send_weights", [[version]] * self.world_size))[0])
+    async def drop_weights(self, peer: str) -> None:
+        """Rank 0 lets go of ``peer``'s pair group (the engine left rotation)."""
+        await self._call_ranks({0: [peer]}, "drop_weights")
+
+    async def send_weights(self, version: int, peers: list[str] | None = None) -> float:
+        """Publish ``version`` (to ``peers`` only, if named); does not wait for pair groups' sends."""
+        return float((await self._call_all("send_weights", [[version, peers]] * self.world_size))[0])
 
     def _micro_batches(self, batch: TrainBatch, shards: list[slice]) -> int:
         """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""

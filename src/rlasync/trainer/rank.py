@@ -123,7 +123,7 @@ class TrainerRank(Actor):
         self.rank, self.world_size, self.config = self.spec.rank, self.spec.world_size, self.spec.config
         self.device = torch.device("cpu")
         self.trainer: PolicyTrainer | None = None
-        self.sender: Any = None  # the WeightSender, on rank 0 once joined
+        self.senders: Any = None  # the PeerSenders (weights.fanout), on rank 0 once joined
         self.weight_group_store: Any = None  # rank 0: the weight group's TCP store, hosted here
         self.flat: Any = None  # the buffer rank 0's parameters live in once laid out as buckets
         self.shared: Any = None  # SharedWeights: the same-host fast path, when offered
@@ -234,7 +234,10 @@ class TrainerRank(Actor):
         self._closed = True
         if self.shared is not None:
             self.shared.close()
-        if self._thread.busy:
+        sending = self.senders is not None and self.senders.busy
+        if self.senders is not None:
+            self.senders.close()
+        if self._thread.busy or sending:
             # Inside a collective whose peer is gone: it ends only at its deadline. This process
             # is the rank's alone, so it exits without it, and without running the C++
             # destructors that would abort on the still-running collective.
@@ -356,45 +359,56 @@ class TrainerRank(Actor):
 
     @endpoint
     async def join_weights(self, address: GroupAddress, plan: bytes) -> None:
-        """Rank 0 becomes rank 0 of the weight group's generation at ``address`` (a new one after a
-        failure). ``address.size`` 1: no engine takes the broadcast (all copy from shared memory)."""
+        """Rank 0 becomes rank 0 of a weight group at ``address``: one engine's pair group
+        (``address.peer``), or the group of every broadcast engine (NCCL). ``address.size`` 1:
+        no engine takes the broadcast (all copy from shared memory). The group forms off the
+        training thread, so an engine slow to join never holds a step."""
         if self.rank != 0:
             return
         if address.backend == "nccl" and self.device.type != "cuda":
             raise ValueError("weights.backend=nccl needs the trainer on a GPU")
         backend = address.backend or ("nccl" if self.device.type == "cuda" else "gloo")
-        await self._run(self._join_weights, msgspec.structs.replace(address, backend=backend), plan)
-
-    def _join_weights(self, address: GroupAddress, plan: bytes) -> None:
-        from ..weights import BucketPlan, WeightGroup, WeightSender, flat_layout
-
-        if self.sender is not None:
-            self.sender.group.close()
-            self.sender = None
-        bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)
-        trainer = self._trainer()
-        if not trainer.sharded and self.device.type == "cpu" and self.flat is None:
-            # Parameters move into one buffer laid out as the buckets: each bucket is then sent
-            # straight from the parameters' memory (no packing copy).
-            self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
+        await self._run(self._lay_out_weights, plan)
         if address.size > 1:
             if self.weight_group_store is None:
                 raise RuntimeError(
                     "join_weights before weight_store: the synchroniser asks for the store first"
                 )
             # Rank 0 hosts the store: it joins through the one it holds, not over the address.
-            group = WeightGroup.at(
-                address, 0, store=self.weight_group_store, local_host=host_of(self.node.address)
+            await asyncio.to_thread(
+                self.senders.join,
+                msgspec.structs.replace(address, backend=backend),
+                store=self.weight_group_store,
+                local_host=host_of(self.node.address),
             )
-            self.sender = WeightSender(group, bucket_plan, device=self.device)
+
+    def _lay_out_weights(self, plan: bytes) -> None:
+        from ..weights import BucketPlan, flat_layout
+        from ..weights.fanout import PeerSenders
+
+        if self.senders is None:
+            bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)
+            self.senders = PeerSenders(bucket_plan, device=self.device)
+            trainer = self._trainer()
+            if not trainer.sharded and self.device.type == "cpu" and self.flat is None:
+                # Parameters move into one buffer laid out as the buckets: each bucket is then sent
+                # straight from the parameters' memory (no packing copy).
+                self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
 
     @endpoint
-    async def send_weights(self, version: int) -> float:
-        """Publish the current parameters as ``version``: into shared memory (if offered) and over
-        the weight group (if any engine takes the broadcast); returns rank 0's seconds."""
-        return float(await self._run(self._send_weights, version))
+    async def drop_weights(self, peer: str) -> None:
+        """Let go of ``peer``'s pair group: the engine left rotation."""
+        if self.senders is not None:
+            self.senders.drop(peer)
 
-    def _send_weights(self, version: int) -> float:
+    @endpoint
+    async def send_weights(self, version: int, peers: list[str] | None = None) -> float:
+        """Publish the current parameters as ``version``: into shared memory (if offered) and to
+        the engines that take the broadcast (``peers``: only those), each pair on its own thread;
+        returns rank 0's seconds, which do not wait for the pairs."""
+        return float(await self._run(self._send_weights, version, peers))
+
+    def _send_weights(self, version: int, peers: list[str] | None) -> float:
         weights = self._trainer().weights(copy=False)  # every rank: gathering shards is collective
         if self.rank != 0:
             return 0.0
@@ -404,8 +418,8 @@ class TrainerRank(Actor):
 
             fill_flat(self.shared.plan, weights, self.shared.data)  # no copy when already laid out there
             self.shared.publish(version)
-        if self.sender is not None:
-            self.sender.send(weights, version)
+        if self.senders:
+            self.senders.post(weights, version, peers)
         elif self.shared is None:
             raise RuntimeError("no weight group and no shared memory: call join_weights first")
         return time.perf_counter() - started

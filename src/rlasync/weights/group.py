@@ -36,6 +36,7 @@ class WeightGroup:
         generation: int = 0,
         store: Any = None,
         local_host: str = "",
+        peer: str = "",
     ) -> None:
         self.rank, self.size, self.backend, self.timeout_s, self.generation = (
             rank,
@@ -50,7 +51,10 @@ class WeightGroup:
         self.store = store or dist.TCPStore(
             host, port, size, rank == 0, timeout=timeout, wait_for_workers=False
         )
-        prefixed = dist.PrefixStore(f"rlasync/weights/{generation}", self.store)
+        # A pair group's keys are its peer's own: pairs of one generation form independently.
+        prefixed = dist.PrefixStore(
+            f"rlasync/weights/{generation}" + (f"/{peer}" if peer else ""), self.store
+        )
         try:
             if backend == "gloo":
                 options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, not in the stubs
@@ -85,6 +89,7 @@ class WeightGroup:
             generation=address.generation,
             store=store,
             local_host=local_host,
+            peer=address.peer,
         )
 
     def broadcast_async(self, tensor: torch.Tensor) -> Any:

@@ -28,3 +28,7 @@ class GroupAddress(msgspec.Struct, frozen=True, kw_only=True):
     """A new one after each failure: its keys in the store are fresh, the store is the same."""
     backend: str
     """``gloo`` or ``nccl``; ``""`` lets trainer rank 0 pick by its device (an engine needs it named)."""
+    peer: str = ""
+    """The one engine of a pair group (gloo: trainer rank 0 and one engine, ``size`` 2), so a dead
+    or cut engine fails only its own transfer; ``""``: one group of every broadcast engine (NCCL,
+    whose broadcast is pipelined)."""

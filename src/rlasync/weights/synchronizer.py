@@ -59,7 +59,8 @@ class WeightSource(Protocol):
     async def weight_backend(self) -> str: ...
     async def weight_store(self, host: str = "") -> tuple[str, int]: ...
     async def join_weights(self, address: GroupAddress, plan: bytes) -> None: ...
-    async def send_weights(self, version: int) -> float: ...
+    async def drop_weights(self, peer: str) -> None: ...
+    async def send_weights(self, version: int, peers: list[str] | None = None) -> float: ...
 
 
 class WeightSink(Protocol):
@@ -186,6 +187,7 @@ class _Target:
         self.transport = "broadcast"
         self.version = -1
         self.joining = False  # added after start: enters rotation at its first commit
+        self.grouped = False  # a member of the current weight group (broadcast engines)
 
     async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
         self.transport = str(await self.sink.attach(plan, offer, double_buffer=double_buffer))
@@ -256,34 +258,80 @@ class ParameterSynchronizer:
         self._started = True
         await self._join()
 
-    async def _join(self) -> None:
-        """Form a new generation of the group: trainer rank 0 and every broadcast engine. An
-        engine that fails to join is handled like one that fails a sync."""
+    @property
+    def _pairs(self) -> bool:
+        """A pair group per broadcast engine (gloo), rather than one group of all (NCCL)."""
+        return self.backend != "nccl"
+
+    async def _join(self, only: list[_Target] | None = None) -> None:
+        """Form a new generation of the weight groups: over gloo, a pair group (trainer rank 0
+        and the engine) for each broadcast engine in ``only`` (default: every one without a
+        group), each forming on its own, so one that fails to join holds no other; over NCCL,
+        one group of every broadcast engine. An engine that fails to join is handled like one
+        that fails a sync."""
         cfg = self.config
+        host, port = self._address
         while True:
             self.generation += 1
             far = [target for target in self._targets if target.transport == "broadcast"]
-            host, port = self._address
-            address = GroupAddress(
-                host=host,
-                port=port,
-                size=len(far) + 1,
-                timeout_s=cfg.timeout_s,
-                generation=self.generation,
-                backend=self.backend,
-            )
-            results = await asyncio.gather(
-                self.source.join_weights(address, self.plan_bytes),
-                *[target.sink.join(address, rank) for rank, target in enumerate(far, 1)],
-                return_exceptions=True,
-            )
-            failed = {target: r for target, r in zip(far, results[1:]) if isinstance(r, BaseException)}
-            if not failed and not isinstance(results[0], BaseException):
+
+            def address(size: int, peer: str = "") -> GroupAddress:
+                return GroupAddress(
+                    host=host,
+                    port=port,
+                    size=size,
+                    timeout_s=cfg.timeout_s,
+                    generation=self.generation,
+                    backend=self.backend,
+                    peer=peer,
+                )
+
+            if not far:  # every engine copies from shared memory: the trainer lays out its buffer
+                await self.source.join_weights(address(1), self.plan_bytes)
                 return
-            _raise_if_trainer_lost(results[0])  # then the engines failed waiting for it: not theirs
-            if not failed:
-                raise results[0]  # type: ignore[misc]  # the trainer could not form it
+            if self._pairs:
+                todo = [t for t in far if (t in only if only is not None else not t.grouped)]
+                results = await asyncio.gather(
+                    *[self._join_pair(target, address(2, target.name)) for target in todo],
+                    return_exceptions=True,
+                )
+                for result in results:
+                    _raise_if_trainer_lost(result)
+                failed = {target: r for target, r in zip(todo, results) if isinstance(r, BaseException)}
+                if not failed:
+                    return
+            else:
+                group = address(len(far) + 1)
+                results = await asyncio.gather(
+                    self.source.join_weights(group, self.plan_bytes),
+                    *[target.sink.join(group, rank) for rank, target in enumerate(far, 1)],
+                    return_exceptions=True,
+                )
+                failed = {target: r for target, r in zip(far, results[1:]) if isinstance(r, BaseException)}
+                if not failed and not isinstance(results[0], BaseException):
+                    for target in far:
+                        target.grouped = True
+                    return
+                _raise_if_trainer_lost(results[0])  # then the engines failed waiting for it: not theirs
+                if not failed:
+                    raise results[0]  # type: ignore[misc]  # the trainer could not form it
             await self._drop(failed, "joining the weight group", always=True)
+            if self._pairs:
+                return  # the others formed their pairs; the failed ones are out
+
+    async def _join_pair(self, target: _Target, address: GroupAddress) -> None:
+        """Trainer rank 0 and ``target`` form their pair group; an error is the engine's unless
+        the trainer is lost (``NodeLostError``, raised as is)."""
+        target.grouped = False
+        sent, joined = await asyncio.gather(
+            self.source.join_weights(address, self.plan_bytes),
+            target.sink.join(address, 1),
+            return_exceptions=True,
+        )
+        for result in (sent, joined):
+            if isinstance(result, BaseException):
+                raise result
+        target.grouped = True
 
     async def add_engine(self, engine: Any) -> None:
         """Bring a new (or restarted) engine in: it gets the plan now and the next sync's
@@ -312,20 +360,22 @@ class ParameterSynchronizer:
             raise RuntimeError("call start() first")
         if self._regroup:
             self._regroup = False
-            await self._join()
+            await self._join(None if self._pairs else list(self._targets))
         removed_before = len(self.removed)
         attempts, sender_failures = 0, 0
         failures: dict[_Target, int] = {}
         started = time.perf_counter()
+        pending, staged = list(self._targets), []  # to stage this version; staged it
+        peers: list[str] | None = None  # the pair groups to send to (None: all)
         while True:
             attempts += 1
-            targets = list(self._targets)
             results = await _unless_sender_lost(
-                self.source.send_weights(version),
-                [target.sink.stage(version, self.config.timeout_s) for target in targets],
+                self.source.send_weights(version, peers),
+                [target.sink.stage(version, self.config.timeout_s) for target in pending],
             )
-            failed = {target: r for target, r in zip(targets, results[1:]) if isinstance(r, BaseException)}
+            failed = {target: r for target, r in zip(pending, results[1:]) if isinstance(r, BaseException)}
             sent = results[0]
+            staged += [target for target in pending if target not in failed]
             if not failed and not isinstance(sent, BaseException):
                 break
             for error in [sent, *failed.values()]:
@@ -345,11 +395,21 @@ class ParameterSynchronizer:
                 attempts,
                 self.generation + 1,
             )
-            await self._join()
+            if self._pairs and not isinstance(sent, BaseException):
+                # Only the engines that failed and are still in: the others have this version.
+                pending = [target for target in failed if target in self._targets]
+                peers = [target.name for target in pending if target.transport == "broadcast"]
+                await self._join([target for target in pending if target.transport == "broadcast"])
+            else:  # one group of all (NCCL), or the trainer's side failed: all again
+                pending, staged, peers = list(self._targets), [], None
+                await self._join([target for target in pending if target.transport == "broadcast"])
+            pending = [target for target in pending if target in self._targets]
+            if not pending:
+                break
         transfer = time.perf_counter() - started
         # What this sync staged: an engine added meanwhile (a node that joined again, while the
         # trainer was sending) has not staged this version and joins at the next sync.
-        targets = [target for target in targets if target in self._targets]
+        targets = [target for target in staged if target in self._targets]
         pauses = await in_waves(targets, lambda target: target.commit(version, interrupt, drain_timeout_s))
         failed = {target: p for target, p in zip(targets, pauses) if isinstance(p, BaseException)}
         commits = [p for p in pauses if isinstance(p, Commit)]
@@ -408,18 +468,28 @@ class ParameterSynchronizer:
                 f"weight sync failed while {during} ({reasons}); weights.on_engine_failure=stop ends the run"
             ) from failed[out[0]]
         for target in out:
-            self._take_out(target, f"it failed while {during} ({why[target]})")
+            await self._take_out(target, f"it failed while {during} ({why[target]})")
         if not self._targets:
             raise SyncError(
                 f"weight sync failed while {during} and no engine is left ({reasons})"
             ) from failed[out[0]]
 
-    def _take_out(self, target: _Target, why: str) -> None:
+    async def _take_out(self, target: _Target, why: str) -> None:
         if target not in self._targets:  # taken out already (replaced while a sync was failing on it)
             return
         self._targets.remove(target)
         self.removed.append(target.name)
         target.sink.close()
+        if (
+            self._pairs and target.grouped
+        ):  # its pair group goes too (a send stuck on it ends at its deadline)
+            target.grouped = False
+            try:
+                await self.source.drop_weights(target.name)
+            except Exception as exc:  # the trainer's own failure surfaces at the next send
+                log.warning(
+                    "the trainer could not let go of %s's weight group: %s", target.name, first_line(exc)
+                )
         if self.router is not None:
             self.router.remove_engine(target.name)
         log.warning(
@@ -431,7 +501,7 @@ class ParameterSynchronizer:
         its name: that one leaves rotation now, if no sync has taken it out yet, and the new one
         joins as ``add_engine`` does (in rotation once it serves the next version)."""
         for target in [s for s in self._targets if s.name == engine.name]:
-            self._take_out(target, "its node was lost and a new process of it joined")
+            await self._take_out(target, "its node was lost and a new process of it joined")
         await self.add_engine(engine)
 
     def close(self) -> None:
