@@ -113,3 +113,31 @@ def test_shared_weights_are_found_only_by_their_nonce_and_a_changed_buffer_is_ne
         view.copy_into(staging, 1, timeout_s=1)
     shared.close()
     assert not Path(offer.path).exists()
+
+
+def test_the_relay_holds_the_newest_versions_as_snapshots_the_parameters_may_change_after(
+    tmp_path: Path,
+) -> None:
+    from rlasync.weights import SharedWeights, SyncError, flat_layout, flat_views, plan_for
+
+    params = {"a": torch.randn(5, 3), "b": torch.arange(7, dtype=torch.int64)}
+    plan = plan_for(params, 64)
+    flat = flat_layout(plan, params)  # the trainer's own memory, not the file
+    relay = SharedWeights.create(tmp_path, plan, slots=2)
+    engine = SharedWeights.open(relay.offer, plan)
+    assert engine is not None and engine.slots == 2
+    held = {}
+    for version in (1, 2):
+        relay.hold(version, lambda out: out.copy_(flat))
+        held[version] = flat.clone()
+        params["a"].add_(1.0)  # the next step changes the parameters: the snapshot does not move
+    assert relay.hold(2, lambda out: out.fill_(0)) is relay.datas[1]  # held already: not copied again
+    staging = torch.zeros(relay.data.numel(), dtype=torch.uint8)
+    for version in (1, 2):  # both still readable, whatever the trainer did since
+        engine.copy_into(staging, version, timeout_s=1)
+        assert torch.equal(staging[: flat.numel()], held[version])
+    assert torch.equal(flat_views(plan, staging)["a"], flat_views(plan, held[2])["a"])
+    relay.hold(3, lambda out: out.copy_(flat))  # into version 1's slot
+    with pytest.raises(SyncError, match=r"published 3 \(its relay holds versions \[2, 3\]"):
+        engine.copy_into(staging, 1, timeout_s=1)
+    relay.close()

@@ -29,8 +29,8 @@ class AsyncTrainingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     - ``keep`` (the default): they go on across the swap with their KV cache; their later
       tokens carry the new version, the earlier ones the old (trained with their own versions,
       under the staleness bound). The torch engine and the simulator swap between two decode
-      steps with no pause; vLLM and SGLang freeze their running requests (``pause("keep")``,
-      cache kept) for the load.
+      steps with no pause; vLLM freezes its running requests (``pause("keep")``, cache kept)
+      for the load; SGLang's adapter cannot yet, and takes ``abort``.
     - ``abort``: they are cut, keep their tokens, and continue under the new weights once
       re-submitted: each must be prefilled again (``weights/reprefill_tokens``).
     - ``drain``: the engine admits nothing new until they finish (``drain_timeout_s``), then swaps.

@@ -444,6 +444,10 @@ class SGLangEngine:
         req.queue.put_nowait(error)
 
     # -- pause, resume, weights -------------------------------------------------------------
+    can_keep = False
+    """No ``pause("keep")`` yet: a weight version cuts its running turns (``interrupt=keep``
+    is taken as ``abort`` here)."""
+
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
         if mode == "keep":
             # SGLang's own in-place pause (tokenizer_manager.pause_generation(mode="in_place"))

@@ -48,11 +48,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..compose.run import Run
 from ..compose.schedule import Schedule, Steps
 from ..config import Config
 from ..metrics import Processing, QueueStats, StepRecord, Weights
-from .offpolicy import train_step
+from .offpolicy import train_step, weights_of
 from .queue import SampleQueue
 from .rollouter import IN_FLIGHT, Rollouter
 
@@ -155,29 +157,23 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advanc
         report = await run.synchronizer.sync(
             version, interrupt=interrupt, drain_timeout_s=acfg.drain_timeout_s
         )
-        idle, reprefill, all_paused = report.engine_idle_s, report.reprefill_tokens, report.all_paused
-    else:
-        engines = len(run.router.engines) if run.router is not None else 1
-        cut = await _pause_together(run, interrupt, acfg.drain_timeout_s)
-        try:
-            report = await run.synchronizer.sync(version, interrupt="keep")
-        finally:
-            await run.engine.resume()
-        paused = time.perf_counter() - started
-        idle, all_paused = paused * engines, True
-        reprefill = report.reprefill_tokens + sum(len(out.prompt_ids) + len(out.token_ids) for out in cut)
+        if advance:
+            await queue.advance()
+        return weights_of(report, sync_s=report.transfer_s, swap_s=report.pause_s, pause_s=report.pause_s)
+    engines = len(run.router.engines) if run.router is not None else 1
+    cut = await _pause_together(run, interrupt, acfg.drain_timeout_s)
+    try:
+        report = await run.synchronizer.sync(version, interrupt="keep")
+    finally:
+        await run.engine.resume()
+    paused = time.perf_counter() - started
     if advance:
         await queue.advance()
-    served = report.engines.values()
-    return Weights(
-        sync_s=report.transfer_s,
-        swap_s=report.pause_s,
-        pause_s=time.perf_counter() - started if acfg.commit == "together" else report.pause_s,
-        engine_idle_s=idle,
-        reprefill_tokens=reprefill,
-        all_paused=int(all_paused),
-        live_versions=len(set(served)),
-        engines_behind=sum(1 for v in served if v < version),
+    return msgspec.structs.replace(
+        weights_of(report, sync_s=report.transfer_s, swap_s=report.pause_s, pause_s=paused),
+        engine_idle_s=paused * engines,  # every engine stood still for all of it
+        reprefill_tokens=report.reprefill_tokens + sum(len(o.prompt_ids) + len(o.token_ids) for o in cut),
+        all_paused=1,
     )
 
 

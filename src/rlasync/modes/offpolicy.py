@@ -20,7 +20,7 @@ import torch
 
 from ..algorithms import offpolicy_metrics, rejection_mask, tis_weights
 from ..compose.run import Run
-from ..metrics import Staleness, StepRecord, reduce_metrics
+from ..metrics import Staleness, StepRecord, Weights, reduce_metrics
 
 
 async def train_step(run: Run, step: int, samples: list[list[Any]], version: int) -> StepRecord:
@@ -74,3 +74,17 @@ def _corrected(run: Run, train_batch: Any, proximal: torch.Tensor) -> tuple[Any,
             train_batch = msgspec.structs.replace(train_batch, **{field: value})
             extra.update({f"offpolicy/{k}": v for k, v in metrics.items()})
     return train_batch, extra
+
+
+def weights_of(report: Any, **timings: float) -> Weights:
+    """A step's ``weights/*`` from the sync's report: its seconds (``timings``: the schedule's
+    names for them) and what the version cost the engines."""
+    served = report.engines.values()
+    return Weights(
+        **timings,
+        engine_idle_s=report.engine_idle_s,
+        reprefill_tokens=report.reprefill_tokens,
+        all_paused=int(report.all_paused),
+        live_versions=len(set(served)),
+        engines_behind=sum(1 for v in served if v < report.version),
+    )

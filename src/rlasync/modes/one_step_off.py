@@ -26,8 +26,8 @@ from ..agents.trajectory import Trajectory
 from ..compose.run import Run
 from ..compose.schedule import Schedule, Steps
 from ..config import Config, ConfigError
-from ..metrics import StepRecord, Weights
-from .offpolicy import train_step
+from ..metrics import StepRecord
+from .offpolicy import train_step, weights_of
 
 IN_FLIGHT = "in_flight.msgpack"  # a checkpoint's batch in flight: its rows' uses and samples
 
@@ -105,7 +105,7 @@ async def train_one_step_off(run: Run, steps: Steps, resume_from: Path | None) -
             took = time.perf_counter() - t0
             record.rollout_s, record.train_s, record.trainer_idle_ratio = waited, took - waited, waited / took
             if synced is not None:
-                record.weights = Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s)
+                record.weights = weights_of(synced, transfer_s=synced.transfer_s, pause_s=synced.pause_s)
             if steps.validating(step):
                 if pending is not None:  # validate this step's weights: once the batch in flight is done
                     await asyncio.wait([pending])

@@ -27,7 +27,8 @@ from pathlib import Path
 from ..compose.result import RunInterrupted, TrainResult
 from ..compose.run import Run
 from ..compose.schedule import Schedule, Steps
-from ..metrics import Staleness, StepRecord, Weights
+from ..metrics import Staleness, StepRecord
+from .offpolicy import weights_of
 
 
 @Schedule
@@ -63,7 +64,7 @@ async def train_sync(run: Run, steps: Steps, resume_from: Path | None) -> None:
             response_tokens=int(batch.response_mask.sum()),
             response_len_max=int(batch.response_mask.sum(-1).max()),
             train=train_metrics,
-            weights=Weights(transfer_s=synced.transfer_s, pause_s=synced.pause_s),
+            weights=weights_of(synced, transfer_s=synced.transfer_s, pause_s=synced.pause_s),
             data_rows=uses,
             # Measured as the asynchronous modes measure them: 0 versions behind (trained at
             # the version that generated them); the trainer waits out the rollout, the

@@ -314,14 +314,15 @@ class TrainerRank(Actor):
         return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
 
     @endpoint
-    async def share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
-        """Rank 0 on a CPU: lay the parameters out in a shared-memory file in ``directory`` and
-        return its ``ShmOffer`` (engines on this machine copy from it); else None."""
+    async def share_weights(self, directory: str, plan: bytes, slots: int = 1) -> list[Any] | None:
+        """Rank 0 on a CPU: a shared-memory file in ``directory`` engines on this machine copy
+        versions from, and return its ``ShmOffer``; else None. One slot: the parameters live
+        in it. More: it is the relay (``weights.max_live_versions``), each version a snapshot."""
         if self.rank != 0:
             return None
-        return await self._run(self._share_weights, directory, plan)
+        return await self._run(self._share_weights, directory, plan, slots)
 
-    def _share_weights(self, directory: str, plan: bytes) -> list[Any] | None:
+    def _share_weights(self, directory: str, plan: bytes, slots: int) -> list[Any] | None:
         from ..weights import BucketPlan, SharedWeights, flat_layout
 
         trainer = self._trainer()
@@ -329,8 +330,10 @@ class TrainerRank(Actor):
             return None  # GPU parameters: NCCL is the fast path (CUDA IPC is not written)
         if self.shared is not None:
             self.shared.close()
-        self.shared = SharedWeights.create(directory, msgspec.msgpack.decode(plan, type=BucketPlan))
-        if not trainer.sharded:  # the optimizer then updates the parameters in the shared file itself
+        self.shared = SharedWeights.create(
+            directory, msgspec.msgpack.decode(plan, type=BucketPlan), slots=slots
+        )
+        if not trainer.sharded and slots == 1:  # the optimizer then updates the parameters in the file itself
             self.flat = flat_layout(
                 self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data
             )
@@ -413,7 +416,15 @@ class TrainerRank(Actor):
         if self.rank != 0:
             return 0.0
         started = time.perf_counter()
-        if self.shared is not None:
+        if self.shared is not None and self.shared.slots > 1:  # the relay: a snapshot, sent from there
+            from ..weights import fill_flat, flat_views
+
+            flat, plan = self.flat, self.shared.plan
+            slot = self.shared.hold(
+                version, lambda out: out.copy_(flat) if flat is not None else fill_flat(plan, weights, out)
+            )
+            weights = flat_views(plan, slot)
+        elif self.shared is not None:
             from ..weights import fill_flat
 
             fill_flat(self.shared.plan, weights, self.shared.data)  # no copy when already laid out there

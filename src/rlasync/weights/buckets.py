@@ -201,6 +201,15 @@ def unpack(plan: BucketPlan, index: int, buffer: torch.Tensor) -> Iterator[tuple
         )
 
 
+def flat_views(plan: BucketPlan, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The named tensors of a flat buffer laid out as ``bucket_starts`` says, as views (no copy)."""
+    starts = bucket_starts(plan)
+    views: dict[str, torch.Tensor] = {}
+    for index, size in enumerate(plan.sizes):
+        views.update(unpack(plan, index, flat[starts[index] : starts[index] + size]))
+    return views
+
+
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

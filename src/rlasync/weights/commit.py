@@ -10,7 +10,8 @@ generating then is ``async_training.interrupt``:
   version, the earlier ones the old (the per-token versions say which). An engine whose
   commands already run between two of its steps (``swaps_between_steps``: the torch engine and
   the simulator) just swaps; any other engine (vLLM, SGLang) is held with ``pause("keep")``,
-  which freezes its running requests without dropping their cache, for the load.
+  which freezes its running requests without dropping their cache, for the load. An engine
+  that cannot (``can_keep = False``: SGLang's adapter) takes ``abort`` instead.
 - ``abort``: they are cut (``pause("abort")``) and their loops re-submit them: their tokens are
   kept but must be prefilled again (``reprefill_tokens``). Today's behaviour before this module.
 - ``drain``: the engine admits nothing new and lets them finish first (up to
@@ -70,6 +71,8 @@ async def take_version(
     the seconds the engine was held for it) under the ``interrupt`` policy above."""
     if interrupt not in INTERRUPTS:
         raise ValueError(f"interrupt must be one of {INTERRUPTS}, got {interrupt!r}")
+    if interrupt == "keep" and not getattr(engine, "can_keep", True):
+        interrupt = "abort"  # it cannot hold a running turn across a load (SGLang): cut, as before
     began, wall = time.perf_counter(), time.time()
     if interrupt == "keep" and getattr(engine, "swaps_between_steps", False):
         held = await swap()  # the engine runs it between two steps: the only pause is the swap

@@ -12,6 +12,14 @@ copies the buffer into its staging copy in one ``memcpy`` while it keeps decodin
     shared.publish(7)       # after the step
     shared.invalidate()     # before the next step
 
+With ``slots`` > 1 the file is the trainer node's *relay* (``weights.max_live_versions``): the
+parameters stay in the trainer's own memory, and each version is copied into the next slot
+(``hold``: one ``memcpy``), so the trainer goes on at once while engines copy the version from
+its slot, and the pair groups of engines on other machines send from the same snapshot.
+
+    relay = SharedWeights.create(dir, plan, slots=2)   # the trainer
+    relay.hold(7, lambda slot: slot.copy_(flat))       # after the step: v7 in the next slot
+
 The header (nonce, version, plan digest) guards every copy: an engine that cannot open the
 file, or finds another nonce there (a different machine, container or mount namespace), is
 not on the same host and takes the broadcast instead; a copy is only kept if the header
@@ -24,6 +32,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -42,31 +51,45 @@ class ShmOffer(msgspec.Struct, frozen=True, array_like=True):
     path: str
     nonce: int
     nbytes: int  # of the data region (the plan's flat layout)
+    slots: int = 1  # versions the file holds (``weights.max_live_versions``), one region each
 
 
 class SharedWeights:
-    """A header and the plan's flat buffer in one memory-mapped file."""
+    """``slots`` regions in one memory-mapped file, each a header and the plan's flat buffer.
 
-    def __init__(self, path: Path, plan: BucketPlan, nonce: int, *, owner: bool) -> None:
-        self.path, self.plan, self.nonce, self.owner = path, plan, nonce, owner
+    One slot: the trainer keeps its parameters in it (``data``) and publishes them in place.
+    Several (the relay, ``hold``): each version is a snapshot copied into the next slot, so the
+    trainer may change its parameters at once while engines still copy the version, and the
+    newest ``slots`` versions stay readable."""
+
+    def __init__(self, path: Path, plan: BucketPlan, nonce: int, *, owner: bool, slots: int = 1) -> None:
+        self.path, self.plan, self.nonce, self.owner, self.slots = path, plan, nonce, owner, slots
         size = bucket_starts(plan)[-1]
-        self._file = torch.from_file(str(path), shared=True, size=HEADER + size, dtype=torch.uint8)
-        self.header = self._file[:HEADER].view(torch.int64)
-        self.data = self._file[HEADER:]  # the plan's buckets, laid out as bucket_starts says
+        stride = HEADER + -(-size // HEADER) * HEADER  # each slot's header 64-byte aligned
+        self._file = torch.from_file(str(path), shared=True, size=stride * slots, dtype=torch.uint8)
+        self.headers = [self._file[i * stride : i * stride + HEADER].view(torch.int64) for i in range(slots)]
+        self.datas = [self._file[i * stride + HEADER : i * stride + HEADER + size] for i in range(slots)]
+        self.header, self.data = self.headers[0], self.datas[0]  # the single slot's
+        self._next = 0
+
+    @staticmethod
+    def _size(plan: BucketPlan, slots: int) -> int:
+        size = bucket_starts(plan)[-1]
+        return (HEADER + -(-size // HEADER) * HEADER) * slots
 
     @classmethod
-    def create(cls, directory: str | os.PathLike[str], plan: BucketPlan) -> SharedWeights:
-        """A new file (its size: the header and the plan's flat buffer), marked as changing."""
+    def create(cls, directory: str | os.PathLike[str], plan: BucketPlan, *, slots: int = 1) -> SharedWeights:
+        """A new file (its size: ``slots`` headers and flat buffers), every slot marked as changing."""
         nonce = secrets.randbits(62)
         path = Path(directory) / f"rlasync-weights-{os.getpid()}-{nonce:x}"
-        size = HEADER + bucket_starts(plan)[-1]
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)  # sparse: memory is taken as the parameters are written
+            os.ftruncate(fd, cls._size(plan, slots))  # sparse: memory is taken as the parameters are written
         finally:
             os.close(fd)
-        shared = cls(path, plan, nonce, owner=True)
-        shared.header[0], shared.header[1], shared.header[2] = nonce, CHANGING, plan.digest
+        shared = cls(path, plan, nonce, owner=True, slots=slots)
+        for header in shared.headers:
+            header[0], header[1], header[2] = nonce, CHANGING, plan.digest
         return shared
 
     @classmethod
@@ -74,9 +97,9 @@ class SharedWeights:
         """The trainer's file, if this process sees the same one (else None: not the same host)."""
         path = Path(offer.path)
         try:
-            if path.stat().st_size != HEADER + offer.nbytes or offer.nbytes != bucket_starts(plan)[-1]:
+            if offer.nbytes != bucket_starts(plan)[-1] or path.stat().st_size != cls._size(plan, offer.slots):
                 return None
-            shared = cls(path, plan, offer.nonce, owner=False)
+            shared = cls(path, plan, offer.nonce, owner=False, slots=offer.slots)
         except (OSError, RuntimeError):
             return None
         if int(shared.header[0]) != offer.nonce or int(shared.header[2]) != plan.digest:
@@ -84,30 +107,52 @@ class SharedWeights:
             return None
         return shared
 
+    def hold(self, version: int, fill: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        """(the trainer's side) ``fill`` the next slot with ``version`` and publish it there; that
+        slot's buffer. The slot overwritten held the version ``slots`` before: the synchroniser
+        has delivered it by then."""
+        for index, header in enumerate(self.headers):
+            if int(header[1]) == version:
+                return self.datas[index]  # held already (a sync tried again)
+        index, self._next = self._next, (self._next + 1) % self.slots
+        self.headers[index][1] = CHANGING  # copies of the version it held fail from now on
+        fill(self.datas[index])
+        self.headers[index][1] = version
+        return self.datas[index]
+
     @property
     def offer(self) -> ShmOffer:
-        return ShmOffer(str(self.path), self.nonce, int(self.data.numel()))
+        return ShmOffer(str(self.path), self.nonce, int(self.data.numel()), self.slots)
 
     @property
     def version(self) -> int:
-        return int(self.header[1])
+        """The newest version published (``CHANGING``: none)."""
+        return max(int(header[1]) for header in self.headers)
+
+    def _slot(self, version: int) -> int | None:
+        return next((i for i, header in enumerate(self.headers) if int(header[1]) == version), None)
 
     def publish(self, version: int) -> None:
         """The parameters in the buffer are ``version`` now (the trainer's side)."""
         self.header[1] = version
 
     def invalidate(self) -> None:
-        """The trainer is about to change the parameters: copies made from now on fail."""
-        self.header[1] = CHANGING
+        """The trainer is about to change the parameters: copies made from now on fail. (A relay
+        holds snapshots, which the parameters' changes do not touch.)"""
+        if self.slots == 1:
+            self.header[1] = CHANGING
 
     def copy_into(self, staging: torch.Tensor, version: int, timeout_s: float) -> None:
         """Copy the buffer into ``staging`` once the trainer has published ``version`` (waiting up
         to ``timeout_s``); raise ``SyncError`` if it changed meanwhile."""
         deadline = time.monotonic() + timeout_s
-        while (seen := self.version) != version:
-            if seen > version:
+        while (slot := self._slot(version)) is None:
+            seen = self.version
+            held = [int(h[1]) for h in self.headers if int(h[1]) != CHANGING]
+            if seen > version and (self.slots == 1 or (len(held) == self.slots and min(held) > version)):
                 raise SyncError(
                     f"shared-memory weights: waited for version {version}, the trainer published {seen}"
+                    + (f" (its relay holds versions {sorted(held)} now)" if self.slots > 1 else "")
                 )
             if time.monotonic() > deadline:
                 raise SyncError(
@@ -115,8 +160,8 @@ class SharedWeights:
                     f"(the trainer is at {seen}; raise the deadline if it is only slow)"
                 )
             time.sleep(0.001)
-        staging[: self.data.numel()].copy_(self.data)
-        if self.version != version:
+        staging[: self.data.numel()].copy_(self.datas[slot])
+        if int(self.headers[slot][1]) != version:
             raise SyncError(
                 f"shared-memory weights: the trainer changed the parameters while version {version} was copied"
             )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 import torch
 
-from .buckets import BucketPlan, bucket_starts, contiguous_bucket, pack, unpack
+from .buckets import BucketPlan, bucket_starts, contiguous_bucket, flat_views, pack, unpack
 from .errors import SyncError
 from .group import WeightGroup
 
@@ -103,10 +103,7 @@ class StagingRing:
 
     def tensors(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """The named tensors staged in ``buffer``, as views (no copy)."""
-        staged: dict[str, torch.Tensor] = {}
-        for index, bucket in enumerate(self.buckets(buffer)):
-            staged.update(unpack(self.plan, index, bucket))
-        return staged
+        return flat_views(self.plan, buffer)
 
 
 class WeightReceiver:

@@ -55,7 +55,7 @@ class WeightSource(Protocol):
     engines on its machine, the group's store and backend, and each version's send."""
 
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes: ...
-    async def share_weights(self, directory: str, plan: bytes) -> Any: ...
+    async def share_weights(self, directory: str, plan: bytes, slots: int = 1) -> Any: ...
     async def weight_backend(self) -> str: ...
     async def weight_store(self, host: str = "") -> tuple[str, int]: ...
     async def join_weights(self, address: GroupAddress, plan: bytes) -> None: ...
@@ -219,6 +219,7 @@ class ParameterSynchronizer:
         self._address: tuple[str, int] = ("", 0)
         self._started = False
         self._offer: Any = None
+        self.relayed = False  # the trainer holds each version in a relay slot (weights.max_live_versions)
         self._regroup = False  # an engine was added: the next sync forms a new generation first
         self.removed: list[str] = []
 
@@ -237,11 +238,16 @@ class ParameterSynchronizer:
         self.plan_bytes = await self.source.weight_plan(bucket, int(cfg.alone_mb * (1 << 20)) or bucket)
         self.total_bytes = msgspec.msgpack.decode(self.plan_bytes, type=BucketPlan).total_bytes
         self.backend = cfg.backend if cfg.backend != "auto" else await self.source.weight_backend()
-        offer = (
-            await self.source.share_weights(cfg.shm_dir, self.plan_bytes)
-            if cfg.transport != "broadcast"
+        # The trainer's relay (several versions, snapshots) is made whatever the transport, so
+        # every send is from a snapshot; its file is offered only to engines allowed to map it.
+        slots = cfg.max_live_versions
+        shared = (
+            await self.source.share_weights(cfg.shm_dir, self.plan_bytes, slots)
+            if cfg.transport != "broadcast" or slots > 1
             else None
         )
+        self.relayed = shared is not None and slots > 1
+        offer = shared if cfg.transport != "broadcast" else None
         self._offer = offer
         await asyncio.gather(
             *[target.attach(self.plan_bytes, offer, cfg.double_buffer) for target in self._targets]
