@@ -25,10 +25,8 @@ import datetime
 import gc
 import logging
 import os
-import queue
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +43,7 @@ from ..runtime.errors import first_line
 from ..weights.protocol import GroupAddress  # at import: join_weights's hint must resolve
 from .background import in_background
 from .policy import PolicyTrainer
+from .thread import WorkThread
 from .types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -71,50 +70,6 @@ class RankSpec(msgspec.Struct, frozen=True, kw_only=True):
     config: TrainerConfig = TrainerConfig()
 
 
-class _Thread:
-    """One thread running submitted functions in order; results come back as asyncio futures."""
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # A daemon: a rank stuck in a collective must not keep its process from exiting.
-        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self.thread.start()
-        self.busy = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((fn, args, future, loop))
-        return future
-
-    def stop(self) -> None:
-        self._queue.put(None)
-
-    def _serve(self) -> None:
-        while (item := self._queue.get()) is not None:
-            fn, args, future, loop = item
-            self.busy = True
-            try:
-                outcome, ok = fn(*args), True
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
-                outcome, ok = exc, False
-            finally:
-                self.busy = False
-            try:
-                loop.call_soon_threadsafe(_settle, future, outcome, ok)
-            except RuntimeError:  # the event loop closed meanwhile (the process is stopping)
-                return
-
-
-def _settle(future: asyncio.Future[Any], outcome: Any, ok: bool) -> None:
-    if future.done():  # the call was cancelled (its caller timed out): nobody waits for this
-        return
-    if ok:
-        future.set_result(outcome)
-    else:
-        future.set_exception(outcome)
-
-
 class TrainerRank(Actor):
     """The endpoints of one rank; each runs on the rank's thread and returns plain data or tensors."""
 
@@ -134,7 +89,7 @@ class TrainerRank(Actor):
         )
 
     async def on_start(self) -> None:
-        self._thread = _Thread(f"trainer-rank{self.rank}")
+        self._thread = WorkThread(f"trainer-rank{self.rank}")
 
     async def on_stop(self) -> None:
         await self.shutdown()

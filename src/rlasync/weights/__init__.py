@@ -17,17 +17,12 @@ from .buckets import (
 from .errors import SyncError, is_transfer_failure, raised_remotely
 from .group import WeightGroup
 from .protocol import GroupAddress
+from .roles import SyncReport, WeightSink, WeightSource, WeightSync
 from .shm import SharedWeights, ShmOffer
 from .sink import EngineWeights
 from .sync import StagingRing, SyncStats, WeightReceiver, WeightSender
-from .synchronizer import (
-    ActorSink,
-    ParameterSynchronizer,
-    SyncReport,
-    WeightSink,
-    WeightSource,
-    WeightSync,
-)
+from .synchronizer import ParameterSynchronizer
+from .targets import ActorSink
 
 __all__ = [
     "ActorSink",

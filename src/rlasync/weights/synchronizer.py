@@ -1,7 +1,7 @@
 """``ParameterSynchronizer``: after each step, the trainer's parameters reach every engine.
 
     sync = ParameterSynchronizer(config.weights, trainer, [engine_a, engine_b], router=router)
-    await sync.start()                    # plan sent once, shared memory offered, group formed
+    await sync.start()                    # plan sent once, the relay offered, groups formed
     report = await sync.sync(version=7)   # every engine stages v7 while decoding, then takes it
 
 The sending side is a ``WeightSource`` (the trainer actor: rank 0 sends, other ranks help
@@ -9,9 +9,10 @@ gather shards), wherever rank 0 runs: it hosts the group's store on its node, at
 the other nodes reach it by (``weights.host`` overrides it). The engines are ``EngineActor``
 refs on any node, or engines in this process; each one's receiving side is a ``WeightSink``
 (``ActorSink``: the actor's ``weight_*`` endpoints; ``EngineWeights``: an engine here). An
-engine on the trainer's machine copies each version from the trainer's shared memory
-(``weights.transport``); the others are ranks of one torch.distributed group with rank 0 of
-the trainer and take a bucketed broadcast.
+engine on the trainer's machine copies each version from the trainer's relay in shared memory
+(``weights.transport``, ``weights.max_live_versions``); each of the others forms a pair group
+with rank 0 over gloo (``weights.fanout``: a lost engine stalls only its own transfer), or all
+of them one group over NCCL, and takes a bucketed broadcast.
 
 A sync has two phases. *Stage*: every engine receives the version into a staging copy while
 it keeps decoding. *Commit*: only once all have staged, each takes it at its own decode-step
@@ -24,9 +25,10 @@ rotation serves the new version, and an engine that could not take it is out of 
 Failures: every step has a deadline (``weights.timeout_s``). An engine that died or stalls
 fails the attempt (``SyncError``, or its call's runtime error: ``is_transfer_failure``; any
 other error is a bug and is raised); it is probed, and one that does not answer is removed at once
-(``weights.on_engine_failure="remove"``) or stops the run (``"stop"``). The rest form a new
-group generation and the sync is tried again, up to ``weights.retries`` times for an engine
-that answers but keeps failing. Engines keep serving their last complete version meanwhile.
+(``weights.on_engine_failure="remove"``) or stops the run (``"stop"``). Those that failed and
+answer form new pair groups (a new generation) and are sent the version again, up to
+``weights.retries`` times; the others have it already. Engines keep serving their last
+complete version meanwhile.
 """
 
 from __future__ import annotations
@@ -35,167 +37,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from ..config.weights import WeightsConfig
-from ..runtime import ActorRef, NodeLostError
+from ..runtime import NodeLostError
 from ..runtime.errors import first_line
 from .commit import Commit, Interrupt, all_paused, in_waves
 from .errors import SyncError, is_transfer_failure
 from .protocol import GroupAddress
-from .sink import EngineWeights
+from .roles import Rotation, SyncReport, WeightSource
+from .targets import Target
 
 log = logging.getLogger(__name__)
-
-
-class WeightSource(Protocol):
-    """The sending side of a sync (``TrainerActor``): the plan, the shared memory it offers
-    engines on its machine, the group's store and backend, and each version's send."""
-
-    async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes: ...
-    async def share_weights(self, directory: str, plan: bytes, slots: int = 1) -> Any: ...
-    async def weight_backend(self) -> str: ...
-    async def weight_store(self, host: str = "") -> tuple[str, int]: ...
-    async def join_weights(self, address: GroupAddress, plan: bytes) -> None: ...
-    async def drop_weights(self, peer: str) -> None: ...
-    async def send_weights(self, version: int, peers: list[str] | None = None) -> float: ...
-
-
-class WeightSink(Protocol):
-    """One engine's receiving side of a sync, as the synchroniser drives it: ``attach`` once,
-    ``join`` each group generation (broadcast engines), then per version ``stage`` and
-    ``commit``. ``EngineWeights`` is one (an engine in this process); ``ActorSink`` is an
-    ``EngineActor``'s on any node. A failed transfer raises ``SyncError`` (through an actor
-    call: an ``ActorError`` carrying it, see ``is_transfer_failure``)."""
-
-    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
-        """Take the bucket plan (once) and map the trainer's shared memory (``offer``) if it is
-        on this machine; how this engine will receive versions: ``shm`` or ``broadcast``."""
-        ...
-
-    async def join(self, address: GroupAddress, rank: int) -> None:
-        """Become ``rank`` of the weight group's generation at ``address`` (the trainer, rank 0,
-        hosts its store)."""
-        ...
-
-    async def stage(self, version: int, timeout_s: float) -> float:
-        """Receive ``version`` into a staging copy while the engine decodes; seconds taken."""
-        ...
-
-    async def commit(
-        self, version: int, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
-    ) -> Commit:
-        """The engine takes the staged ``version`` whole, at its own step boundary; its running
-        turns go on, are cut or finish first (``interrupt``, see ``weights.commit``)."""
-        ...
-
-    async def alive(self, within_s: float) -> bool:
-        """Does the engine still answer (within ``within_s``)?"""
-        ...
-
-    def close(self) -> None:
-        """Let go of the weight group and the shared memory, if held here."""
-        ...
-
-
-class WeightSync(Protocol):
-    """What a schedule asks of the weight sync (``ParameterSynchronizer``, or the simulator's
-    ``SimSync``): the trainer's current parameters served by every engine in rotation as
-    ``version`` when it returns."""
-
-    async def sync(
-        self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
-    ) -> SyncReport: ...
-
-
-class Rotation(Protocol):
-    """Where engines serve requests (the ``Router``): a failed engine leaves it, an added one
-    enters it once it serves the current version."""
-
-    def remove_engine(self, name: str) -> None: ...
-    def add_engine(self, ref: Any) -> None: ...
-
-
-class SyncReport(msgspec.Struct, kw_only=True):
-    version: int
-    bytes: int
-    transfer_s: float
-    """From the start of the sync until every engine had staged the version (they decoded meanwhile)."""
-    pause_s: float
-    """The longest stop of an engine to take it."""
-    engine_idle_s: float = 0.0
-    """Decoding time the engines lost to this version, summed over them (``weights/engine_idle_s``)."""
-    reprefill_tokens: int = 0
-    """Tokens of the turns cut to take it, to be prefilled again (``weights/reprefill_tokens``)."""
-    all_paused: bool = False
-    """Was every engine paused at one instant? (Never, with two or more engines: they commit in waves.)"""
-    attempts: int = 1
-    engines: dict[str, int] = {}
-    """Engine name -> the version it serves now (all equal ``version``)."""
-    transports: dict[str, str] = {}
-    """Engine name -> how it received the version: ``shm`` or ``broadcast``."""
-    removed: list[str] = []
-    """Engines taken out of rotation during this sync."""
-
-
-class ActorSink:
-    """An ``EngineActor``'s receiving side, on any node: its ``weight_*`` endpoints through
-    ``ref``, each call under ``deadline_s``."""
-
-    def __init__(self, ref: ActorRef, deadline_s: float) -> None:
-        self.ref, self.deadline = ref, deadline_s
-
-    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
-        return str(await self.ref.weight_attach.options(timeout=self.deadline)(plan, offer, double_buffer))
-
-    async def join(self, address: GroupAddress, rank: int) -> None:
-        await self.ref.weight_join.options(timeout=self.deadline)(address, rank)
-
-    async def stage(self, version: int, timeout_s: float) -> float:
-        return float(await self.ref.weight_stage.options(timeout=self.deadline)(version, timeout_s))
-
-    async def commit(
-        self, version: int, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
-    ) -> Commit:
-        # A drain may take its whole timeout before the swap: the call's deadline allows for it.
-        deadline = self.deadline + (drain_timeout_s if interrupt == "drain" else 0.0)
-        answer = await self.ref.weight_commit.options(timeout=deadline)(version, interrupt, drain_timeout_s)
-        return msgspec.convert(answer, Commit)
-
-    async def alive(self, within_s: float) -> bool:
-        try:
-            await self.ref.weight_version.options(timeout=within_s)()
-        except Exception:
-            return False
-        return True
-
-    def close(self) -> None:
-        return None  # the actor lets go of its group and shared memory when it stops
-
-
-class _Target:
-    """One engine as the synchroniser keeps track of it: its name, its ``WeightSink``, how it
-    receives versions and the version it serves."""
-
-    def __init__(self, engine: Any, index: int, call_deadline_s: float) -> None:
-        self.remote = isinstance(engine, ActorRef)
-        self.engine = engine
-        self.name = engine.name if self.remote else str(getattr(engine, "name", None) or f"local-{index}")
-        self.sink: WeightSink = ActorSink(engine, call_deadline_s) if self.remote else EngineWeights(engine)
-        self.transport = "broadcast"
-        self.version = -1
-        self.joining = False  # added after start: enters rotation at its first commit
-        self.grouped = False  # a member of the current weight group (broadcast engines)
-
-    async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
-        self.transport = str(await self.sink.attach(plan, offer, double_buffer=double_buffer))
-
-    async def commit(self, version: int, interrupt: Interrupt, drain_timeout_s: float) -> Commit:
-        commit = await self.sink.commit(version, interrupt, drain_timeout_s)
-        self.version = version
-        return commit
 
 
 class ParameterSynchronizer:
@@ -206,7 +61,7 @@ class ParameterSynchronizer:
         listed: Iterable[Any] = engines if isinstance(engines, (list, tuple)) else [engines]
         # A remote call may take the collective's deadline plus a little to answer: a stalled
         # engine is then an error soon after the trainer's side gave up on it.
-        self._targets = [_Target(engine, i, config.timeout_s + 5.0) for i, engine in enumerate(listed)]
+        self._targets = [Target(engine, i, config.timeout_s + 5.0) for i, engine in enumerate(listed)]
         if not self._targets:
             raise ValueError("ParameterSynchronizer needs at least one engine")
         names = [target.name for target in self._targets]
@@ -269,7 +124,7 @@ class ParameterSynchronizer:
         """A pair group per broadcast engine (gloo), rather than one group of all (NCCL)."""
         return self.backend != "nccl"
 
-    async def _join(self, only: list[_Target] | None = None) -> None:
+    async def _join(self, only: list[Target] | None = None) -> None:
         """Form a new generation of the weight groups: over gloo, a pair group (trainer rank 0
         and the engine) for each broadcast engine in ``only`` (default: every one without a
         group), each forming on its own, so one that fails to join holds no other; over NCCL,
@@ -325,7 +180,7 @@ class ParameterSynchronizer:
             if self._pairs:
                 return  # the others formed their pairs; the failed ones are out
 
-    async def _join_pair(self, target: _Target, address: GroupAddress) -> None:
+    async def _join_pair(self, target: Target, address: GroupAddress) -> None:
         """Trainer rank 0 and ``target`` form their pair group; an error is the engine's unless
         the trainer is lost (``NodeLostError``, raised as is)."""
         target.grouped = False
@@ -344,7 +199,7 @@ class ParameterSynchronizer:
         version, and enters the ``router`` only once it serves that version."""
         if not self._started:
             raise RuntimeError("call start() first")
-        target = _Target(engine, len(self._targets) + len(self.removed), self.config.timeout_s + 5.0)
+        target = Target(engine, len(self._targets) + len(self.removed), self.config.timeout_s + 5.0)
         if target.name in {s.name for s in self._targets}:
             raise ValueError(f"engine {target.name!r} is already synchronised")
         await target.attach(self.plan_bytes, self._offer, self.config.double_buffer)
@@ -369,7 +224,7 @@ class ParameterSynchronizer:
             await self._join(None if self._pairs else list(self._targets))
         removed_before = len(self.removed)
         attempts, sender_failures = 0, 0
-        failures: dict[_Target, int] = {}
+        failures: dict[Target, int] = {}
         started = time.perf_counter()
         pending, staged = list(self._targets), []  # to stage this version; staged it
         peers: list[str] | None = None  # the pair groups to send to (None: all)
@@ -442,11 +297,11 @@ class ParameterSynchronizer:
 
     async def _drop(
         self,
-        failed: dict[_Target, BaseException],
+        failed: dict[Target, BaseException],
         during: str,
         *,
         always: bool,
-        failures: dict[_Target, int] | None = None,
+        failures: dict[Target, int] | None = None,
     ) -> None:
         """Take failed engines out: those that no longer answer, those past ``weights.retries``
         failures, or all of them (``always``). ``on_engine_failure="stop"`` raises instead."""
@@ -480,7 +335,7 @@ class ParameterSynchronizer:
                 f"weight sync failed while {during} and no engine is left ({reasons})"
             ) from failed[out[0]]
 
-    async def _take_out(self, target: _Target, why: str) -> None:
+    async def _take_out(self, target: Target, why: str) -> None:
         if target not in self._targets:  # taken out already (replaced while a sync was failing on it)
             return
         self._targets.remove(target)
