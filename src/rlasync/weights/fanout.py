@@ -107,7 +107,7 @@ class PeerSenders:
     @property
     def busy(self) -> bool:
         """Is a pair inside a send (perhaps stuck on a dead engine until its deadline)?"""
-        return any(pair.busy for pair in self._pairs.values())
+        return any(pair.busy for pair in list(self._pairs.values()))
 
     def __bool__(self) -> bool:
         return bool(self._pairs) or self._group is not None
@@ -117,7 +117,9 @@ class PeerSenders:
     ) -> None:
         """Send ``version`` to every pair (or those named) on their own threads and return at
         once; over one NCCL group, send it and return when every engine has it."""
-        for name in self._pairs if peers is None else peers:
+        # A copy: a pair may join or go on another thread meanwhile (the trainer forms pairs off
+        # its training thread).
+        for name in list(self._pairs) if peers is None else peers:
             pair = self._pairs.get(name)
             if pair is not None:
                 pair.post(weights, version)
