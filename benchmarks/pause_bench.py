@@ -1,12 +1,13 @@
 """What a weight version costs the engines: each engine taking it at its own step (``keep``,
 ``drain``) against the old global pause (``async_training.commit=together``), in one run.
 
-    .venv/bin/python benchmarks/pause_bench.py [--steps 14] [--repeats 2] [--smoke]
+    .venv/bin/python benchmarks/pause_bench.py [--steps 12] [--repeats 2] [--smoke]
 
 Every run is ``configs/quickstart_async.yaml`` (the reverse task from its warm-started model,
 trained once and cached for the whole run) with two engines in the head's process decoding
-throughout, a weight version after every step, and turns of ``--tokens`` tokens
-(``train.ignore_eos``) so that every sync lands in the middle of running turns. The controller
+throughout, a weight version after every step, one prompt (8 samples) a step and turns of
+``--tokens`` tokens (``train.ignore_eos``), each longer than a step, so that every sync lands in
+the middle of running turns and a drain has to wait for them. The controller
 and both engines run on core 0, the trainer's rank on core 1. Variants, alternated
 ``--repeats`` times (the medians are reported):
 
@@ -28,10 +29,10 @@ Last line JSON: ``{"idle_per_version_vs_transfer_new", "idle_per_version_vs_tran
 of the transfer, re-prefill ≤ 0.01 with keep, keep ≥ 1.2× drain, no instant with every engine
 paused.
 
-On this machine the two engines share one core: what one loses while it drains, the other
-mostly gains (a CPU step costs about in proportion to its batch, a GPU's does not), so
-``keep`` against ``drain`` understates the GPU gain here; ``benchmarks/modes_bench.py`` models
-it with the simulator's batch economics.
+On this machine the two engines share one core: what one loses while it stands still, the
+other partly gains, so the samples/s ratios understate a GPU's (whose step costs about the same
+at any batch; ``benchmarks/modes_bench.py`` models that). With turns shorter than a step
+(``--prompts 8 --tokens 256``) keep, drain and the old pause come out equal here.
 
 ``--smoke`` (for ``make test``; its figures mean nothing): an untrained model, 3 steps of short
 turns, one repeat.
@@ -117,10 +118,10 @@ def model(tmp: Path, smoke: bool) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=8, help="train.prompts_per_step")
-    parser.add_argument("--tokens", type=int, default=256, help="every turn's length")
+    parser.add_argument("--prompts", type=int, default=1, help="train.prompts_per_step")
+    parser.add_argument("--tokens", type=int, default=768, help="every turn's length")
     parser.add_argument("--max-batch", type=int, default=32, help="engine.max_batch")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
