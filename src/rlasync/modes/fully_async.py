@@ -152,7 +152,6 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advanc
     freezes, abort cuts, drain waits) for the whole transfer, then all resume."""
     acfg = run.config.async_training
     interrupt = acfg.interruption
-    started = time.perf_counter()
     if acfg.commit == "each":
         report = await run.synchronizer.sync(
             version, interrupt=interrupt, drain_timeout_s=acfg.drain_timeout_s
@@ -161,6 +160,7 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advanc
             await queue.advance()
         return weights_of(report, sync_s=report.transfer_s, swap_s=report.pause_s, pause_s=report.pause_s)
     engines = len(run.router.engines) if run.router is not None else 1
+    started = time.perf_counter()
     cut = await _pause_together(run, interrupt, acfg.drain_timeout_s)
     try:
         report = await run.synchronizer.sync(version, interrupt="keep")

@@ -54,6 +54,11 @@ class ShmOffer(msgspec.Struct, frozen=True, array_like=True):
     slots: int = 1  # versions the file holds (``weights.max_live_versions``), one region each
 
 
+def _stride(plan: BucketPlan) -> int:
+    """Bytes of one slot: its header and the plan's flat buffer, so the next header is 64-byte aligned."""
+    return HEADER + -(-bucket_starts(plan)[-1] // HEADER) * HEADER
+
+
 class SharedWeights:
     """``slots`` regions in one memory-mapped file, each a header and the plan's flat buffer.
 
@@ -64,18 +69,12 @@ class SharedWeights:
 
     def __init__(self, path: Path, plan: BucketPlan, nonce: int, *, owner: bool, slots: int = 1) -> None:
         self.path, self.plan, self.nonce, self.owner, self.slots = path, plan, nonce, owner, slots
-        size = bucket_starts(plan)[-1]
-        stride = HEADER + -(-size // HEADER) * HEADER  # each slot's header 64-byte aligned
+        size, stride = bucket_starts(plan)[-1], _stride(plan)
         self._file = torch.from_file(str(path), shared=True, size=stride * slots, dtype=torch.uint8)
         self.headers = [self._file[i * stride : i * stride + HEADER].view(torch.int64) for i in range(slots)]
         self.datas = [self._file[i * stride + HEADER : i * stride + HEADER + size] for i in range(slots)]
         self.header, self.data = self.headers[0], self.datas[0]  # the single slot's
         self._next = 0
-
-    @staticmethod
-    def _size(plan: BucketPlan, slots: int) -> int:
-        size = bucket_starts(plan)[-1]
-        return (HEADER + -(-size // HEADER) * HEADER) * slots
 
     @classmethod
     def create(cls, directory: str | os.PathLike[str], plan: BucketPlan, *, slots: int = 1) -> SharedWeights:
@@ -84,7 +83,7 @@ class SharedWeights:
         path = Path(directory) / f"rlasync-weights-{os.getpid()}-{nonce:x}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, cls._size(plan, slots))  # sparse: memory is taken as the parameters are written
+            os.ftruncate(fd, _stride(plan) * slots)  # sparse: memory is taken as the parameters are written
         finally:
             os.close(fd)
         shared = cls(path, plan, nonce, owner=True, slots=slots)
@@ -97,7 +96,7 @@ class SharedWeights:
         """The trainer's file, if this process sees the same one (else None: not the same host)."""
         path = Path(offer.path)
         try:
-            if offer.nbytes != bucket_starts(plan)[-1] or path.stat().st_size != cls._size(plan, offer.slots):
+            if offer.nbytes != bucket_starts(plan)[-1] or path.stat().st_size != _stride(plan) * offer.slots:
                 return None
             shared = cls(path, plan, offer.nonce, owner=False, slots=offer.slots)
         except (OSError, RuntimeError):

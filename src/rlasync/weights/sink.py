@@ -116,17 +116,15 @@ class EngineWeights:
             raise SyncError(f"commit of version {version}, but {have} is staged here")
         _, tensors = self._staged
         self._staged = None
-        swap_by_reference = getattr(self.engine, "swap_weights", None)
-        if swap_by_reference is not None and self._ring is not None and self._ring.depth == 2:
+        by_reference = (
+            hasattr(self.engine, "swap_weights") and self._ring is not None and self._ring.depth == 2
+        )
 
-            async def swap() -> float | None:
-                return float(await swap_by_reference(tensors, version))
-
-        else:
-
-            async def swap() -> float | None:
-                await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused
-                return None
+        async def swap() -> float | None:
+            if by_reference:
+                return float(await self.engine.swap_weights(tensors, version))
+            await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused
+            return None
 
         return await take_version(
             self.engine, swap, version=version, interrupt=interrupt, drain_timeout_s=drain_timeout_s

@@ -71,7 +71,7 @@ class ParameterSynchronizer:
         self.backend = "gloo"
         self.plan_bytes = b""
         self.total_bytes = 0
-        self._address: tuple[str, int] = ("", 0)
+        self._store: tuple[str, int] = ("", 0)  # the group's rendezvous store: rank 0's node
         self._started = False
         self._offer: Any = None
         self.relayed = False  # the trainer holds each version in a relay slot (weights.max_live_versions)
@@ -115,7 +115,7 @@ class ParameterSynchronizer:
                     f"weights.shm_dir={cfg.shm_dir} (another machine or container); use weights.transport=auto"
                 )
         # Rank 0 hosts the group's store on its node, wherever that is: the engines connect there.
-        self._address = await self.source.weight_store(cfg.host)
+        self._store = await self.source.weight_store(cfg.host)
         self._started = True
         await self._join()
 
@@ -124,61 +124,64 @@ class ParameterSynchronizer:
         """A pair group per broadcast engine (gloo), rather than one group of all (NCCL)."""
         return self.backend != "nccl"
 
+    def _address(self, size: int, peer: str = "") -> GroupAddress:
+        """Where this generation's group of ``size`` members (or ``peer``'s pair) meets."""
+        host, port = self._store
+        return GroupAddress(
+            host=host,
+            port=port,
+            size=size,
+            timeout_s=self.config.timeout_s,
+            generation=self.generation,
+            backend=self.backend,
+            peer=peer,
+        )
+
     async def _join(self, only: list[Target] | None = None) -> None:
         """Form a new generation of the weight groups: over gloo, a pair group (trainer rank 0
         and the engine) for each broadcast engine in ``only`` (default: every one without a
         group), each forming on its own, so one that fails to join holds no other; over NCCL,
         one group of every broadcast engine. An engine that fails to join is handled like one
         that fails a sync."""
-        cfg = self.config
-        host, port = self._address
+        self.generation += 1
+        far = [target for target in self._targets if target.transport == "broadcast"]
+        if not far:  # every engine copies from shared memory: the trainer lays out its buffer
+            await self.source.join_weights(self._address(1), self.plan_bytes)
+        elif self._pairs:
+            todo = [t for t in far if (t in only if only is not None else not t.grouped)]
+            results = await asyncio.gather(
+                *[self._join_pair(target, self._address(2, target.name)) for target in todo],
+                return_exceptions=True,
+            )
+            for result in results:
+                _raise_if_trainer_lost(result)
+            failed = {target: r for target, r in zip(todo, results) if isinstance(r, BaseException)}
+            if failed:  # out of rotation; the others formed their pairs
+                await self._drop(failed, "joining the weight group", always=True)
+        else:
+            await self._join_group()
+
+    async def _join_group(self) -> None:
+        """(NCCL) One group of trainer rank 0 and every broadcast engine; formed again without
+        those that fail to join."""
         while True:
-            self.generation += 1
             far = [target for target in self._targets if target.transport == "broadcast"]
-
-            def address(size: int, peer: str = "") -> GroupAddress:
-                return GroupAddress(
-                    host=host,
-                    port=port,
-                    size=size,
-                    timeout_s=cfg.timeout_s,
-                    generation=self.generation,
-                    backend=self.backend,
-                    peer=peer,
-                )
-
-            if not far:  # every engine copies from shared memory: the trainer lays out its buffer
-                await self.source.join_weights(address(1), self.plan_bytes)
+            group = self._address(len(far) + 1)
+            results = await asyncio.gather(
+                self.source.join_weights(group, self.plan_bytes),
+                *[target.sink.join(group, rank) for rank, target in enumerate(far, 1)],
+                return_exceptions=True,
+            )
+            failed = {target: r for target, r in zip(far, results[1:]) if isinstance(r, BaseException)}
+            if not failed and not isinstance(results[0], BaseException):
+                for target in far:
+                    target.grouped = True
                 return
-            if self._pairs:
-                todo = [t for t in far if (t in only if only is not None else not t.grouped)]
-                results = await asyncio.gather(
-                    *[self._join_pair(target, address(2, target.name)) for target in todo],
-                    return_exceptions=True,
-                )
-                for result in results:
-                    _raise_if_trainer_lost(result)
-                failed = {target: r for target, r in zip(todo, results) if isinstance(r, BaseException)}
-                if not failed:
-                    return
-            else:
-                group = address(len(far) + 1)
-                results = await asyncio.gather(
-                    self.source.join_weights(group, self.plan_bytes),
-                    *[target.sink.join(group, rank) for rank, target in enumerate(far, 1)],
-                    return_exceptions=True,
-                )
-                failed = {target: r for target, r in zip(far, results[1:]) if isinstance(r, BaseException)}
-                if not failed and not isinstance(results[0], BaseException):
-                    for target in far:
-                        target.grouped = True
-                    return
-                _raise_if_trainer_lost(results[0])  # then the engines failed waiting for it: not theirs
-                if not failed:
-                    raise results[0]  # type: ignore[misc]  # the trainer could not form it
+            _raise_if_trainer_lost(results[0])  # then the engines failed waiting for it: not theirs
+            if not failed:
+                raise results[0]  # type: ignore[misc]  # the trainer could not form it
             await self._drop(failed, "joining the weight group", always=True)
-            if self._pairs:
-                return  # the others formed their pairs; the failed ones are out
+            self.generation += 1
 
     async def _join_pair(self, target: Target, address: GroupAddress) -> None:
         """Trainer rank 0 and ``target`` form their pair group; an error is the engine's unless
