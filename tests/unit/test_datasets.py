@@ -3,6 +3,7 @@ and the seeded sampler's determinism, epochs and exact resume."""
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import subprocess
@@ -293,6 +294,32 @@ def test_synthetic_rows(task: str) -> None:
     assert synthetic_rows(task, 12, seed=1, split="val") == rows
     train = {r["uid"] for r in synthetic_rows(task, 30, seed=1, split="train")}
     assert not train & {r["uid"] for r in rows}  # the held-out split stays held out
+
+
+def _length_mix(rows: list[Any]) -> dict[int, float]:
+    counts = collections.Counter(len(r["ground_truth"]) for r in rows)
+    return {n: counts[n] / len(rows) for n in range(3, 7)}
+
+
+def test_training_rows_follow_the_task_s_own_length_mix() -> None:
+    """Why fully async quickstarts held out at 0.8 with a training reward of 0.99 (issue 48):
+    every failure was a three-letter word, and the training rows hardly had any. 20,000
+    *distinct* training problems use up the 460 three-letter words of the training split, so
+    they were 2.4 % of training, while the task draws a length uniformly from 3 to 6 and the
+    128 held-out problems have 12-20 % of them. Whether a run then generalised to them from
+    longer words was luck. Training rows are now drawn as the task draws (repeats kept)."""
+    from rlasync.compose.feed import read_rows
+    from rlasync.config import load_config
+
+    config = load_config(Path(__file__).parents[2] / "configs" / "quickstart_async.yaml")
+    train, val = read_rows(config)
+    assert len(train) == config.data.synthetic_train_size and len({r["uid"] for r in train}) == len(train)
+    # Each length is 1/4 of the task's draws (and of its training split, a hash of the word):
+    # with 20,000 rows a share's standard deviation is sqrt(0.25 * 0.75 / 20,000) = 0.003.
+    assert all(abs(share - 0.25) < 0.02 for share in _length_mix(train).values()), _length_mix(train)
+    distinct = synthetic_rows("reverse", len(train), seed=config.train.seed, split="train")
+    assert _length_mix(distinct)[3] < 0.03  # the old draw: three-letter words used up
+    assert _length_mix(val)[3] > 0.1  # ...which validation asks about at every check
 
 
 # -- sampler ----------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import msgspec
 
 from ..config import Config, ConfigError
 from ..data import DataGenerator, Row, RowResult, Sampler, load_rows, make_sampler, synthetic_rows
-from ..data.synthetic import synthetic_capacity
 from ..engines import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -33,11 +32,11 @@ def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
     """Training and validation rows: the data files, or the synthetic task's two splits."""
     cfg, data = config.train, config.data
     if not data.train_files:
-        size = min(data.synthetic_train_size, synthetic_capacity(cfg.task, "train"))
         loop = tool_loop(config)
-        return synthetic_rows(cfg.task, size, seed=cfg.seed, split="train", tool_loop=loop), synthetic_rows(
-            cfg.task, cfg.val_size, seed=cfg.seed, split="val", tool_loop=loop
+        train = synthetic_rows(
+            cfg.task, data.synthetic_train_size, seed=cfg.seed, split="train", tool_loop=loop, distinct=False
         )
+        return train, synthetic_rows(cfg.task, cfg.val_size, seed=cfg.seed, split="val", tool_loop=loop)
     if not data.val_files:
         raise ConfigError(
             "data.train_files is set but data.val_files is not: give held-out rows to validate on"

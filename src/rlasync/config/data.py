@@ -45,4 +45,6 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     ``max_length``), or one registered with ``rlasync.data.register_generator``. The rows it made
     and its state are saved in checkpoints. "": none."""
     synthetic_train_size: PositiveInt = 20000
-    """Distinct training problems drawn from the synthetic task (when there are no files)."""
+    """Training rows drawn from the synthetic task when there are no files: the first this many
+    problems its training split draws, repeats kept, so training sees every kind of problem as
+    often as the task (and its held-out split) does."""
