@@ -141,3 +141,30 @@ def test_the_relay_holds_the_newest_versions_as_snapshots_the_parameters_may_cha
     with pytest.raises(SyncError, match=r"published 3 \(its relay holds versions \[2, 3\]"):
         engine.copy_into(staging, 1, timeout_s=1)
     relay.close()
+
+
+def test_a_relay_slot_being_sent_from_is_never_overwritten(tmp_path: Path) -> None:
+    """A pair group sends a version from its slot (``pin``): a newer version goes into another
+    slot, even the newest one's, and with every slot being sent from the trainer waits (up to
+    its deadline) instead of overwriting what a send still reads."""
+    from rlasync.weights import SharedWeights, SyncError, plan_for
+
+    plan = plan_for({"a": torch.zeros(8)}, 64)
+    relay = SharedWeights.create(tmp_path, plan, slots=2)
+    for version in (1, 2):
+        relay.hold(version, lambda out, v=version: out.fill_(v))
+    slot, release = relay.pin(1)  # an engine two versions behind is still receiving v1
+    assert int(slot[0]) == 1
+    relay.hold(3, lambda out: out.fill_(3))  # into v2's slot, the one free
+    assert int(slot[0]) == 1 and sorted(int(h[1]) for h in relay.headers) == [1, 3]
+    _, release_3 = relay.pin(3)
+    with pytest.raises(SyncError, match="every slot is being sent"):
+        relay.hold(4, lambda out: out.fill_(4), wait_s=0.05)
+    release()
+    release()  # a second call does nothing (a pair closed while its send still ran)
+    relay.hold(4, lambda out: out.fill_(4))  # into v1's slot, free again
+    assert sorted(int(h[1]) for h in relay.headers) == [3, 4]
+    with pytest.raises(SyncError, match=r"version 1 is no longer held \(it holds \[3, 4\]\)"):
+        relay.pin(1)
+    release_3()
+    relay.close()

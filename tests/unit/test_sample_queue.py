@@ -11,11 +11,22 @@ from rlasync.modes.queue import QueueClosed, SampleQueue, StalenessError
 
 
 async def _run(
-    seed: int, *, batch: int, steps_per_version: int, max_staleness: int, capacity: int | None, steps: int
+    seed: int,
+    *,
+    batch: int,
+    steps_per_version: int,
+    max_staleness: int,
+    capacity: int | None,
+    steps: int,
+    released: bool = False,
 ) -> tuple[SampleQueue[int], list[tuple[int, int]]]:
     """A rollouter admitting as fast as the queue allows, samples finishing after random delays
-    (a long tail), and a trainer taking ``steps`` steps; returns (admitted version, trained version) pairs."""
+    (a long tail), and a trainer taking ``steps`` steps; returns (admitted version, trained version) pairs.
+    ``released``: the trainer goes on once it publishes a version, and the engines take it
+    later (``serve`` after a random delay, sometimes longer than several steps); each admission
+    is then checked against the version the engines really served at that instant."""
     rng = random.Random(seed)
+    engines_serve = 0  # the oldest version the simulated engines serve
     queue: SampleQueue[int] = SampleQueue(
         batch, steps_per_version=steps_per_version, max_staleness=max_staleness, capacity=capacity
     )
@@ -29,9 +40,16 @@ async def _run(
     async def rollouter() -> None:
         while True:
             ticket = await queue.admit()
+            assert ticket.version <= engines_serve  # no token older than the version it is counted at
             task = asyncio.create_task(sample(ticket))
             running.add(task)
             task.add_done_callback(running.discard)
+
+    async def engines_take(version: int, after_s: float) -> None:
+        nonlocal engines_serve
+        await asyncio.sleep(after_s)
+        engines_serve = max(engines_serve, version)
+        queue.serve(version)
 
     producer = asyncio.create_task(rollouter())
     for step in range(steps):
@@ -40,7 +58,12 @@ async def _run(
             trained.append((ticket.version, queue.version))
         if (step + 1) % steps_per_version == 0:
             await asyncio.sleep(rng.choice([0, 0.0005]))  # the weight sync
-            await queue.advance()
+            if not released:
+                await queue.advance()
+                engines_serve = queue.version
+                continue
+            await queue.advance(served=False)
+            running.add(asyncio.create_task(engines_take(queue.version, rng.choice([0, 0.001, 0.005, 0.02]))))
     producer.cancel()
     await asyncio.gather(producer, *running, return_exceptions=True)
     return queue, trained
@@ -70,6 +93,29 @@ async def test_no_sample_is_trained_past_its_bound_and_none_is_dropped(
         # Nothing dropped: everything admitted was trained on, or is still waiting (in flight or ready).
         assert queue.admitted == queue.consumed + queue.ready + queue.running
         assert queue.ready + queue.running <= queue.capacity
+
+
+@pytest.mark.parametrize("batch, steps_per_version, max_staleness", [(4, 1, 0), (4, 1, 1), (3, 2, 2)])
+async def test_with_engines_taking_versions_after_the_trainer_the_bound_holds_from_what_they_serve(
+    batch: int, steps_per_version: int, max_staleness: int
+) -> None:
+    """Released delivery: the trainer's version moves at its publish, the engines' when they
+    take it. Admissions count from the engines' oldest version, so the bound holds for every
+    token; the run neither deadlocks nor drops a sample, even on-policy (staleness 0)."""
+    for seed in range(2):
+        queue, trained = await _run(
+            seed,
+            batch=batch,
+            steps_per_version=steps_per_version,
+            max_staleness=max_staleness,
+            capacity=None,
+            steps=60,
+            released=True,
+        )
+        assert len(trained) == 60 * batch
+        assert all(0 <= at - admitted <= max_staleness for admitted, at in trained)
+        assert queue.admitted == queue.consumed + queue.ready + queue.running
+    assert queue.served <= queue.version
 
 
 async def test_on_policy_means_every_sample_trained_at_the_version_it_was_admitted_at() -> None:

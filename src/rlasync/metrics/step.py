@@ -81,6 +81,9 @@ class Weights(Flat, kw_only=True):
     sync_s: float | None = msgspec.field(default=None, name="weights/sync_s")
     swap_s: float | None = msgspec.field(default=None, name="weights/swap_s")
     pause_s: float | None = msgspec.field(default=None, name="weights/pause_s")
+    relay_s: float | None = msgspec.field(default=None, name="weights/relay_s")
+    """Seconds the trainer took to put the version in its relay, after which it trains on
+    (engines pull the version while they decode: ``weights.max_live_versions`` >= 2)."""
     engine_idle_s: float | None = msgspec.field(default=None, name="weights/engine_idle_s")
     """Decoding time the engines lost to the version, summed over them."""
     reprefill_tokens: int | None = msgspec.field(default=None, name="weights/reprefill_tokens")
@@ -212,6 +215,8 @@ class QueueStats(Flat, kw_only=True):
     admitted: int = msgspec.field(name="async/admitted")
     consumed: int = msgspec.field(name="async/consumed")
     version: int = msgspec.field(name="async/version")
+    served_version: int | None = msgspec.field(default=None, name="async/served_version")
+    """The oldest version the engines serve (below ``async/version`` while they pull it)."""
 
 
 class Stamp(Flat, kw_only=True):

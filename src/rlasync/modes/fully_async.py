@@ -54,6 +54,7 @@ from ..compose.run import Run
 from ..compose.schedule import Schedule, Steps
 from ..config import Config
 from ..metrics import Processing, QueueStats, StepRecord, Weights
+from ..weights.roles import ReleasingSync, releasing
 from .offpolicy import train_step, weights_of
 from .queue import SampleQueue
 from .rollouter import IN_FLIGHT, Rollouter
@@ -93,6 +94,8 @@ async def train_fully_async(run: Run, steps: Steps, resume_from: Path | None) ->
         """Checkpoint with the samples in flight this instant (``InFlight``)."""
         started = time.perf_counter()
         in_flight, position = rollouter.capture()
+        if publisher is not None:  # the same instant's: engines may still be pulling the trainer's newest
+            position = {**position, "engine_versions": publisher.engines}
         files = {
             IN_FLIGHT: asyncio.ensure_future(rollouter.fill_loops(in_flight))
         }  # written once the trainer's state is taken
@@ -100,9 +103,14 @@ async def train_fully_async(run: Run, steps: Steps, resume_from: Path | None) ->
         record.checkpoint_in_flight = len(in_flight.samples)
         record.checkpoint_s = time.perf_counter() - started
 
+    # Released delivery: the trainer goes on once its relay holds a version; each engine pulls
+    # it at its own pace, and admissions count their deadline from the oldest version served.
+    publisher = releasing(run.synchronizer) if acfg.commit == "each" else None
+    if publisher is not None:
+        publisher.served_listeners.append(queue.serve)
     try:
         await steps.begin(resume_from)
-        version = steps.state.get("weight_version", 0)  # the version the engines serve
+        version = steps.state.get("weight_version", 0)  # the trainer's newest (the engines': at most it)
         if resume_from is None:
             rollouter.start()
         else:
@@ -125,7 +133,11 @@ async def train_fully_async(run: Run, steps: Steps, resume_from: Path | None) ->
             record.data_rows = rollouter.trained(tickets)
             run.learned(record.data_rows, [sample for _, sample in taken])
             if step % per_version == 0 or step == cfg.steps:
-                record.weights = await _sync(run, queue, version + 1, advance=step % per_version == 0)
+                advance = step % per_version == 0
+                if publisher is not None:
+                    record.weights = await _publish(run, publisher, queue, version + 1, advance=advance)
+                else:
+                    record.weights = await _sync(run, queue, version + 1, advance=advance)
                 version += 1
             now = time.perf_counter()
             record.rollout_s, record.train_s, record.step_s = waited, now - t0 - waited, now - last
@@ -135,12 +147,33 @@ async def train_fully_async(run: Run, steps: Steps, resume_from: Path | None) ->
             record.queue = QueueStats.from_dict({"async/queue_capacity": queue.capacity, **queue.stats()})
             last = now
             if steps.validating(step):
+                if publisher is not None:  # validate this step's weights: every engine takes them first
+                    await publisher.settle()
                 await steps.validate(record)  # the engine serves this step's weights only after a sync
                 record.val_version = version
             await steps.end(record, version, save=save)
     finally:
+        if publisher is not None:
+            publisher.served_listeners.remove(queue.serve)
         await rollouter.stop()
         await queue.close()
+
+
+async def _publish(
+    run: Run, publisher: ReleasingSync, queue: SampleQueue[list[Any]], version: int, *, advance: bool
+) -> Weights:
+    """Put ``version`` in the trainer's relay and move the trainer's side of the queue on; the
+    engines pull it while the next step trains (``ParameterSynchronizer.publish``). What the
+    engines took since the previous version, and what it cost them."""
+    acfg = run.config.async_training
+    report = await publisher.publish(
+        version, interrupt=acfg.interruption, drain_timeout_s=acfg.drain_timeout_s
+    )
+    if advance:
+        await queue.advance(served=False)  # the engines' side moves as they take it (``serve``)
+    return weights_of(
+        report, sync_s=report.relay_s, relay_s=report.relay_s, swap_s=report.pause_s, pause_s=report.pause_s
+    )
 
 
 async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advance: bool) -> Weights:

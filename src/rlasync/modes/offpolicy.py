@@ -80,11 +80,12 @@ def weights_of(report: Any, **timings: float) -> Weights:
     """A step's ``weights/*`` from the sync's report: its seconds (``timings``: the schedule's
     names for them) and what the version cost the engines."""
     served = report.engines.values()
+    expected = report.version if report.expected is None else report.expected
     return Weights(
         **timings,
         engine_idle_s=report.engine_idle_s,
         reprefill_tokens=report.reprefill_tokens,
         all_paused=int(report.all_paused),
         live_versions=len(set(served)),
-        engines_behind=sum(1 for v in served if v < report.version),
+        engines_behind=sum(1 for v in served if v < expected),
     )

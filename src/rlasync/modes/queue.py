@@ -89,6 +89,7 @@ class SampleQueue(Generic[T]):
             )
         self.version = 0
         self.steps_done = 0  # at this version
+        self._engines_serve = 0  # the oldest version the engines serve, as last told (``serve``)
         self._next = 0
         self._open: dict[int, Ticket] = {}  # admitted, not yet trained on (running or finished)
         self._finished: dict[int, tuple[Ticket, T]] = {}
@@ -114,11 +115,20 @@ class SampleQueue(Generic[T]):
     def _deadlines(self, exclude: set[int] = frozenset()) -> collections.Counter[int]:  # type: ignore[assignment]
         return collections.Counter(t.deadline for i, t in self._open.items() if i not in exclude)
 
+    @property
+    def served(self) -> int:
+        """The version a sample admitted now is admitted at: the oldest one the engines serve,
+        which is the trainer's (``version``) unless the engines take versions after the trainer
+        publishes them (``advance(served=False)``, then ``serve``). Its deadline counts from it,
+        so a token of an engine that has not swapped yet is still within the bound; one whose
+        deadline would already be behind the trainer is not admitted until they catch up."""
+        return min(self._engines_serve, self.version)
+
     def can_admit(self) -> bool:
         if self._closed or len(self._open) >= self.capacity:
             return False
         deadlines = self._deadlines()
-        deadlines[self.version + self.max_staleness] += 1
+        deadlines[self.served + self.max_staleness] += 1
         return self._feasible(deadlines, self.steps_done)
 
     # -- the rollouter's side --------------------------------------------------------------------
@@ -129,7 +139,7 @@ class SampleQueue(Generic[T]):
         await self._wait_until(lambda: self._closed or self.can_admit())
         if self._closed:
             raise QueueClosed("the sample queue was closed")
-        ticket = Ticket(self._next, self.version, self.version + self.max_staleness)
+        ticket = Ticket(self._next, self.served, self.served + self.max_staleness)
         self._next += 1
         self._open[ticket.index] = ticket
         self.admitted += 1
@@ -195,15 +205,25 @@ class SampleQueue(Generic[T]):
         self._notify()
         return batch
 
-    async def advance(self) -> None:
-        """The engines serve the next version now (after a weight sync)."""
+    async def advance(self, *, served: bool = True) -> None:
+        """The trainer is at the next version now (after a weight sync); ``served``: the engines
+        serve it too (else ``serve`` says when they do)."""
         if self.steps_done != self.steps_per_version:
             raise StalenessError(
                 f"advance() after {self.steps_done} of {self.steps_per_version} steps at version {self.version}"
             )
         self.version += 1
         self.steps_done = 0
+        if served:
+            self._engines_serve = self.version
         self._notify()
+
+    def serve(self, version: int) -> None:
+        """Every engine in rotation serves ``version`` or newer now (the weight sync's
+        ``served_listeners``): samples admitted from now on count their deadline from it."""
+        if version > self._engines_serve:
+            self._engines_serve = version
+            self._notify()
 
     async def close(self) -> None:
         """Wake every waiter with ``QueueClosed`` (shutdown); later ``admit`` and ``take`` calls
@@ -233,6 +253,7 @@ class SampleQueue(Generic[T]):
         if set(finished) != set(state.finished):
             raise ValueError(f"the finished samples {sorted(finished)} are not the state's {state.finished}")
         self.version, self.steps_done, self._next = state.version, state.steps_done, state.next_index
+        self._engines_serve = state.version  # a resumed run's engines start from the trainer's weights
         self.admitted, self.consumed = state.admitted, state.consumed
         self._open = {index: Ticket(index, version, deadline) for index, version, deadline in state.open}
         for index, sample in finished.items():
@@ -283,4 +304,5 @@ class SampleQueue(Generic[T]):
             "async/admitted": self.admitted,
             "async/consumed": self.consumed,
             "async/version": self.version,
+            "async/served_version": self.served,
         }

@@ -308,6 +308,11 @@ class TrainerActor:
         """Publish ``version`` (to ``peers`` only, if named); does not wait for pair groups' sends."""
         return float((await self._call_all("send_weights", [[version, peers]] * self.world_size))[0])
 
+    async def relay_weights(self, version: int, peers: list[str] | None = None) -> None:
+        """Rank 0 sends ``version`` from its relay to the pair groups of ``peers`` (all if None),
+        without touching the parameters: an engine pulling it, or a send tried again."""
+        await self._call_ranks({0: [version, peers]}, "relay_weights")
+
     def _micro_batches(self, batch: TrainBatch, shards: list[slice]) -> int:
         """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
         cfg = self.config

@@ -372,14 +372,18 @@ class TrainerRank(Actor):
             return 0.0
         started = time.perf_counter()
         if self.shared is not None and self.shared.slots > 1:  # the relay: a snapshot, sent from there
-            from ..weights import fill_flat, flat_views
+            from ..weights import fill_flat
 
-            flat, plan = self.flat, self.shared.plan
-            slot = self.shared.hold(
-                version, lambda out: out.copy_(flat) if flat is not None else fill_flat(plan, weights, out)
+            flat, plan, shared = self.flat, self.shared.plan, self.shared
+            shared.hold(
+                version,
+                lambda out: out.copy_(flat) if flat is not None else fill_flat(plan, weights, out),
+                wait_s=self.config.operation_timeout_s,
             )
-            weights = flat_views(plan, slot)
-        elif self.shared is not None:
+            if self.senders and peers != []:
+                self._relay_weights(version, peers)
+            return time.perf_counter() - started
+        if self.shared is not None:
             from ..weights import fill_flat
 
             fill_flat(self.shared.plan, weights, self.shared.data)  # no copy when already laid out there
@@ -389,6 +393,32 @@ class TrainerRank(Actor):
         elif self.shared is None:
             raise RuntimeError("no weight group and no shared memory: call join_weights first")
         return time.perf_counter() - started
+
+    @endpoint
+    async def relay_weights(self, version: int, peers: list[str] | None = None) -> None:
+        """Send ``version`` from the relay to the pair groups of ``peers`` (default: all), off the
+        training thread (the trainer's parameters are not read): how an engine pulls a version
+        it asks for, or is sent one again. ``SyncError`` if the relay no longer holds it."""
+        if self.rank != 0:
+            return
+        if self.shared is None or self.shared.slots < 2 or not self.senders:
+            raise RuntimeError(
+                "relay_weights needs the relay (weights.max_live_versions >= 2) and a pair group"
+            )
+        self._relay_weights(version, peers)
+
+    def _relay_weights(self, version: int, peers: list[str] | None) -> None:
+        from ..weights import flat_views
+
+        assert self.shared is not None and self.senders is not None
+        shared = self.shared
+        slot, release = shared.pin(version)  # held while the sends are posted
+        try:
+            self.senders.post(
+                flat_views(shared.plan, slot), version, peers, pin=lambda: shared.pin(version)[1]
+            )
+        finally:
+            release()
 
     # -- checkpoints --------------------------------------------------------------------------
     @endpoint

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -39,37 +39,66 @@ from .sync import WeightSender
 log = logging.getLogger(__name__)
 
 
+Job = tuple[Mapping[str, torch.Tensor], int, Callable[[], None]]
+"""A version to send: its tensors, its number, and what to call once they are no longer read
+(the relay slot's release)."""
+
+
+def _nothing() -> None:
+    return None
+
+
 class _Pair:
     """One engine's pair group: its sender and the daemon thread its sends run on, in order (a
     daemon: a send stuck on a dead engine never holds the process's exit)."""
 
     def __init__(self, sender: WeightSender, peer: str) -> None:
         self.sender, self.peer = sender, peer
-        self._queue: queue.SimpleQueue[tuple[Mapping[str, torch.Tensor], int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._sending: Job | None = None
         self.busy = False
         threading.Thread(target=self._serve, name=f"rlasync-weights-{peer}", daemon=True).start()
 
-    def post(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        self._queue.put((weights, version))
+    def post(
+        self, weights: Mapping[str, torch.Tensor], version: int, done: Callable[[], None] = _nothing
+    ) -> None:
+        self._queue.put((weights, version, done))
 
     def _serve(self) -> None:
         try:
             while (job := self._queue.get()) is not None:
-                self.busy = True
+                self.busy, self._sending = True, job
                 try:
-                    self.sender.send(*job)
+                    self.sender.send(job[0], job[1])
                 except Exception as exc:  # the engine's stage says what it got: this is the trainer's view
                     log.info("weight send of version %d to %s failed: %s", job[1], self.peer, first_line(exc))
                     return  # the group is closed: the synchroniser forms a new one or drops the engine
                 finally:
-                    self.busy = False
+                    self.busy, self._sending = False, None
+                    job[2]()
         finally:
             # Here, not in close(): a group dropped while a send is inside it would block its
             # dropper until the send's deadline (the communicator waits for its work).
             self.sender.group.close()
+            self._release_queued()
+
+    def _release_queued(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job[2]()
 
     def close(self) -> None:
-        """Stop after the send in progress, if any (one stuck on a dead engine ends at its deadline)."""
+        """Stop after the send in progress, if any (one stuck on a dead engine ends at its
+        deadline). What it was sending is released now: the engine is out of rotation, so
+        a version overwritten under it can reach no one who would serve it."""
+        sending = self._sending
+        if sending is not None:
+            sending[2]()
+        self._release_queued()
         self._queue.put(None)
 
 
@@ -113,16 +142,23 @@ class PeerSenders:
         return bool(self._pairs) or self._group is not None
 
     def post(
-        self, weights: Mapping[str, torch.Tensor], version: int, peers: Iterable[str] | None = None
+        self,
+        weights: Mapping[str, torch.Tensor],
+        version: int,
+        peers: Iterable[str] | None = None,
+        *,
+        pin: Callable[[], Callable[[], None]] | None = None,
     ) -> None:
         """Send ``version`` to every pair (or those named) on their own threads and return at
-        once; over one NCCL group, send it and return when every engine has it."""
+        once; over one NCCL group, send it and return when every engine has it. ``pin``: called
+        once per pair sent to, it returns what to call when that send no longer reads
+        ``weights`` (a relay slot kept from being overwritten meanwhile)."""
         # A copy: a pair may join or go on another thread meanwhile (the trainer forms pairs off
         # its training thread).
         for name in list(self._pairs) if peers is None else peers:
             pair = self._pairs.get(name)
             if pair is not None:
-                pair.post(weights, version)
+                pair.post(weights, version, pin() if pin is not None else _nothing)
         if self._group is not None:
             self._group.send(weights, version)
 

@@ -4,7 +4,8 @@ where engines serve (``Rotation``: the router) and what a sync reports (``SyncRe
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -23,6 +24,7 @@ class WeightSource(Protocol):
     async def join_weights(self, address: GroupAddress, plan: bytes) -> None: ...
     async def drop_weights(self, peer: str) -> None: ...
     async def send_weights(self, version: int, peers: list[str] | None = None) -> float: ...
+    async def relay_weights(self, version: int, peers: list[str] | None = None) -> None: ...
 
 
 class WeightSink(Protocol):
@@ -72,6 +74,27 @@ class WeightSync(Protocol):
     ) -> SyncReport: ...
 
 
+class ReleasingSync(WeightSync, Protocol):
+    """A weight sync that can release the trainer before the engines have a version
+    (``ParameterSynchronizer`` with its relay: ``weights.max_live_versions`` >= 2)."""
+
+    @property
+    def can_release(self) -> bool: ...
+    @property
+    def engines(self) -> dict[str, int]: ...
+    @property
+    def served_listeners(self) -> list[Callable[[int], None]]: ...
+    async def publish(
+        self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> SyncReport: ...
+    async def settle(self) -> None: ...
+
+
+def releasing(sync: WeightSync) -> ReleasingSync | None:
+    """``sync`` if it can release the trainer before delivery, else None."""
+    return cast(ReleasingSync, sync) if getattr(sync, "can_release", False) else None
+
+
 class Rotation(Protocol):
     """Where engines serve requests (the ``Router``): a failed engine leaves it, an added one
     enters it once it serves the current version."""
@@ -87,6 +110,8 @@ class SyncReport(msgspec.Struct, kw_only=True):
     """From the start of the sync until every engine had staged the version (they decoded meanwhile)."""
     pause_s: float
     """The longest stop of an engine to take it."""
+    relay_s: float = 0.0
+    """Seconds the trainer took to put the version in its relay (``publish``: all it waits for)."""
     engine_idle_s: float = 0.0
     """Decoding time the engines lost to this version, summed over them (``weights/engine_idle_s``)."""
     reprefill_tokens: int = 0
@@ -95,7 +120,10 @@ class SyncReport(msgspec.Struct, kw_only=True):
     """Was every engine paused at one instant? (Never, with two or more engines: they commit in waves.)"""
     attempts: int = 1
     engines: dict[str, int] = {}
-    """Engine name -> the version it serves now (all equal ``version``)."""
+    """Engine name -> the version it serves now (all equal ``version`` after ``sync``)."""
+    expected: int | None = None
+    """The version every engine should serve by now: ``version`` after ``sync``; after
+    ``publish``, the one before (engines pull ``version`` from then on)."""
     transports: dict[str, str] = {}
     """Engine name -> how it received the version: ``shm`` or ``broadcast``."""
     removed: list[str] = []

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,10 @@ class SharedWeights:
         self.headers = [self._file[i * stride : i * stride + HEADER].view(torch.int64) for i in range(slots)]
         self.datas = [self._file[i * stride + HEADER : i * stride + HEADER + size] for i in range(slots)]
         self.header, self.data = self.headers[0], self.datas[0]  # the single slot's
-        self._next = 0
+        # The trainer's side of a relay: how many sends read each slot (pair threads release
+        # them), and when each was filled (the oldest free one is overwritten next).
+        self._pins, self._age, self._published = [0] * slots, [0] * slots, 0
+        self._pin_lock = threading.Lock()
 
     @classmethod
     def create(cls, directory: str | os.PathLike[str], plan: BucketPlan, *, slots: int = 1) -> SharedWeights:
@@ -106,18 +110,58 @@ class SharedWeights:
             return None
         return shared
 
-    def hold(self, version: int, fill: Callable[[torch.Tensor], None]) -> torch.Tensor:
-        """(the trainer's side) ``fill`` the next slot with ``version`` and publish it there; that
-        slot's buffer. The slot overwritten held the version ``slots`` before: the synchroniser
-        has delivered it by then."""
+    def hold(
+        self, version: int, fill: Callable[[torch.Tensor], None], *, wait_s: float = 60.0
+    ) -> torch.Tensor:
+        """(the trainer's side) ``fill`` a slot with ``version`` and publish it there; that slot's
+        buffer. The slot taken is the oldest one no pair group is sending from (``pin``): a
+        send in progress never reads a version being overwritten. If every other slot is being
+        sent from (an engine ``slots - 1`` versions behind and still receiving), this waits up
+        to ``wait_s`` for one to end, then raises ``SyncError``. An engine copying a slot as it
+        is overwritten sees it (``copy_into``) and takes the newer version instead."""
         for index, header in enumerate(self.headers):
             if int(header[1]) == version:
                 return self.datas[index]  # held already (a sync tried again)
-        index, self._next = self._next, (self._next + 1) % self.slots
-        self.headers[index][1] = CHANGING  # copies of the version it held fail from now on
-        fill(self.datas[index])
-        self.headers[index][1] = version
-        return self.datas[index]
+        deadline = time.monotonic() + wait_s
+        while (free := self._free_slot()) is None:
+            if time.monotonic() > deadline:
+                raise SyncError(
+                    f"weights relay: every slot is being sent to an engine {self.slots - 1} version(s) behind "
+                    f"after {wait_s:g} s; raise weights.max_live_versions to let engines lag further"
+                )
+            time.sleep(0.001)
+        self._age[free] = self._published = self._published + 1
+        self.headers[free][1] = CHANGING  # copies of the version it held fail from now on
+        fill(self.datas[free])
+        self.headers[free][1] = version
+        return self.datas[free]
+
+    def _free_slot(self) -> int | None:
+        """The slot least recently filled that nothing is being sent from."""
+        with self._pin_lock:
+            free = [i for i in range(self.slots) if not self._pins[i]]
+        return min(free, key=lambda i: self._age[i]) if free else None
+
+    def pin(self, version: int) -> tuple[torch.Tensor, Callable[[], None]]:
+        """(the trainer's side) ``version``'s slot, kept from being overwritten until the returned
+        release is called (once; later calls do nothing): a pair group sends from it meanwhile.
+        ``SyncError`` if no slot holds ``version`` any more."""
+        with self._pin_lock:
+            index = self._slot(version)
+            if index is None:
+                held = sorted(int(h[1]) for h in self.headers if int(h[1]) != CHANGING)
+                raise SyncError(f"weights relay: version {version} is no longer held (it holds {held})")
+            self._pins[index] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._pin_lock:
+                if not released:
+                    released = True
+                    self._pins[index] -= 1
+
+        return self.datas[index], release
 
     @property
     def offer(self) -> ShmOffer:

@@ -47,13 +47,14 @@ from ..runtime.errors import first_line
 from .commit import Commit, Interrupt, all_paused, in_waves
 from .errors import SyncError, is_transfer_failure
 from .protocol import GroupAddress
+from .release import ReleasedDelivery
 from .roles import Rotation, SyncReport, WeightSource
 from .targets import Target
 
 log = logging.getLogger(__name__)
 
 
-class ParameterSynchronizer:
+class ParameterSynchronizer(ReleasedDelivery):
     def __init__(
         self, config: WeightsConfig, source: WeightSource, engines: Any, *, router: Rotation | None = None
     ) -> None:
@@ -77,6 +78,7 @@ class ParameterSynchronizer:
         self.relayed = False  # the trainer holds each version in a relay slot (weights.max_live_versions)
         self._regroup = False  # an engine was added: the next sync forms a new generation first
         self.removed: list[str] = []
+        self._init_release()
 
     @property
     def engines(self) -> dict[str, int]:
@@ -213,6 +215,8 @@ class ParameterSynchronizer:
         target.joining = True
         self._targets.append(target)
         self._regroup = target.transport == "broadcast" or self._regroup
+        if self.newest >= 0:  # released delivery: it pulls the newest version now
+            self._pullers[target] = asyncio.ensure_future(self._pull(target))
 
     async def sync(
         self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
@@ -369,6 +373,8 @@ class ParameterSynchronizer:
         await self.add_engine(engine)
 
     def close(self) -> None:
+        for task in self._pullers.values():
+            task.cancel()
         for target in self._targets:
             target.sink.close()
 
