@@ -75,6 +75,7 @@ class RunMetrics:
         self.rollout_s = Timings()
         self.sync_s = Timings()
         self.pause_s = Timings()
+        self.relay_s = Timings()
         self.engine_idle_s = 0.0
         self.reprefill_tokens = 0
         self.all_paused = 0
@@ -101,6 +102,8 @@ class RunMetrics:
                 self.sync_s.observe(sync)
             if record.weights.pause_s is not None:
                 self.pause_s.observe(record.weights.pause_s)
+            if record.weights.relay_s is not None:
+                self.relay_s.observe(record.weights.relay_s)
             self.engine_idle_s += record.weights.engine_idle_s or 0.0
             self.reprefill_tokens += record.weights.reprefill_tokens or 0
             self.all_paused += record.weights.all_paused or 0
@@ -133,6 +136,11 @@ class RunMetrics:
                 "rlasync_weight_pause_seconds",
                 "Seconds generation was paused for each weight sync.",
                 self.pause_s,
+            ),
+            histogram(
+                "rlasync_weight_relay_seconds",
+                "Seconds the trainer took to put each version in its relay (all it waits for).",
+                self.relay_s,
             ),
             counter(
                 "rlasync_weight_engine_idle_seconds_total",
@@ -171,6 +179,14 @@ class RunMetrics:
         out.append(gauge("rlasync_train_step", "The last step written.", record.step))
         version = record.queue.version if record.queue is not None else record.step
         out.append(gauge("rlasync_weight_version", "Weight version the trainer last published.", version))
+        served = record.queue.served_version if record.queue is not None else None
+        out.append(
+            gauge(
+                "rlasync_weight_served_version",
+                "The oldest weight version the engines serve (admissions count from it).",
+                version if served is None else served,  # the schedules that wait for every engine
+            )
+        )
         weights = record.weights
         if weights is not None and weights.live_versions is not None:
             out.append(

@@ -44,12 +44,17 @@ class WeightsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     holds a copy of the parameters' size; the trainer's rank 0 keeps its parameters there."""
     max_live_versions: Annotated[int, msgspec.Meta(ge=1)] = 2
     """Versions the trainer's relay holds (a shared-memory file on its machine, on CPU): each
-    version is copied into the next of these slots after its step (one ``memcpy``); the engines
-    on the machine copy it from there and the pair groups to other machines send from there, so
-    no transfer reads parameters a step is changing, and the trainer's sending returns once the
-    copy is made. (The schedules still wait for every engine to take the version before the
-    next step.) 1: no relay; the trainer's parameters live in the file itself. On GPUs the NCCL
-    broadcast sends from the parameters (a pinned-memory relay is not written)."""
+    version is copied into a slot after its step (one ``memcpy``); the engines on the machine
+    copy it from there and the pair groups to other machines send from there, so no transfer
+    reads parameters a step is changing. With two or more, the fully asynchronous schedule
+    (``async_training.commit=each``) trains on as soon as the relay holds a version, and each
+    engine pulls the newest one at its own pace (serving and staging: two). A slot a send still
+    reads is never overwritten: an engine more than this many minus one versions behind and
+    still receiving holds the trainer's next publish until its send ends (raise it to let slow
+    engines lag further; each slot is a copy of the parameters). 1: no relay; the trainer's
+    parameters live in the file itself and every step waits for every engine. On GPUs the NCCL
+    broadcast sends from the parameters and every step waits (a pinned-memory relay is not
+    written)."""
     double_buffer: bool = True
     """Engines that can swap a version in by reference (the torch engine) keep two staging
     copies, so the pause is pointer swaps; false: one copy, and the engine copies each version

@@ -82,7 +82,7 @@ def weights_of(report: Any, **timings: float) -> Weights:
     served = report.engines.values()
     expected = report.version if report.expected is None else report.expected
     return Weights(
-        **timings,
+        **{"relay_s": report.relay_s, **timings},
         engine_idle_s=report.engine_idle_s,
         reprefill_tokens=report.reprefill_tokens,
         all_paused=int(report.all_paused),

@@ -12,9 +12,11 @@ trainer's training thread never waits on any of them (each pair sends on a threa
 versions in order). The synchroniser learns what each engine staged from the engine; a send to
 an engine it has taken out is abandoned (its thread ends at the group's deadline).
 
-Until the synchroniser returns, the trainer does not change its parameters (the next step waits
-for the sync), so each live engine receives one whole version; an abandoned pair may read them
-while they change, but only towards an engine already out of rotation.
+Each send reads a snapshot: a slot of the trainer's relay, pinned until the send ends (``post``'s
+``pin``: the relay never overwrites it meanwhile), or, without a relay, the parameters, which
+the trainer does not change until the synchroniser returns. So each live engine receives one
+whole version. A pair dropped mid-send releases its pin at once: what it still reads goes only
+to an engine already out of rotation.
 
 NCCL keeps one group of every engine (``address.peer == ""``): its broadcast is pipelined, and
 a send to it blocks until every engine has it, as before.

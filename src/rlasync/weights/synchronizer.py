@@ -3,6 +3,8 @@
     sync = ParameterSynchronizer(config.weights, trainer, [engine_a, engine_b], router=router)
     await sync.start()                    # plan sent once, the relay offered, groups formed
     report = await sync.sync(version=7)   # every engine stages v7 while decoding, then takes it
+    report = await sync.publish(8)        # or: v8 in the relay, the trainer goes on; each engine
+                                          # pulls it at its own pace (``rlasync.weights.release``)
 
 The sending side is a ``WeightSource`` (the trainer actor: rank 0 sends, other ranks help
 gather shards), wherever rank 0 runs: it hosts the group's store on its node, at the address
@@ -230,7 +232,7 @@ class ParameterSynchronizer(ReleasedDelivery):
             self._regroup = False
             await self._join(None if self._pairs else list(self._targets))
         removed_before = len(self.removed)
-        attempts, sender_failures = 0, 0
+        attempts, sender_failures, relay_s = 0, 0, 0.0
         failures: dict[Target, int] = {}
         started = time.perf_counter()
         pending, staged = list(self._targets), []  # to stage this version; staged it
@@ -243,6 +245,8 @@ class ParameterSynchronizer(ReleasedDelivery):
             )
             failed = {target: r for target, r in zip(pending, results[1:]) if isinstance(r, BaseException)}
             sent = results[0]
+            if attempts == 1 and not isinstance(sent, BaseException):
+                relay_s = float(sent)  # rank 0's own seconds: the snapshot and posting the sends
             staged += [target for target in pending if target not in failed]
             if not failed and not isinstance(sent, BaseException):
                 break
@@ -292,6 +296,7 @@ class ParameterSynchronizer(ReleasedDelivery):
             version=version,
             bytes=self.total_bytes,
             transfer_s=transfer,
+            relay_s=relay_s,
             attempts=attempts,
             pause_s=max((c.pause_s for c in commits), default=0.0),
             engine_idle_s=sum(c.pause_s for c in commits),
