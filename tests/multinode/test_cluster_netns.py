@@ -182,7 +182,9 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
         [
             "train.mode=fully_async",
             f"train.steps={steps}",
-            "cluster.engines=[1, 2, 3]",
+            # Two engines on nodes 1 and 3: each node's first engine takes the trainer's send
+            # and keeps it in the node's relay, the other copies it from there.
+            "cluster.engines=[1, 1, 2, 3, 3]",
             "cluster.trainer=[0]",
             "trainer.world_size=1",
             "async_training.staleness_threshold=1",
@@ -194,14 +196,16 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
     )
     try:
         cluster.wait_for_step(3)
-        cluster.processes[1].send_signal(signal.SIGKILL)  # engine-0's node, on host B
+        for copier in ("engine-1", "engine-4"):  # from their node's relay, not the trainer
+            assert f"{copier} by node" in cluster.log(0), cluster.log(0)
+        cluster.processes[1].send_signal(signal.SIGKILL)  # node 1 (host B): its relay and both engines
         cluster.wait_for_step(8)
-        hosts.link(up=False)  # engine-2's node (host B) is cut off from the head
+        hosts.link(up=False)  # node 3 (host B), a relay and two engines, is cut off from the head
         # Cut for longer than node_dead_after_s on both sides: the head declared node-3 dead, and
         # node-3 gave the head up (a fixed sleep of 2 * DEAD_AFTER_S + 1 waited this out in full).
         cluster.wait_for_log(0, "node-3 declared dead")
         cluster.wait_for_log(3, "node-3 lost the head")
-        hosts.link(up=True)  # it rejoins as a new process; engine-2 starts there again
+        hosts.link(up=True)  # it rejoins as a new process; engines 3 and 4 start there again
         wait_until_sync(
             lambda: (
                 any(r.get("cluster/rejoins") == 1 for r in cluster.records())
@@ -219,10 +223,11 @@ def test_engine_nodes_on_the_other_host_killed_then_cut_off_the_run_trains_on(
         step_s = sorted(float(r["step_s"]) for r in records)  # type: ignore[arg-type]
         print(f"steps: median {step_s[len(step_s) // 2]:.2f} s, longest {step_s[-1]:.2f} s")
         assert step_s[-1] <= 2 * step_s[len(step_s) // 2] + 2 * DEAD_AFTER_S + 5, step_s[-5:]
-        assert min(r["cluster/engines"] for r in records[:2]) == 3
-        assert records[-1]["cluster/engines"] == 2 and records[-1]["cluster/rejoins"] == 1, records[
+        assert min(r["cluster/engines"] for r in records[:2]) == 5
+        assert records[-1]["cluster/engines"] == 3 and records[-1]["cluster/rejoins"] == 1, records[
             -1
-        ]  # engine-2 serves again
+        ]  # engines 3 and 4 serve again, one of them from the rejoined node's new relay
+        assert "(joining) by node" in cluster.log(0), cluster.log(0)
         assert max(r["async/staleness_max"] for r in records) <= 1  # the bound held through both losses
         last = records[-1]
         assert last["async/consumed"] == steps * 4 and last["async/version"] == steps

@@ -173,3 +173,67 @@ async def test_without_a_relay_publish_is_a_whole_sync(nano_model_dir: Path) -> 
             assert report.engines == {"engine-1": 1} and await _same_as_trainer(trainer, engine)
         finally:
             sync.close()
+
+
+async def test_engines_of_one_node_take_each_version_once_from_the_trainer_and_copy_it_there(
+    nano_model_dir: Path,
+) -> None:
+    """Two engines on node 1, one on node 2: the trainer forms a pair group with one engine of
+    each node, which keeps each version in its node's relay; node 1's other engine copies it
+    from there. Every engine serves the trainer's parameters bit for bit, after a whole sync and
+    after released pulls; node 1 killed, its engines leave rotation and the run goes on."""
+    fast = RuntimeConfig(
+        heartbeat_interval_s=0.2,
+        node_dead_after_s=2.0,
+        call_timeout_s=60,
+        join_timeout_s=60,
+        preload_modules=("rlasync.engines", "inspect_engine"),
+    )
+    async with (
+        LocalCluster(nodes=3, config=fast) as cluster,
+        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
+    ):
+        config = EngineConfig(model=str(nano_model_dir))
+        engines = list(
+            await asyncio.gather(
+                *[
+                    cluster.spawn(InspectableEngine, config, node=n, name=f"engine-{i}")
+                    for i, n in enumerate((1, 1, 2))
+                ]
+            )
+        )
+        await trainer.start(nano_model_dir)
+        async with Router(engines, RouterConfig()) as router:
+            sync = ParameterSynchronizer(
+                WeightsConfig(transport="broadcast", bucket_mb=0.01, timeout_s=5.0),
+                trainer,
+                engines,
+                router=router,
+            )
+            await sync.start()
+            try:
+                await trainer.step(tiny_batch(1))
+                report = await sync.sync(1)
+                assert report.transports == {
+                    "engine-0": "broadcast",
+                    "engine-1": "node",
+                    "engine-2": "broadcast",
+                }
+                assert sorted(t.name for t in sync._targets if t.grouped) == ["engine-0", "engine-2"]
+                for version in (2, 3):
+                    await trainer.step(tiny_batch(version))
+                    await sync.publish(version)
+                await sync.settle()
+                assert sync.engines == {"engine-0": 3, "engine-1": 3, "engine-2": 3}
+                for engine in engines:
+                    assert await _same_as_trainer(trainer, engine)
+
+                os.kill(cluster.pid(1), signal.SIGKILL)  # the node holding a relay and both its engines
+                await trainer.step(tiny_batch(4))
+                await sync.publish(4)
+                await sync.settle()  # node 1's pulls fail once it is declared dead
+                assert sync.engines == {"engine-2": 4} and sorted(sync.removed) == ["engine-0", "engine-1"]
+                assert [e.name for e in router.engines] == ["engine-2"]
+                assert await _same_as_trainer(trainer, engines[2])
+            finally:
+                sync.close()

@@ -23,7 +23,9 @@ def starting_model_dir(config: Config) -> Path:
             )
         return Path(cfg.model_dir)
     settings = msgspec.structs.replace(
-        DEFAULT_SETTINGS[cfg.task], greedy_threshold=cfg.warmstart_greedy_threshold
+        DEFAULT_SETTINGS[cfg.task],
+        greedy_threshold=cfg.warmstart_greedy_threshold,
+        threshold=cfg.warmstart_sampled_threshold,
     )
     return warm_start(cfg.task, run_dir=cfg.run_dir, preset=cfg.preset, seed=cfg.seed, settings=settings)
 

@@ -118,7 +118,10 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     ``rollout.ignore_eos``): for benchmarks that need turns of a known length."""
     warmstart_greedy_threshold: Fraction = 0.4
     """The warm-start stops once held-out greedy accuracy reaches this (or sampled accuracy
-    0.15): RL then starts from a policy that emits the format but is often wrong."""
+    ``warmstart_sampled_threshold``): RL then starts from a policy that emits the format but is
+    often wrong."""
+    warmstart_sampled_threshold: Fraction = 0.15
+    """...or once its sampled accuracy (temperature 1) reaches this."""
     advantage: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
     std_normalize: bool = True
     dynamic_sampling: bool = False

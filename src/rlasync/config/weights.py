@@ -55,6 +55,11 @@ class WeightsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     parameters live in the file itself and every step waits for every engine. On GPUs the NCCL
     broadcast sends from the parameters and every step waits (a pinned-memory relay is not
     written)."""
+    node_relay: bool = True
+    """Engines on one node (one process) that take the broadcast share it: the first of them
+    receives each version over its pair group and keeps it in the node's relay
+    (``max_live_versions`` slots; pinned memory on GPUs), and the others copy it from there,
+    so the trainer sends each version once per node. False: a pair group per engine."""
     double_buffer: bool = True
     """Engines that can swap a version in by reference (the torch engine) keep two staging
     copies, so the pause is pointer swaps; false: one copy, and the engine copies each version

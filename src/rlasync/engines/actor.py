@@ -111,14 +111,21 @@ class EngineActor(Actor):
 
     # -- the receiving side of rlasync.weights.ParameterSynchronizer (a WeightSink: ActorSink) ---
     @endpoint
-    async def weight_attach(self, plan: bytes, offer: Any = None, double_buffer: bool = True) -> str:
+    async def weight_attach(
+        self, plan: bytes, offer: Any = None, double_buffer: bool = True, node_relay: str = "", slots: int = 2
+    ) -> str:
         """Take the bucket plan (once) and map the trainer's shared memory if it is on this
-        machine; returns how this engine will receive versions: ``shm`` or ``broadcast``."""
+        machine; returns how this engine will receive versions: ``shm``, ``broadcast``, or
+        ``node`` (from the relay of this node, ``node_relay``, which its first engine fills)."""
         from ..weights.sink import EngineWeights  # the weights layer sits below the engines
 
         if self._weights is None:
             self._weights = EngineWeights(self._engine())
-        return str(await self._weights.attach(plan, offer, double_buffer=double_buffer))
+        return str(
+            await self._weights.attach(
+                plan, offer, double_buffer=double_buffer, node_relay=node_relay, slots=slots
+            )
+        )
 
     @endpoint
     async def weight_join(self, address: GroupAddress, rank: int) -> None:

@@ -179,9 +179,7 @@ async def _publish(
     )
     if advance:
         await queue.advance(served=False)  # the engines' side moves as they take it (``serve``)
-    return weights_of(
-        report, sync_s=report.relay_s, swap_s=report.pause_s, pause_s=report.pause_s
-    )
+    return weights_of(report, sync_s=report.relay_s, swap_s=report.pause_s, pause_s=report.pause_s)
 
 
 async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advance: bool) -> Weights:

@@ -204,7 +204,7 @@ class ReleasedDelivery:
     async def _stage_one(self, target: Target, version: int) -> None:
         """``target`` receives ``version`` into its staging copy: from shared memory, or over its
         pair group (formed first if it has none), which the relay sends it on."""
-        if target.transport == "shm":
+        if target.transport in ("shm", "node"):  # a copy on this machine: no pair group
             try:
                 await target.sink.stage(version, self.config.timeout_s)
             except Exception as exc:  # overwritten while it copied: a newer one is there

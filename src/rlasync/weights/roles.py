@@ -34,9 +34,18 @@ class WeightSink(Protocol):
     ``EngineActor``'s on any node. A failed transfer raises ``SyncError`` (through an actor
     call: an ``ActorError`` carrying it, see ``is_transfer_failure``)."""
 
-    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
+    async def attach(
+        self,
+        plan: bytes,
+        offer: Any = None,
+        *,
+        double_buffer: bool = True,
+        node_relay: str = "",
+        slots: int = 2,
+    ) -> str:
         """Take the bucket plan (once) and map the trainer's shared memory (``offer``) if it is
-        on this machine; how this engine will receive versions: ``shm`` or ``broadcast``."""
+        on this machine; how this engine will receive versions: ``shm``, ``broadcast``, or
+        ``node`` (copied from its node's relay, ``node_relay``, which another engine fills)."""
         ...
 
     async def join(self, address: GroupAddress, rank: int) -> None:

@@ -24,11 +24,12 @@ from .buckets import BucketPlan
 from .commit import Commit, Interrupt, take_version
 from .errors import SyncError
 from .group import WeightGroup
+from .node_relay import NodeRelay
 from .protocol import GroupAddress
 from .shm import SharedWeights, ShmOffer
 from .sync import StagingRing, WeightReceiver
 
-Transport = Literal["shm", "broadcast"]
+Transport = Literal["shm", "broadcast", "node"]
 
 
 class EngineWeights:
@@ -52,14 +53,28 @@ class EngineWeights:
         self._group: WeightGroup | None = None
         self._receiver: WeightReceiver | None = None
         self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._node: NodeRelay | None = None  # this node's relay: filled by this engine, or copied from
+        self._node_key = ""
 
     @property
     def version(self) -> int:
         return int(self.engine.weight_version)
 
-    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> Transport:
+    async def attach(
+        self,
+        plan: bytes,
+        offer: Any = None,
+        *,
+        double_buffer: bool = True,
+        node_relay: str = "",
+        slots: int = 2,
+    ) -> Transport:
         """Take the plan (sent once) and, given the trainer's shared-memory offer, map it if this
-        process sees the same file: then versions are copied from it, else broadcast."""
+        process sees the same file: then versions are copied from it (``shm``). Else, with
+        ``node_relay`` (the synchroniser's key), the first engine of this node to attach takes
+        the broadcast and keeps each version in the node's relay (``slots`` versions), and the
+        node's other engines copy from there (``node``); without it, every engine takes the
+        broadcast."""
         self.plan = msgspec.msgpack.decode(plan, type=BucketPlan)
         # Swapping by reference needs the version served to outlive the next one's staging.
         depth = 2 if double_buffer and hasattr(self.engine, "swap_weights") else 1
@@ -68,6 +83,10 @@ class EngineWeights:
         if offer is not None and self.device.type == "cpu":
             self._shared = SharedWeights.open(msgspec.convert(offer, ShmOffer), self.plan)
         self.transport = "shm" if self._shared is not None else "broadcast"
+        if self._shared is None and node_relay:
+            self._node, first = NodeRelay.of(node_relay, self.plan, slots=slots, device=self.device)
+            self._node_key = node_relay if first else ""
+            self.transport = "broadcast" if first else "node"
         return self.transport
 
     async def join(self, address: GroupAddress, rank: int, local_host: str = "") -> None:
@@ -97,10 +116,16 @@ class EngineWeights:
             buffer = ring.next()
             await asyncio.to_thread(shared.copy_into, buffer, version, timeout_s)
             staged = (version, ring.tensors(buffer))
+        elif self.transport == "node" and self._node is not None and self._ring is not None:
+            buffer = self._ring.next()
+            await self._node.copy_into(buffer, version, timeout_s)
+            staged = (version, self._ring.tensors(buffer))
         elif self._receiver is not None:
             staged = await asyncio.to_thread(self._receiver.receive)
             if staged[0] != version:
                 raise SyncError(f"weight sync: expected version {version}, the trainer sent {staged[0]}")
+            if self._node is not None and self._ring is not None:  # the node's other engines copy it
+                await asyncio.to_thread(self._node.put, version, self._ring.last)
         else:
             raise SyncError("stage before join: this engine is in no weight group and maps no shared memory")
         self._staged = staged
@@ -142,3 +167,6 @@ class EngineWeights:
     def close(self) -> None:
         self.close_group()
         self._shared = None
+        if self._node_key:  # the next engine of this node to attach fills a new relay
+            NodeRelay.forget(self._node_key)
+        self._node = None

@@ -89,6 +89,7 @@ class StagingRing:
         self.starts, self.nbytes = starts[:-1], starts[-1]
         self._buffers: list[torch.Tensor] = []
         self._turn = 0
+        self.last = torch.empty(0, dtype=torch.uint8)  # the buffer ``next`` gave last
 
     def next(self) -> torch.Tensor:
         """The buffer the next version lands in (allocated on first use)."""
@@ -96,6 +97,7 @@ class StagingRing:
             self._buffers.append(torch.empty(self.nbytes, dtype=torch.uint8, device=self.device))
         buffer = self._buffers[self._turn % len(self._buffers)]
         self._turn += 1
+        self.last = buffer
         return buffer
 
     def buckets(self, buffer: torch.Tensor) -> list[torch.Tensor]:

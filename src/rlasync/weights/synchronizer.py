@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -80,6 +81,7 @@ class ParameterSynchronizer(ReleasedDelivery):
         self.relayed = False  # the trainer holds each version in a relay slot (weights.max_live_versions)
         self._regroup = False  # an engine was added: the next sync forms a new generation first
         self.removed: list[str] = []
+        self._node_key = uuid.uuid4().hex  # names this synchroniser's relay in each node's process
         self._init_release()
 
     @property
@@ -108,9 +110,7 @@ class ParameterSynchronizer(ReleasedDelivery):
         self.relayed = shared is not None and slots > 1
         offer = shared if cfg.transport != "broadcast" else None
         self._offer = offer
-        await asyncio.gather(
-            *[target.attach(self.plan_bytes, offer, cfg.double_buffer) for target in self._targets]
-        )
+        await asyncio.gather(*[self._attach(target) for target in self._targets])
         if cfg.transport == "shm":
             far = [target.name for target in self._targets if target.transport != "shm"]
             if far:
@@ -122,6 +122,20 @@ class ParameterSynchronizer(ReleasedDelivery):
         self._store = await self.source.weight_store(cfg.host)
         self._started = True
         await self._join()
+        log.info(
+            "weights: %s",
+            ", ".join(f"{t.name} by {t.transport}" for t in self._targets),  # node: from its node's relay
+        )
+
+    async def _attach(self, target: Target) -> None:
+        cfg = self.config
+        await target.attach(
+            self.plan_bytes,
+            self._offer,
+            cfg.double_buffer,
+            self._node_key if cfg.node_relay else "",
+            cfg.max_live_versions,
+        )
 
     @property
     def _pairs(self) -> bool:
@@ -209,7 +223,8 @@ class ParameterSynchronizer(ReleasedDelivery):
         target = Target(engine, len(self._targets) + len(self.removed), self.config.timeout_s + 5.0)
         if target.name in {s.name for s in self._targets}:
             raise ValueError(f"engine {target.name!r} is already synchronised")
-        await target.attach(self.plan_bytes, self._offer, self.config.double_buffer)
+        await self._attach(target)
+        log.info("weights: %s (joining) by %s", target.name, target.transport)
         if self.config.transport == "shm" and target.transport != "shm":
             raise SyncError(
                 f"weights.transport=shm, but engine {target.name!r} cannot map the trainer's shared memory; use weights.transport=auto"

@@ -22,8 +22,17 @@ class ActorSink:
     def __init__(self, ref: ActorRef, deadline_s: float) -> None:
         self.ref, self.deadline = ref, deadline_s
 
-    async def attach(self, plan: bytes, offer: Any = None, *, double_buffer: bool = True) -> str:
-        return str(await self.ref.weight_attach.options(timeout=self.deadline)(plan, offer, double_buffer))
+    async def attach(
+        self,
+        plan: bytes,
+        offer: Any = None,
+        *,
+        double_buffer: bool = True,
+        node_relay: str = "",
+        slots: int = 2,
+    ) -> str:
+        attach = self.ref.weight_attach.options(timeout=self.deadline)
+        return str(await attach(plan, offer, double_buffer, node_relay, slots))
 
     async def join(self, address: GroupAddress, rank: int) -> None:
         await self.ref.weight_join.options(timeout=self.deadline)(address, rank)
@@ -64,8 +73,12 @@ class Target:
         self.joining = False  # added after start: enters rotation at its first commit
         self.grouped = False  # a member of the current weight group (broadcast engines)
 
-    async def attach(self, plan: bytes, offer: Any, double_buffer: bool) -> None:
-        self.transport = str(await self.sink.attach(plan, offer, double_buffer=double_buffer))
+    async def attach(self, plan: bytes, offer: Any, double_buffer: bool, node_relay: str, slots: int) -> None:
+        self.transport = str(
+            await self.sink.attach(
+                plan, offer, double_buffer=double_buffer, node_relay=node_relay, slots=slots
+            )
+        )
 
     async def commit(self, version: int, interrupt: Interrupt, drain_timeout_s: float) -> Commit:
         commit = await self.sink.commit(version, interrupt, drain_timeout_s)
