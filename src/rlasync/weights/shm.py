@@ -130,17 +130,21 @@ class SharedWeights:
                     f"after {wait_s:g} s; raise weights.max_live_versions to let engines lag further"
                 )
             time.sleep(0.001)
-        self._age[free] = self._published = self._published + 1
-        self.headers[free][1] = CHANGING  # copies of the version it held fail from now on
         fill(self.datas[free])
         self.headers[free][1] = version
         return self.datas[free]
 
     def _free_slot(self) -> int | None:
-        """The slot least recently filled that nothing is being sent from."""
+        """The slot least recently filled that nothing is being sent from, marked as changing
+        (under the lock, so no send can pin the version it held from now on)."""
         with self._pin_lock:
             free = [i for i in range(self.slots) if not self._pins[i]]
-        return min(free, key=lambda i: self._age[i]) if free else None
+            if not free:
+                return None
+            index = min(free, key=lambda i: self._age[i])
+            self._age[index] = self._published = self._published + 1
+            self.headers[index][1] = CHANGING  # copies of the version it held fail from now on
+            return index
 
     def pin(self, version: int) -> tuple[torch.Tensor, Callable[[], None]]:
         """(the trainer's side) ``version``'s slot, kept from being overwritten until the returned
