@@ -12,6 +12,7 @@ and for planning (how many GPUs to give generation, which staleness bound).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,7 +75,10 @@ class SimSync:
     engine takes it as ``interrupt`` says (``weights.commit.take_version``: ``keep`` holds it
     for its swap, ``LatencyModel.swap_s``; ``abort`` cuts its turns, which pay their prefill
     again when re-submitted; ``drain`` lets them finish first), half the engines at a time
-    (``in_waves``). The trainer waits for all of it, as it waits for the real sync.
+    (``in_waves``). The trainer waits for all of it, as it waits for the real sync; or, released
+    (``publish``, what fully async uses as with the real relay), only for the version's copy into
+    the relay (``weight_bytes / bandwidth`` again), while every engine pulls it (the same again)
+    and takes it at its own step in the background.
 
     The report's seconds are the event loop's (``SimClock.wall``), as the schedules' own
     timings; its ``reprefill_tokens`` count the simulator's tokens (a response block is one)."""
@@ -87,15 +91,48 @@ class SimSync:
         weight_bytes: int = 16_000_000_000,
         bandwidth: float = 16e9,
     ) -> None:
-        self.clock, self.engines = clock, list(engines)
+        self.clock, self.gpus = clock, list(engines)
         self.weight_bytes, self.bandwidth = weight_bytes, bandwidth
         self.syncs = 0
+        self.can_release = True
+        self.served_listeners: list[Callable[[int], None]] = []
+        self._served = {engine.name: 0 for engine in self.gpus}
+        self._delivery: asyncio.Task[list[Commit]] | None = None
+        self._taken: list[Commit] = []  # commits of the deliveries since the last publish
+
+    @property
+    def engines(self) -> dict[str, int]:
+        """Engine name -> the version it serves."""
+        return dict(self._served)
 
     async def sync(
         self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
     ) -> SyncReport:
         transfer = self.weight_bytes / self.bandwidth
-        await self.clock.sleep(transfer)  # staged while every engine decodes
+        commits = await self._deliver(version, interrupt, drain_timeout_s)
+        return self._report(version, commits, transfer_s=transfer, expected=version)
+
+    async def publish(
+        self, version: int, *, interrupt: Interrupt = "keep", drain_timeout_s: float = 120.0
+    ) -> SyncReport:
+        """The trainer waits for the version's copy into the relay; the engines pull it and take
+        it in the background (a delivery still running is finished first: the relay's two slots)."""
+        if self._delivery is not None:
+            self._taken += await self._delivery
+        fill = self.weight_bytes / self.bandwidth
+        await self.clock.sleep(fill)
+        previous = max(self._served.values())
+        commits, self._taken = self._taken, []
+        self._delivery = asyncio.ensure_future(self._deliver(version, interrupt, drain_timeout_s))
+        return self._report(version, commits, transfer_s=fill, expected=previous, relay_s=fill)
+
+    async def settle(self) -> None:
+        if self._delivery is not None:
+            self._taken += await self._delivery
+            self._delivery = None
+
+    async def _deliver(self, version: int, interrupt: Interrupt, drain_timeout_s: float) -> list[Commit]:
+        await self.clock.sleep(self.weight_bytes / self.bandwidth)  # staged while every engine decodes
 
         async def commit(engine: SimEngine) -> Commit:
             began = self.clock.now()
@@ -107,24 +144,33 @@ class SimSync:
                 drain_timeout_s=drain_timeout_s,
             )
             # take_version times the pause on the machine's clocks; here time is simulated.
+            self._served[engine.name] = version
             return msgspec.structs.replace(taken, began=began, pause_s=self.clock.now() - began)
 
-        results = await in_waves(self.engines, commit)
+        results = await in_waves(self.gpus, commit)
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # a simulated engine does not fail a commit: a bug
-        commits = [c for c in results if isinstance(c, Commit)]
         self.syncs += 1
+        for listener in list(self.served_listeners):
+            listener(min(self._served.values()))
+        return [c for c in results if isinstance(c, Commit)]
+
+    def _report(
+        self, version: int, commits: list[Commit], *, transfer_s: float, expected: int, relay_s: float = 0.0
+    ) -> SyncReport:
         return SyncReport(
             version=version,
             bytes=self.weight_bytes,
-            transfer_s=self.clock.wall(transfer),
+            transfer_s=self.clock.wall(transfer_s),
+            relay_s=self.clock.wall(relay_s),
             pause_s=self.clock.wall(max((c.pause_s for c in commits), default=0.0)),
             engine_idle_s=self.clock.wall(sum(c.pause_s for c in commits)),
             reprefill_tokens=sum(c.reprefill_tokens for c in commits),
-            all_paused=all_paused(commits, len(self.engines)),
-            engines={engine.name: version for engine in self.engines},
-            transports={engine.name: "broadcast" for engine in self.engines},
+            all_paused=all_paused(commits, len(self.gpus)),
+            engines=self.engines,
+            expected=expected,
+            transports={engine.name: "broadcast" for engine in self.gpus},
         )
 
     def close(self) -> None:

@@ -73,8 +73,8 @@ class ReleasedDelivery:
         raise NotImplementedError
 
     def _init_release(self) -> None:
-        # The newest version the relay holds, each engine's
-        # puller, the commits since the last report, what went wrong, and who waits on a change.
+        # The newest version the relay holds, each engine's puller, the commits since the last
+        # report, each engine's failed pulls, what stopped the delivery, who waits on a change.
         self.newest = -1
         self._reported_removed = 0  # engines taken out that a publish has reported
         self._pullers: dict[Target, asyncio.Task[None]] = {}
