@@ -29,8 +29,8 @@ curriculum / uniform; goal >= 0.25. An arm that never reaches the target counts
 generates, kept or dropped).
 
 Why sampled, not greedy (``--val-temperature 0 --val-samples 1``, how every earlier figure was
-measured): greedy accuracy moves only when a prompt's most likely answer flips, and on this
-0.5M-parameter model it often never did. With greedy validation, 7 seeds of 20 reached the
+measured): greedy accuracy moves only when a prompt's most likely answer flips, and on the
+0.5M-parameter (two-layer) nano of then it often never did. With greedy validation, 7 seeds of 20 reached the
 target under neither sampler in 300 steps, each counting the same 38,400 samples in both arms:
 **0.204** saved on seeds 1-10 (uniform 291,840, curriculum 232,320; steps uniform / curriculum
 300+/300+, 80/60, 255/55, 195/75, 65/50, 300+/300+, 300+/300+, 300+/300+, 185/75, 300+/300+:

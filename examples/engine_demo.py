@@ -2,7 +2,7 @@
 
     .venv/bin/python examples/engine_demo.py [--run-dir runs/demo] [--seed 0]
 
-1. Builds a tiny Qwen2 model (0.5M parameters) and its BPE tokenizer in code, and saves it.
+1. Builds a tiny Qwen2 model (0.8M parameters) and its BPE tokenizer in code, and saves it.
 2. Warm-starts a copy by supervised training on the calculator task (about a minute on 2
    cores; cached under ``--run-dir``, so the next run skips it).
 3. Starts a 2-node local cluster (this process and one node process), hosts one
@@ -114,7 +114,7 @@ def main() -> None:
     if not (fresh_dir / "config.json").is_file():
         model, tokenizer = build_tiny_lm(TinyLMConfig.preset("nano", seed=args.seed))
         save_pretrained_dir(model, tokenizer, fresh_dir)
-    print(f"fresh tiny model (Qwen2, 0.5M parameters, vocab 384): {fresh_dir}")
+    print(f"fresh tiny model (Qwen2, 0.8M parameters, vocab 384): {fresh_dir}")
 
     started = time.perf_counter()
     tuned_dir = warm_start("calc", run_dir=run_dir, seed=args.seed)

@@ -28,7 +28,7 @@ uvloop = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 VERSIONS = 4
 # The engine decodes with a KV cache, the oracle in one pass: the same float32 arithmetic in
-# another order, which moves a logprob by ~1e-6 at this size (2 layers, width 128). A token
+# another order, which moves a logprob by ~1e-6 at this size (3 layers, width 128). A token
 # is attributed to a version only if that version matches within MATCH and every other
 # version is at least SEPARATE away (the perturbed norms move logprobs by ~0.1-1).
 MATCH, SEPARATE = 1e-3, 1e-2

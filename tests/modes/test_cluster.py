@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from learning import RISE, reward_rise
 
 from rlasync.agents import NoWorkerError
 from rlasync.compose.run import Run
@@ -113,7 +114,7 @@ async def test_the_quickstart_cluster_learns(
     tmp_path: Path, reverse_model: Path, mode: str, loop: str
 ) -> None:
     """3 node processes: 2 engine replicas with their loops on nodes 1 and 2, trainer ranks on
-    nodes 0 and 1. A short run (the README has the full one): held-out accuracy rises. The sync
+    nodes 0 and 1. A short run (the README has the full one): its reward rises. The sync
     run's rows are answered by an agent of plain OpenAI-client calls (the ``openai`` loop: each
     worker's endpoint next to its engine; validation greedy because the agent leaves the
     temperature to the run). The async run learns a little slower on a loaded machine (more of
@@ -139,10 +140,8 @@ async def test_the_quickstart_cluster_learns(
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (
-        result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08
-    ), result
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert reward_rise(records) >= RISE, (reward_rise(records), result)
     assert [r["step"] for r in records[1:]] == list(range(1, steps + 1)) and all(
         r["cluster/engines"] == 2 for r in records
     )

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from learning import RISE, reward_rise
 from hosts import Lan
 from waiting import wait_until_sync
 
@@ -178,10 +179,9 @@ def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them
         proc.kill()
     out = log.read_text()
     result = json.loads(out.strip().splitlines()[-1].split("| ", 1)[1])
-    assert (
-        result["initial_accuracy"] <= 0.5 and result["final_accuracy"] >= result["initial_accuracy"] + 0.08
-    ), result
-    assert [r["step"] for r in _records(tmp_path)[1:]] == list(range(1, 101))
+    records = _records(tmp_path)
+    assert reward_rise(records) >= RISE, (reward_rise(records), result)  # it learns
+    assert [r["step"] for r in records[1:]] == list(range(1, 101))
     assert (
         f"{lan.names[2]} |" in out and f"{lan.names[1]} |" in out
     )  # every host's output, prefixed with its name

@@ -32,7 +32,7 @@ def nano() -> tuple[object, object]:
 
 
 @pytest.mark.parametrize(
-    ("preset", "low", "high"), [("nano", 0.4e6, 0.7e6), ("micro", 3e6, 5e6), ("mini", 15e6, 25e6)]
+    ("preset", "low", "high"), [("nano", 0.6e6, 0.9e6), ("micro", 3e6, 5e6), ("mini", 15e6, 25e6)]
 )
 def test_presets_have_the_documented_sizes(preset: str, low: float, high: float) -> None:
     model, _ = build_tiny_lm(TinyLMConfig.preset(preset))

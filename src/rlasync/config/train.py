@@ -24,7 +24,7 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     ``optimizer.type: sgd``), whose step is exactly ``-lr * (g + weight_decay * w)``, so the
     summed gradient can be read off the weights (the tests compare ranks that way)."""
     lr: Annotated[float, msgspec.Meta(gt=0)] = 1e-3
-    """Learning rate (peak, after warm-up). With AdamW on the 0.5M-parameter quickstart model
+    """Learning rate (peak, after warm-up). With AdamW on the 0.8M-parameter quickstart model
     1e-3 learned and 2e-3 was unstable (measured on 2 cores)."""
     beta1: float = 0.9
     beta2: float = 0.99

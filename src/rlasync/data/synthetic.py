@@ -8,7 +8,7 @@ repeats) for training. A problem carries its prompt (chat messages, and tool sch
 ``calc``), its answer, and the SFT ``target``: the messages of a correct solution after
 the prompt (one assistant turn, or for ``calc`` the tool call, the tool's reply, the answer).
 
-Why these tasks (measured on 2 cores): a 0.5 M-parameter model
+Why these tasks (measured on 2 cores): a 0.8 M-parameter model
 learns reversal and tool use in about a minute, and RL then improves them because a
 half-trained policy is *uncertain per problem*. Single-digit tables are memorised instead
 (every problem is confidently right or wrong, so a GRPO group has no variance), and 2-digit +

@@ -4,9 +4,11 @@
     save_pretrained_dir(model, tokenizer, "runs/nano")
     model, tokenizer = load_pretrained_dir("runs/nano")     # any HF causal-LM folder works
 
-Sizes, as measured on 2 cores: "nano" (0.5 M parameters) learns string reversal and
+Sizes, as measured on 2 cores: "nano" (0.8 M parameters) learns string reversal and
 calculator tool use in minutes; "micro" (~4 M) and "mini" (~20 M) are for engine and
-throughput work.
+throughput work. Nano has three layers: with two, some seeds' models could not learn to
+reverse six letters at all (after 1,000 supervised steps, 15 of 37 held-out six-letter words
+still wrong at seed 0; with three, 2 of 37 after 400), and RL then stalled at 0.75.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class TinyLMConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     PRESETS: ClassVar[dict[str, dict[str, int]]] = {
         "nano": {
             "hidden_size": 128,
-            "num_layers": 2,
+            "num_layers": 3,  # two could not hold six-letter reversal at every seed (see above)
             "num_heads": 4,
             "num_kv_heads": 2,
             "intermediate_size": 512,
