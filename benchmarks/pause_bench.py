@@ -20,7 +20,8 @@ and both engines run on core 0, the trainer's rank on core 1. Variants, alternat
 
 Per variant, from the steps after the first two (``metrics.jsonl``): engine decode-seconds lost
 per version and engine (``weights/engine_idle_s`` / engines) ÷ the transfer
-(``weights/sync_s``); re-prefilled tokens ÷ generated tokens; samples per second of wall time;
+(``weights/transfer_s``: the relay's copy and the slowest pull, or the whole old sync);
+re-prefilled tokens ÷ generated tokens; samples per second of wall time;
 and the versions at which every engine was paused at one instant (``weights/all_paused``).
 
 Last line JSON: ``{"idle_per_version_vs_transfer_new", "idle_per_version_vs_transfer_old",
@@ -92,7 +93,9 @@ def run(variant: str, model_dir: Path, out: Path, args: argparse.Namespace) -> d
 
 
 def figures(records: list[dict[str, Any]], prompts: int) -> dict[str, float]:
-    transfer = sum(r.get("weights/sync_s") or 0.0 for r in records)
+    # The version's way to the engines: released, the relay's copy and the slowest pull (the
+    # trainer waited only for the first: weights/sync_s); the old pause, the whole sync.
+    transfer = sum(r.get("weights/transfer_s") or r.get("weights/sync_s") or 0.0 for r in records)
     idle = sum(r.get("weights/engine_idle_s") or 0.0 for r in records) / ENGINES
     generated = sum(r["response_tokens"] for r in records)
     return {

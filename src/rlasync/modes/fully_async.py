@@ -179,7 +179,13 @@ async def _publish(
     )
     if advance:
         await queue.advance(served=False)  # the engines' side moves as they take it (``serve``)
-    return weights_of(report, sync_s=report.relay_s, swap_s=report.pause_s, pause_s=report.pause_s)
+    return weights_of(
+        report,
+        transfer_s=report.transfer_s,
+        sync_s=report.relay_s,
+        swap_s=report.pause_s,
+        pause_s=report.pause_s,
+    )
 
 
 async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advance: bool) -> Weights:
@@ -197,7 +203,13 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advanc
         )
         if advance:
             await queue.advance()
-        return weights_of(report, sync_s=report.transfer_s, swap_s=report.pause_s, pause_s=report.pause_s)
+        return weights_of(
+            report,
+            transfer_s=report.transfer_s,
+            sync_s=report.transfer_s,
+            swap_s=report.pause_s,
+            pause_s=report.pause_s,
+        )
     engines = len(run.router.engines) if run.router is not None else 1
     started = time.perf_counter()
     cut = await _pause_together(run, interrupt, acfg.drain_timeout_s)
@@ -209,7 +221,13 @@ async def _sync(run: Run, queue: SampleQueue[list[Any]], version: int, *, advanc
     if advance:
         await queue.advance()
     return msgspec.structs.replace(
-        weights_of(report, sync_s=report.transfer_s, swap_s=report.pause_s, pause_s=paused),
+        weights_of(
+            report,
+            transfer_s=report.transfer_s,
+            sync_s=report.transfer_s,
+            swap_s=report.pause_s,
+            pause_s=paused,
+        ),
         engine_idle_s=paused * engines,  # every engine stood still for all of it
         reprefill_tokens=report.reprefill_tokens + sum(len(o.prompt_ids) + len(o.token_ids) for o in cut),
         all_paused=1,

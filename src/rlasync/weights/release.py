@@ -80,6 +80,7 @@ class ReleasedDelivery:
         self._pullers: dict[Target, asyncio.Task[None]] = {}
         self._pull_policy: tuple[Interrupt, float] = ("keep", 120.0)
         self._commits: list[Commit] = []
+        self._pulls: list[float] = []  # seconds each of those engines took to stage its version
         self._failed: BaseException | None = None
         self._failures: dict[Target, int] = {}
         self._committing: asyncio.Semaphore | None = None
@@ -127,6 +128,7 @@ class ReleasedDelivery:
                 self._pullers[target] = asyncio.ensure_future(self._pull(target))
         self._changed()
         commits, self._commits = self._commits, []
+        pulls, self._pulls = self._pulls, []
         by_version: dict[int, list[Commit]] = {}
         for commit in commits:
             by_version.setdefault(commit.version, []).append(commit)
@@ -134,7 +136,7 @@ class ReleasedDelivery:
         return SyncReport(
             version=version,
             bytes=self.total_bytes,
-            transfer_s=relay_s,
+            transfer_s=relay_s + max(pulls, default=0.0),  # the relay's copy, then the slowest pull
             relay_s=relay_s,
             pause_s=max((c.pause_s for c in commits), default=0.0),
             engine_idle_s=sum(c.pause_s for c in commits),
@@ -180,7 +182,9 @@ class ReleasedDelivery:
             version = self.newest
             interrupt, drain_timeout_s = self._pull_policy
             try:
+                began = time.perf_counter()
                 await self._stage_one(target, version)
+                staged_s = time.perf_counter() - began
                 assert self._committing is not None
                 async with self._committing:  # never every engine at once
                     commit = await target.commit(version, interrupt, drain_timeout_s)
@@ -195,6 +199,7 @@ class ReleasedDelivery:
                 continue
             self._failures.pop(target, None)
             self._commits.append(commit)
+            self._pulls.append(staged_s)
             if target.joining:  # serves a current version now: into rotation
                 target.joining = False
                 if self.router is not None and target.remote:

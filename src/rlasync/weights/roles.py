@@ -116,7 +116,9 @@ class SyncReport(msgspec.Struct, kw_only=True):
     version: int
     bytes: int
     transfer_s: float
-    """From the start of the sync until every engine had staged the version (they decoded meanwhile)."""
+    """From the start of the sync until every engine had staged the version (they decoded
+    meanwhile). ``publish``: the relay's copy plus the slowest pull of the versions the engines
+    took since the previous publish."""
     pause_s: float
     """The longest stop of an engine to take it."""
     relay_s: float = 0.0
