@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-from learning import RISE, reward_rise
 from hosts import Lan
+from learning import RISE, reward_rise
 from waiting import wait_until_sync
 
 from rlasync import new_secret
