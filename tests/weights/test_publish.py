@@ -7,9 +7,11 @@ takes the newest version, skipping those it missed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +28,31 @@ from rlasync.weights import ParameterSynchronizer, SyncError
 
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
-FAST = RuntimeConfig(
-    heartbeat_interval_s=0.2,
-    node_dead_after_s=30.0,  # a stopped engine is slow here, not dead
-    call_timeout_s=60,
-    join_timeout_s=60,
-    preload_modules=("rlasync.engines", "inspect_engine"),
-)
+
+@contextlib.asynccontextmanager
+async def _trainer_and_engines(
+    model_dir: Path, names: dict[str, int], *, dead_after_s: float = 30.0
+) -> AsyncIterator[tuple[LocalCluster, TrainerActor, list[Any]]]:
+    """A cluster of 3 node processes, a started trainer, and engine actors ``name -> node``."""
+    config = RuntimeConfig(
+        heartbeat_interval_s=0.2,
+        node_dead_after_s=dead_after_s,
+        call_timeout_s=60,
+        join_timeout_s=60,
+        preload_modules=("rlasync.engines", "inspect_engine"),
+    )
+    async with (
+        LocalCluster(nodes=3, config=config) as cluster,
+        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
+    ):
+        engine = EngineConfig(model=str(model_dir))
+        engines = list(
+            await asyncio.gather(
+                *[cluster.spawn(InspectableEngine, engine, node=n, name=name) for name, n in names.items()]
+            )
+        )
+        await trainer.start(model_dir)
+        yield cluster, trainer, engines
 
 
 async def _until(condition: Any, what: str, within_s: float = 60.0) -> None:
@@ -51,18 +71,12 @@ async def _same_as_trainer(trainer: TrainerActor, engine: Any) -> bool:
 async def test_a_stalled_engine_delays_neither_the_trainer_nor_the_others_and_catches_up(
     nano_model_dir: Path,
 ) -> None:
-    deadline = 3.0
-    async with (
-        LocalCluster(nodes=3, config=FAST) as cluster,
-        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
+    deadline = 3.0  # a stopped engine is slow here, not dead (node_dead_after_s is 30 s)
+    async with _trainer_and_engines(nano_model_dir, {"engine-1": 1, "engine-2": 2}) as (
+        cluster,
+        trainer,
+        engines,
     ):
-        config = EngineConfig(model=str(nano_model_dir))
-        engines = list(
-            await asyncio.gather(
-                *[cluster.spawn(InspectableEngine, config, node=n, name=f"engine-{n}") for n in (1, 2)]
-            )
-        )
-        await trainer.start(nano_model_dir)
         async with Router(engines, RouterConfig()) as router:
             sync = ParameterSynchronizer(
                 WeightsConfig(transport="broadcast", bucket_mb=0.01, timeout_s=deadline, max_live_versions=2),
@@ -110,17 +124,7 @@ async def test_a_stalled_engine_delays_neither_the_trainer_nor_the_others_and_ca
 
 
 async def test_an_engine_whose_pull_fails_is_kept_and_takes_the_newest_version(nano_model_dir: Path) -> None:
-    async with (
-        LocalCluster(nodes=3, config=FAST) as cluster,
-        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
-    ):
-        config = EngineConfig(model=str(nano_model_dir))
-        engines = list(
-            await asyncio.gather(
-                *[cluster.spawn(InspectableEngine, config, node=n, name=f"engine-{n}") for n in (1, 2)]
-            )
-        )
-        await trainer.start(nano_model_dir)
+    async with _trainer_and_engines(nano_model_dir, {"engine-1": 1, "engine-2": 2}) as (_, trainer, engines):
         sync = ParameterSynchronizer(
             WeightsConfig(transport="broadcast", bucket_mb=0.01, timeout_s=3.0, max_live_versions=2),
             trainer,
@@ -154,14 +158,7 @@ async def test_an_engine_whose_pull_fails_is_kept_and_takes_the_newest_version(n
 async def test_without_a_relay_publish_is_a_whole_sync(nano_model_dir: Path) -> None:
     """``weights.max_live_versions=1``: the trainer's parameters are the only copy, so the
     trainer waits until every engine has the version (``can_release`` is false)."""
-    async with (
-        LocalCluster(nodes=2, config=FAST) as cluster,
-        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
-    ):
-        engine = await cluster.spawn(
-            InspectableEngine, EngineConfig(model=str(nano_model_dir)), node=1, name="engine-1"
-        )
-        await trainer.start(nano_model_dir)
+    async with _trainer_and_engines(nano_model_dir, {"engine-1": 1}) as (_, trainer, (engine,)):
         sync = ParameterSynchronizer(
             WeightsConfig(transport="broadcast", max_live_versions=1), trainer, [engine]
         )
@@ -182,27 +179,8 @@ async def test_engines_of_one_node_take_each_version_once_from_the_trainer_and_c
     each node, which keeps each version in its node's relay; node 1's other engine copies it
     from there. Every engine serves the trainer's parameters bit for bit, after a whole sync and
     after released pulls; node 1 killed, its engines leave rotation and the run goes on."""
-    fast = RuntimeConfig(
-        heartbeat_interval_s=0.2,
-        node_dead_after_s=2.0,
-        call_timeout_s=60,
-        join_timeout_s=60,
-        preload_modules=("rlasync.engines", "inspect_engine"),
-    )
-    async with (
-        LocalCluster(nodes=3, config=fast) as cluster,
-        TrainerActor(TrainerConfig(world_size=1, lr=1e-2)) as trainer,
-    ):
-        config = EngineConfig(model=str(nano_model_dir))
-        engines = list(
-            await asyncio.gather(
-                *[
-                    cluster.spawn(InspectableEngine, config, node=n, name=f"engine-{i}")
-                    for i, n in enumerate((1, 1, 2))
-                ]
-            )
-        )
-        await trainer.start(nano_model_dir)
+    names = {"engine-0": 1, "engine-1": 1, "engine-2": 2}
+    async with _trainer_and_engines(nano_model_dir, names, dead_after_s=2.0) as (cluster, trainer, engines):
         async with Router(engines, RouterConfig()) as router:
             sync = ParameterSynchronizer(
                 WeightsConfig(transport="broadcast", bucket_mb=0.01, timeout_s=5.0),
