@@ -114,13 +114,18 @@ class NodeRelay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=left)
         try:
-            source = self.datas[index]
-            await asyncio.to_thread(staging[: source.numel()].copy_, source, non_blocking=staging.is_cuda)
-            if staging.is_cuda:
-                await asyncio.to_thread(torch.cuda.current_stream(staging.device).synchronize)
+            await asyncio.to_thread(_copy, staging, self.datas[index])
         finally:
             with self._lock:
                 self._pins[index] -= 1
+
+
+def _copy(staging: torch.Tensor, source: torch.Tensor) -> None:
+    """``source`` (host memory) into ``staging``: to a GPU from pinned memory asynchronously, and
+    waited for on the same thread's stream before the slot may be overwritten."""
+    staging[: source.numel()].copy_(source, non_blocking=staging.is_cuda)
+    if staging.is_cuda:
+        torch.cuda.current_stream(staging.device).synchronize()
 
 
 __all__ = ["NodeRelay"]
