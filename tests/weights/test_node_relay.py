@@ -21,7 +21,15 @@ def _relay(key: str, device: str = "cpu") -> tuple[NodeRelay, NodeRelay, int]:
     first, filler = NodeRelay.of(key, plan, slots=2, device=torch.device(device))
     second, other = NodeRelay.of(key, plan, slots=2, device=torch.device(device))
     assert filler and not other and first is second  # one relay per node process and synchroniser
-    return first, second, int(first.datas[0].numel())
+    return first, second, int(first._nbytes)
+
+
+async def test_a_node_with_one_engine_keeps_nothing() -> None:
+    plan = plan_for({"a": torch.zeros(16)}, 64)
+    relay, filler = NodeRelay.of("alone", plan, slots=2, device=torch.device("cpu"))
+    relay.put(1, torch.ones(64, dtype=torch.uint8))
+    assert filler and relay.datas == [] and relay.versions == [-1, -1]  # no copy, no memory
+    NodeRelay.forget("alone")
 
 
 async def test_the_nodes_other_engines_copy_each_version_the_first_one_put() -> None:
@@ -58,9 +66,9 @@ async def test_a_slot_being_copied_from_is_not_overwritten() -> None:
 @pytest.mark.gpu
 async def test_on_a_gpu_node_the_slots_are_pinned_and_copies_land_on_the_engines_device() -> None:
     relay, _, nbytes = _relay("cuda", device="cuda")
-    assert all(data.is_pinned() for data in relay.datas)
     received = torch.arange(nbytes, dtype=torch.uint8, device="cuda")  # what the filler got over NCCL
     await asyncio.to_thread(relay.put, 1, received)
+    assert all(data.is_pinned() for data in relay.datas)
     staging = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
     await relay.copy_into(staging, 1, timeout_s=10)
     assert torch.equal(staging, received)

@@ -37,15 +37,15 @@ class NodeRelay:
 
     def __init__(self, plan: BucketPlan, *, slots: int, device: torch.device) -> None:
         self.plan, self.slots = plan, slots
-        nbytes = bucket_starts(plan)[-1]
-        pin = device.type == "cuda" and torch.cuda.is_available()
-        self.datas = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
+        self._nbytes = bucket_starts(plan)[-1]
+        self._pin = device.type == "cuda" and torch.cuda.is_available()
+        self.datas: list[torch.Tensor] = []  # allocated at the first put: a node with one engine has none
+        self.copiers = 0  # the node's engines that copy from it; none: nothing is put
         self.versions = [-1] * slots
         self._age, self._filled = [0] * slots, 0
         self._pins = [0] * slots  # copies reading each slot
         self._lock = threading.Lock()
         self._waiting: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}  # set on each put
-        self.members = 0  # engines of this node that copy from it (besides the one that fills it)
 
     @classmethod
     def of(cls, key: str, plan: BucketPlan, *, slots: int, device: torch.device) -> tuple[NodeRelay, bool]:
@@ -53,7 +53,7 @@ class NodeRelay:
         caller is the first engine to ask: the one that receives versions and puts them here."""
         relay = cls._relays.get(key)
         if relay is not None and relay.plan.digest == plan.digest:
-            relay.members += 1
+            relay.copiers += 1
             return relay, False
         relay = cls._relays[key] = cls(plan, slots=max(1, slots), device=device)
         return relay, True
@@ -66,7 +66,13 @@ class NodeRelay:
     def put(self, version: int, buffer: torch.Tensor, wait_s: float = 30.0) -> None:
         """(the filling engine, in a thread) ``version``'s flat buffer, copied into the slot least
         recently filled that no engine is copying from (waiting up to ``wait_s`` for one: copies
-        take a ``memcpy``'s time)."""
+        take a ``memcpy``'s time). Nothing, on a node where no other engine copies."""
+        if not self.copiers:
+            return
+        if not self.datas:
+            self.datas = [
+                torch.empty(self._nbytes, dtype=torch.uint8, pin_memory=self._pin) for _ in range(self.slots)
+            ]
         deadline = time.monotonic() + wait_s
         while True:
             with self._lock:
