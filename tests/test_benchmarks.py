@@ -33,6 +33,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "metrics_bench.py",
         "curriculum_bench.py",
         "pause_bench.py",
+        "replay_bench.py",
     } <= set(SCRIPTS)
 
 

@@ -4,12 +4,13 @@ event-driven, and cut turns resume where they stopped, under the new version."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 import pytest
 
 from rlasync.engines import EngineError, GenerateRequest, SamplingParams
-from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
+from rlasync.engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine, VirtualTimeLoop
 
 LATENCY = LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256)
 LENGTHS = LogNormalLengths(median=2000, sigma=0.8, cap=16000)
@@ -81,3 +82,57 @@ async def test_a_failing_simulated_gpu_fails_its_requests_instead_of_hanging_the
         await asyncio.wait_for(broken.generate(request), 5)
     with pytest.raises(EngineError, match="closed"):
         await broken.generate(msgspec.structs.replace(request, request_id="s"))
+
+
+def _virtual(coro: Any) -> Any:
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(coro)
+
+
+def test_a_step_slows_as_its_sequences_hold_more_context() -> None:
+    """Each step reads every sequence's KV cache: n steps of one sequence cost the sum of
+    block * (a + c + k * context) with the context growing by a block a step (taken at the
+    middle of each block), after the prefill of its prompt. Exact on a virtual-time loop."""
+    latency = LatencyModel(base_s=0.01, per_seq_s=0.001, per_context_token_s=1e-5, prefill_per_token_s=1e-3)
+    block = 16
+
+    async def main() -> tuple[float, int]:
+        clock = SimClock(0.01)
+        engine = SimEngine(clock, latency, LENGTHS, token_block=block, prompt_tokens=97)
+        out = await engine.generate(_req("a", 11))
+        took = clock.now()
+        await engine.close()
+        return took, len(out.token_ids)
+
+    took, blocks = _virtual(main())
+    context = 97 + 3  # prompt_tokens beside the three prompt ids
+    expected = latency.prefill_s(context) + sum(
+        block * latency.step_s(1, context + j * block + block / 2) for j in range(blocks)
+    )
+    assert blocks == -(-LENGTHS.draw(11) // block)
+    assert took == pytest.approx(expected, rel=1e-9)
+    flat = block * blocks * latency.step_s(1, context)
+    assert took > flat + latency.prefill_s(context)  # the growth is charged
+
+
+def test_the_kv_cache_caps_the_batch_and_a_preempted_sequence_is_prefilled_again() -> None:
+    """Eight requests on a cache that holds their prompts but not their answers: the batch is
+    capped (never more context held than the cache), the newest are preempted and prefilled
+    again when re-admitted, and every answer still comes whole, under its versions."""
+    block, capacity = 16, 6_000
+    latency = LatencyModel(kv_capacity_tokens=capacity, prefill_per_token_s=1e-4)
+    lengths = LogNormalLengths(median=2000, sigma=0.3, cap=4000)
+
+    async def main() -> tuple[list[Any], SimEngine]:
+        engine = SimEngine(SimClock(0.01), latency, lengths, token_block=block, prompt_tokens=300)
+        outs = await asyncio.gather(*[engine.generate(_req(f"r{i}", 100 + i)) for i in range(8)])
+        await engine.close()
+        return list(outs), engine
+
+    outs, engine = _virtual(main())
+    assert [len(o.token_ids) for o in outs] == [-(-lengths.draw(100 + i) // block) for i in range(8)]
+    assert all(o.finish_reason == "stop" and set(o.versions) == {0} for o in outs)
+    assert engine.preempted > 0
+    assert engine.peak_context <= capacity
+    prompts_only = 8 * latency.prefill_s(303)
+    assert engine.prefill_s > prompts_only  # the preempted were prefilled again, with their answers so far

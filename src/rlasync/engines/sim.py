@@ -104,13 +104,25 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 
 class LatencyModel(msgspec.Struct, frozen=True, kw_only=True):
-    """What a simulated GPU's work costs, in seconds. One decoding step of ``b`` sequences takes
-    ``base_s + per_seq_s * b``, ``b <= max_batch``: with the defaults 53 ms at a full batch,
-    0.21 ms a token."""
+    """What a simulated GPU's work costs, in seconds: the roofline of a memory-bound decoder.
+
+    One decoding step of ``b`` sequences holding ``C`` tokens of context in all takes
+    ``base_s + per_seq_s * b + per_context_token_s * C``: the weights read once (``base_s``),
+    a fixed cost per sequence (sampling, scheduling), and each sequence's KV cache read
+    (``per_context_token_s``: KV bytes per token over the memory bandwidth), so a step slows as
+    its sequences grow. The batch is capped by ``max_batch`` and by the KV cache: at most
+    ``kv_capacity_tokens`` tokens of context held at once (0: no cap). An engine admits a
+    request only while its context fits, and when the running sequences outgrow the cache it
+    preempts the newest, which is prefilled again when re-admitted (vLLM's recompute
+    preemption). ``rlasync.modes.profiles`` derives all of it from a model's shape and a GPU's
+    figures. With the defaults (no context term, no cap): 53 ms at a full batch, 0.21 ms a
+    token."""
 
     base_s: float = 0.015
     per_seq_s: float = 0.00015
+    per_context_token_s: float = 0.0
     max_batch: int = 256
+    kv_capacity_tokens: int = 0
     prefill_per_token_s: float = 1 / 30_000
     """Seconds the GPU spends per token of a request's context before it decodes it. A prefill
     is one forward pass over the context, compute-bound: about 2N FLOPs a token for N
@@ -123,8 +135,9 @@ class LatencyModel(msgspec.Struct, frozen=True, kw_only=True):
     over the live ones at HBM bandwidth takes ~10-20 ms; an engine's weight loader (vLLM's
     ``load_weights``: one call per parameter) and the pause around it take longer."""
 
-    def step_s(self, batch: int) -> float:
-        return self.base_s + self.per_seq_s * batch
+    def step_s(self, batch: int, context: float = 0.0) -> float:
+        """One decoding step of ``batch`` sequences holding ``context`` tokens in all."""
+        return self.base_s + self.per_seq_s * batch + self.per_context_token_s * context
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_per_token_s * tokens
@@ -143,16 +156,30 @@ class LogNormalLengths(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Seq:
-    __slots__ = ("request", "queue", "remaining", "finish", "emitted", "made", "context")
+    __slots__ = ("request", "queue", "remaining", "finish", "runs", "made", "context")
+    # ``context``: real tokens of context it holds (the prompt and what it made so far): what
+    # its prefill costs when admitted, and what its KV cache holds while it runs.
 
     def __init__(self, request: GenerateRequest, remaining: int, finish: FinishReason, context: int) -> None:
         self.request = request
         self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         self.remaining = remaining  # simulated tokens until this request ends
         self.finish = finish  # how it ends when they are done: "stop" or "length"
-        self.made: list[int] = []  # the version of each simulated token not yet sent
-        self.emitted = 0
-        self.context = context  # real tokens to prefill when admitted
+        # The versions of the simulated tokens made, as runs [version, count] (a sequence spans
+        # few versions; a list per token made the simulator slow at scale); ``made`` counts them.
+        self.runs: list[list[int]] = []
+        self.made = 0
+        self.context = context
+
+    def make(self, version: int, steps: int) -> None:
+        if self.runs and self.runs[-1][0] == version:
+            self.runs[-1][1] += steps
+        else:
+            self.runs.append([version, steps])
+        self.made += steps
+
+    def versions(self) -> list[int]:
+        return [version for version, count in self.runs for _ in range(count)]
 
 
 class SimEngine:
@@ -171,6 +198,7 @@ class SimEngine:
         token_block: int = 16,
         token_id: int = 5,
         name: str = "",
+        prompt_tokens: int = 0,
     ) -> None:
         self.clock, self.latency, self.lengths = (
             clock,
@@ -178,8 +206,12 @@ class SimEngine:
             lengths or LogNormalLengths(),
         )
         self.token_block, self.token_id, self.name = token_block, token_id, name
+        # Tokens of context every request holds beside its ids (a profile's prompt length,
+        # where the simulated task's own prompts are a few tokens).
+        self.prompt_tokens = prompt_tokens
         self._running: dict[str, _Seq] = {}
-        self._waiting: collections.deque[_Seq] = collections.deque()
+        # Waiting in arrival order, by request id (a preempted sequence goes back to the front).
+        self._waiting: collections.OrderedDict[str, _Seq] = collections.OrderedDict()
         self._progress: dict[
             int, int
         ] = {}  # turn seed -> simulated tokens already made for it (cut turns resume)
@@ -191,7 +223,10 @@ class SimEngine:
         self._task: asyncio.Task[None] | None = None
         self._began: float | None = None  # simulated time the step in progress began (None: none runs)
         self._mark = 0.0
-        self._step = 1.0
+        # The steps from ``_began`` on, as planned for the running batch (``_plan``): the n-th
+        # takes ``_tau0 + n * _delta`` (its sequences hold more context at each step).
+        self._tau0, self._delta = 1.0, 0.0
+        self._context = 0  # real tokens of context the running sequences hold in all (their KV)
         self._stops = 0  # reasons the GPU decodes nothing now: a freeze (pause "keep"), swaps
         self._stopped_since: float | None = None
         self._prefill_due = 0.0  # seconds of prefill the admitted requests need before the next step
@@ -201,6 +236,8 @@ class SimEngine:
         self.prefill_s = 0.0  # simulated seconds of prefill charged
         self.tokens = 0  # real tokens made
         self.finished = 0
+        self.preempted = 0  # sequences put back to wait because the KV cache was full
+        self.peak_context = 0  # the most tokens of context (KV cache) held at once
 
     # -- the GPU ----------------------------------------------------------------------------------
     def _ensure_running(self) -> None:
@@ -217,7 +254,7 @@ class SimEngine:
             return
         error = EngineError(f"simulated engine {self.name or ''} failed: {task.exception()!r}")
         self._closed = True
-        for seq in [*self._running.values(), *self._waiting]:
+        for seq in [*self._running.values(), *self._waiting.values()]:
             seq.queue.put_nowait(error)
         self._running.clear()
         self._waiting.clear()
@@ -243,14 +280,20 @@ class SimEngine:
             self._began += self._prefill_due
             self.prefill_s += self._prefill_due
             self._prefill_due = 0.0
-            self._step = self.latency.step_s(len(self._running)) * self.token_block
             steps = min(seq.remaining for seq in self._running.values())
+            room = self._steps_of_room()
+            if room == 0 and len(self._running) > 1:  # the KV cache cannot take one more step
+                self._preempt()
+                continue
+            if room > 0:  # (a lone sequence longer than the cache runs: a real engine rejects it)
+                steps = min(steps, room)
             self._wake.clear()
-            # Sleep straight to the next completion, unless an arrival, abort or pause comes first.
+            # Sleep straight to the next completion (or to a full cache), unless an arrival, an
+            # abort or a pause comes first.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self._wake.wait(),
-                    timeout=self.clock.wall(max(0.0, self._began + steps * self._step - now)),
+                    timeout=self.clock.wall(max(0.0, self._began + self._time_of(steps) - now)),
                 )
             self._account()
 
@@ -263,12 +306,51 @@ class SimEngine:
         if self._stopped_since is None:
             self.busy_s += now - self._mark
             self.batch_s += len(self._running) * (now - self._mark)
-            # (A sleep to a completion ends on its step's end, to a rounding error.)
-            fit = max(0, int((now - self._began) / self._step + 1e-6))
+            fit = self._steps_within(now - self._began)
             fit = min(fit, min((seq.remaining for seq in self._running.values()), default=0))
-            self._began += fit * self._step
+            self._began += self._time_of(fit)
             self._advance(fit)
         self._mark = now
+
+    # A step of b sequences with C tokens of context takes ``token_block * step_s(b, C)``, and
+    # each step adds ``b * token_block`` tokens to C: the n-th step from now (n = 0, 1, ...)
+    # takes tau0 + n * delta, so n steps take n * tau0 + delta * n (n - 1) / 2 (exact, with the
+    # context of each block taken at its middle).
+    def _plan(self) -> None:
+        b, block, latency = len(self._running), self.token_block, self.latency
+        self._tau0 = block * latency.step_s(b, self._context + b * block / 2)
+        self._delta = block * latency.per_context_token_s * b * block
+
+    def _time_of(self, steps: int) -> float:
+        return steps * self._tau0 + self._delta * steps * (steps - 1) / 2
+
+    def _steps_within(self, seconds: float) -> int:
+        """The steps that fit in ``seconds`` from ``_began`` (the inverse of ``_time_of``). A
+        sleep to a completion ends on its step's end, to a rounding error: hence the 1e-6."""
+        if seconds <= 0:
+            return 0
+        if self._delta == 0:
+            return max(0, int(seconds / self._tau0 + 1e-6))
+        half = self._delta / 2
+        linear = self._tau0 - half
+        return max(0, int((-linear + math.sqrt(linear * linear + 4 * half * seconds)) / (2 * half) + 1e-6))
+
+    def _steps_of_room(self) -> int:
+        """Steps the running batch can make before its KV cache is full (a large number: no cap)."""
+        capacity = self.latency.kv_capacity_tokens
+        if not capacity:
+            return 1 << 62
+        return max(0, (capacity - self._context) // (len(self._running) * self.token_block))
+
+    def _preempt(self) -> None:
+        """The cache is full: the newest running sequence goes back to the head of the queue,
+        keeping what it made; it is prefilled again when there is room (vLLM's recompute)."""
+        rid, seq = self._running.popitem()
+        self._context -= seq.context
+        self._waiting[rid] = seq
+        self._waiting.move_to_end(rid, last=False)
+        self.preempted += 1
+        self._plan()
 
     def _stop(self) -> None:
         """Decode nothing until as many ``_go``: the steps so far are counted first, and a step in
@@ -292,36 +374,58 @@ class SimEngine:
     def _advance(self, steps: int) -> None:
         if steps <= 0:
             return
-        for rid, seq in list(self._running.items()):
+        grown = steps * self.token_block
+        ended = []
+        for rid, seq in self._running.items():
             seq.remaining -= steps
-            seq.made += [self._version] * steps
-            self.tokens += steps * self.token_block
+            seq.make(self._version, steps)
+            seq.context += grown
             if seq.remaining == 0:
-                self._end(rid, seq.finish)
+                ended.append((rid, seq))
+        self._context += grown * len(self._running)
+        self.tokens += grown * len(self._running)
+        self.peak_context = max(self.peak_context, self._context)
+        for rid, seq in ended:
+            self._end(rid, seq.finish)
+        self._plan()
 
     def _admit(self) -> None:
+        capacity, block = self.latency.kv_capacity_tokens, self.token_block
+        admitted = False
         while self._waiting and not self._paused and len(self._running) < self.latency.max_batch:
-            seq = self._waiting.popleft()
+            seq = next(iter(self._waiting.values()))
+            # Room for its context and one more step of the whole batch (none needed alone).
+            needed = self._context + seq.context + (len(self._running) + 1) * block
+            if capacity and self._running and needed > capacity:
+                break
+            del self._waiting[seq.request.request_id]
             self._running[seq.request.request_id] = seq
+            self._context += seq.context
             self._prefill_due += self.latency.prefill_s(seq.context)
+            admitted = True
+        if admitted:
+            self.peak_context = max(self.peak_context, self._context)
+            self._plan()
 
     def _end(self, rid: str, finish: FinishReason) -> None:
         seq = self._running.pop(rid, None)
         if seq is None:
             return
+        self._context -= seq.context
+        self._plan()
         if finish == "abort" and seq.request.params.seed is not None:
-            self._progress[seq.request.params.seed] = self._progress.get(seq.request.params.seed, 0) + len(
-                seq.made
+            self._progress[seq.request.params.seed] = (
+                self._progress.get(seq.request.params.seed, 0) + seq.made
             )
         elif seq.request.params.seed is not None:
             self._progress.pop(seq.request.params.seed, None)
-        n = len(seq.made)
+        n = seq.made
         seq.queue.put_nowait(
             TokenChunk(
                 request_id=rid,
                 token_ids=[self.token_id] * n,
                 logprobs=[-1.0] * n,
-                versions=seq.made,
+                versions=seq.versions(),
                 finish_reason=finish,
             )
         )
@@ -331,9 +435,7 @@ class SimEngine:
     def _submit(self, request: GenerateRequest) -> _Seq:
         if self._closed:
             raise EngineError("the engine is closed")
-        if request.request_id in self._running or any(
-            s.request.request_id == request.request_id for s in self._waiting
-        ):
+        if request.request_id in self._running or request.request_id in self._waiting:
             raise EngineError(f"request id {request.request_id!r} is already running; ids must be unique")
         seed = request.params.seed if request.params.seed is not None else hash(request.request_id)
         total = -(-self.lengths.draw(seed) // self.token_block)
@@ -342,9 +444,9 @@ class SimEngine:
         budget = max(1, request.params.max_new_tokens)
         # Its context, in real tokens: the prompt, which for a cut turn re-submitted ends with the
         # ``made`` blocks it had made (the agent loops send them), each ``token_block`` tokens.
-        context = len(request.prompt_ids) + made * (self.token_block - 1)
+        context = self.prompt_tokens + len(request.prompt_ids) + made * (self.token_block - 1)
         seq = _Seq(request, min(left, budget), "stop" if left <= budget else "length", context)
-        self._waiting.append(seq)
+        self._waiting[request.request_id] = seq
         self._ensure_running()
         self._wake.set()
         return seq
@@ -356,9 +458,10 @@ class SimEngine:
                 yield chunk
         finally:
             if request.request_id in self._running:
+                self._account()
                 self._end(request.request_id, "abort")
-            elif seq in self._waiting:
-                self._waiting.remove(seq)
+            elif self._waiting.get(request.request_id) is seq:
+                del self._waiting[request.request_id]
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         return await collect(request, self.generate_stream(request))
@@ -387,9 +490,9 @@ class SimEngine:
                     GenerateOutput(
                         request_id=rid,
                         prompt_ids=list(seq.request.prompt_ids),
-                        token_ids=[self.token_id] * len(seq.made),
-                        logprobs=[-1.0] * len(seq.made),
-                        versions=list(seq.made),
+                        token_ids=[self.token_id] * seq.made,
+                        logprobs=[-1.0] * seq.made,
+                        versions=seq.versions(),
                         finish_reason="abort",
                     )
                 )
@@ -435,7 +538,7 @@ class SimEngine:
         self._closed = True
         for rid in list(self._running):
             self._end(rid, "abort")
-        for seq in self._waiting:
+        for seq in self._waiting.values():
             seq.queue.put_nowait(EngineError("the engine was closed"))
         self._waiting.clear()
         if self._task is not None:

@@ -28,40 +28,61 @@ from ..engines import EngineGroup
 from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
 from ..weights import SyncReport
 from ..weights.commit import Commit, Interrupt, all_paused, in_waves, take_version
+from .profiles import Phase, Profile
 
 
 class SimTrainer:
-    """A trainer whose step takes ``tokens / (tokens_per_s_per_gpu * gpus)`` simulated seconds."""
+    """A trainer whose step takes ``update.seconds(tokens, gpus)`` simulated seconds (by default
+    ``tokens / (tokens_per_s_per_gpu * gpus)``) and whose log-prob pass ``logprob``'s (by
+    default a third of that: a forward pass). ``logprobs_in_step``: every step recomputes the
+    old log-probs first, as verl's colocated sync does (what a replay of its table needs)."""
 
     def __init__(
-        self, clock: SimClock, gpus: int, *, tokens_per_s_per_gpu: float = 10_000.0, token_block: int = 16
+        self,
+        clock: SimClock,
+        gpus: int,
+        *,
+        tokens_per_s_per_gpu: float = 10_000.0,
+        token_block: int = 16,
+        update: Phase | None = None,
+        logprob: Phase | None = None,
+        logprobs_in_step: bool = False,
+        prompt_tokens: int = 0,
     ) -> None:
-        self.clock, self.gpus, self.rate, self.token_block = clock, gpus, tokens_per_s_per_gpu, token_block
+        self.clock, self.gpus, self.token_block = clock, gpus, token_block
+        self.update = update or Phase(gpu_s_per_token=1 / tokens_per_s_per_gpu)
+        self.logprob = logprob or Phase(gpu_s_per_token=1 / (3 * tokens_per_s_per_gpu))
+        self.logprobs_in_step, self.prompt_tokens = logprobs_in_step, prompt_tokens
         self.busy_s = 0.0
         self.tokens = 0
 
     def _tokens(self, batch: Any) -> int:
-        # Response tokens stand for `token_block` real ones each; prompt tokens are real.
+        # Response tokens stand for `token_block` real ones each; prompt tokens are real, and
+        # each row's prompt is taken to hold at least `prompt_tokens` (a profile's length).
+        prompts = batch.attention_mask.sum(-1) - batch.response_mask.sum(-1)
         return int(batch.response_mask.sum()) * self.token_block + int(
-            batch.attention_mask.sum() - batch.response_mask.sum()
+            prompts.clamp(min=self.prompt_tokens).sum()
         )
 
-    async def _work(self, tokens: int, fraction: float = 1.0) -> None:
-        seconds = fraction * tokens / (self.rate * self.gpus)
+    async def _work(self, phase: Phase, batch: Any) -> None:
         began = self.clock.now()
-        await self.clock.sleep(seconds)
+        await self.clock.sleep(
+            phase.seconds(self._tokens(batch), int(batch.response_mask.shape[0]), self.gpus)
+        )
         self.busy_s += self.clock.now() - began
 
     async def step(self, batch: Any, *, temperature: float = 1.0) -> dict[str, float]:
         tokens = self._tokens(batch)
-        await self._work(tokens)
+        if self.logprobs_in_step:
+            await self._work(self.logprob, batch)
+        await self._work(self.update, batch)
         self.tokens += tokens
         return {"tokens": float(tokens), "loss": 0.0, "grad_norm": 0.0, "lr": 0.0}
 
     async def compute_logprobs(
         self, batch: Any, *, temperature: float = 1.0, reference: bool = False
     ) -> torch.Tensor:
-        await self._work(self._tokens(batch), fraction=1 / 3)  # a forward pass: about a third of a step
+        await self._work(self.logprob, batch)
         return torch.as_tensor(batch.logprobs, dtype=torch.float32).clone()
 
     async def close(self) -> None:
@@ -198,19 +219,58 @@ class SimCluster:
         tokens_per_s_per_gpu: float = 10_000.0,
         sync_s: float = 1.0,
         weight_bytes: int = 16_000_000_000,
+        trainer: SimTrainer | None = None,
+        prompt_tokens: int = 0,
     ) -> None:
         from ..models import build_tokenizer
 
         self.clock = clock
         self.engines = [
-            SimEngine(clock, latency, lengths, token_block=token_block, name=f"gpu{i}")
+            SimEngine(
+                clock, latency, lengths, token_block=token_block, name=f"gpu{i}", prompt_tokens=prompt_tokens
+            )
             for i in range(engines)
         ]
-        self.trainer = SimTrainer(
+        self.trainer = trainer or SimTrainer(
             clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block
         )
         self.tokenizer = build_tokenizer()
         self.sync_s, self.weight_bytes = sync_s, weight_bytes
+
+    @classmethod
+    def of_profile(
+        cls,
+        clock: SimClock,
+        profile: Profile,
+        *,
+        generation_gpus: int,
+        trainer_gpus: int,
+        token_block: int = 16,
+        logprobs_in_step: bool = False,
+    ) -> SimCluster:
+        """A cluster on ``profile``'s physics: ``generation_gpus`` GPUs as engines of
+        ``profile.engine_gpus`` each, a trainer of ``trainer_gpus``."""
+        trainer = SimTrainer(
+            clock,
+            trainer_gpus,
+            token_block=token_block,
+            update=profile.update,
+            logprob=profile.logprob,
+            logprobs_in_step=logprobs_in_step,
+            prompt_tokens=profile.prompt_tokens,
+        )
+        return cls(
+            clock,
+            engines=max(1, generation_gpus // profile.engine_gpus),
+            trainer_gpus=trainer_gpus,
+            latency=profile.latency(),
+            lengths=profile.lengths,
+            token_block=token_block,
+            sync_s=profile.sync_s(),
+            weight_bytes=int(profile.model.weight_bytes),
+            trainer=trainer,
+            prompt_tokens=profile.prompt_tokens,
+        )
 
     def synchronizer(self, engines: EngineGroup) -> SimSync:
         """The sync takes each version on the simulated GPUs themselves, in this process (as

@@ -1,0 +1,350 @@
+"""Replays of published tables on the simulator: our sync calibrated to the paper's sync step,
+then our fully async schedule with the paper's settings, then with ours.
+
+    .venv/bin/python benchmarks/replay_bench.py [--profile NAME ...] [--shrink 8] [--versions 8] [--smoke]
+
+For each profile (``rlasync.modes.profiles``: the model's shape, the GPU's figures, the paper's
+workload and phase times):
+
+1. **Calibrate**: one sync step's generation alone on the simulated GPUs (every trajectory of a
+   step spread over the GPUs, until the last ends) is fitted to the paper's generation time by
+   ``decode_efficiency``, the one free parameter of the decode roofline (the fraction of HBM
+   bandwidth a decode step reaches). verl publishes its phases (gen 177.85 s of a 356.30 s step
+   at 128 GPUs); AReaL publishes only the step (41.0 h / 1,000), so its generation target is
+   the step less the trainer's FLOP-costed phases and the weight transfer.
+2. **Our sync** (``train.mode=sync``, the trainer recomputing old log-probs as both papers'
+   sync does) on the calibrated profile: its step against the paper's (``*_sync_step_error``).
+3. **Their settings**: our fully async at the paper's split, staleness, trigger and batches,
+   with their weight update: every engine paused for the whole transfer, running turns cut and
+   re-prefilled (``commit=together``, ``interrupt=abort``: verl's partial rollout, AReaL's
+   interruptible generation). Speedup = our sync step / the time per step's worth of prompts.
+4. **Ours**: pulled versions without a global pause (``commit=each``, released delivery),
+   ``interrupt=keep``, at the best split of a small grid (what ``rlasync plan`` searches).
+   Long-tail repacking (``Router.migrate``) is not in the simulator yet.
+
+``--shrink K`` runs every setup at 1/K the size (GPUs and prompts per step divided by K, the
+trainer's per-batch fixed time with them): each GPU's load and each step's time stay, and the
+longest answer too (over 1 % of answers reach the cap in both setups, so it binds at any K).
+K = 8 by default: 16 simulated GPUs for the papers' 128, a run in minutes on 2 cores.
+
+Last line JSON: ``{"verl128_sync_step_error", "verl128_theirs_settings", "verl128_ours",
+"areal_sync_step_error", "areal_theirs_settings", "areal_ours", ...}`` (and the published
+speedups as ``*_published``, the calibrated efficiencies, the chosen splits).
+``--smoke`` (for ``make test``): a tiny shrink of each profile, two versions, one split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rlasync.config import load_config
+from rlasync.engines import GenerateRequest, SamplingParams
+from rlasync.engines.sim import SimClock, SimEngine, VirtualTimeLoop
+from rlasync.modes.profiles import PROFILES, Profile, Published
+from rlasync.modes.sim import SimCluster, train_run
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = 32  # real tokens per simulated token
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """A paper's asynchronous settings, in our config's names."""
+
+    prompts_per_step: int  # one mini-batch (verl's ppo_mini_batch_size), at full size
+    require_batches: int
+    trigger: int
+    staleness: float
+    recompute_logprobs: bool  # the async trainer recomputes the proximal log-probs (AReaL)
+
+
+SETTINGS = {
+    "verl-qwen2.5-math-7b-h20": Settings(
+        prompts_per_step=32, require_batches=4, trigger=4, staleness=0.5, recompute_logprobs=False
+    ),
+    "areal-r1-distill-1.5b-h800": Settings(
+        prompts_per_step=512, require_batches=1, trigger=1, staleness=4.0, recompute_logprobs=True
+    ),
+}
+KEYS = {"verl-qwen2.5-math-7b-h20": "verl128", "areal-r1-distill-1.5b-h800": "areal"}
+
+
+def run_virtual(coro: Any) -> Any:
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(coro)
+
+
+async def generation_s(profile: Profile, gpus: int, seed: int = 0) -> float:
+    """One sync step's generation alone: every trajectory of a step spread evenly over
+    ``gpus`` simulated GPUs at once; simulated seconds until the last ends."""
+    clock = SimClock(0.01)
+    latency = profile.latency()
+    engines = [
+        SimEngine(
+            clock,
+            latency,
+            profile.lengths,
+            token_block=BLOCK,
+            name=f"g{i}",
+            prompt_tokens=profile.prompt_tokens,
+        )
+        for i in range(max(1, gpus // profile.engine_gpus))
+    ]
+    rng = random.Random(seed)
+    budget = -(-profile.lengths.cap // BLOCK)
+    requests = [
+        GenerateRequest(
+            request_id=f"r{i}",
+            prompt_ids=[1],
+            params=SamplingParams(max_new_tokens=budget, seed=rng.randrange(1 << 30)),
+        )
+        for i in range(profile.prompts * profile.group)
+    ]
+    start = clock.now()
+    await asyncio.gather(*[engines[i % len(engines)].generate(r) for i, r in enumerate(requests)])
+    took = clock.now() - start
+    for engine in engines:
+        await engine.close()
+    return took
+
+
+def calibrate(profile: Profile, published: Published, shrink: int) -> tuple[Profile, float, float]:
+    """``profile`` with the decode step overhead that makes one step's generation take the
+    paper's (or, where only the step is published, the step less the trainer's phases and the
+    sync); where even no overhead is too slow, with a lower bandwidth efficiency instead:
+    (profile, target seconds, simulated seconds)."""
+    gpus = published.gpus // shrink
+    target = published.sync_generation_s
+    if not target:
+        rows = profile.prompts * profile.group
+        tokens = profile.mean_tokens_per_step()
+        trainer = profile.logprob.seconds(tokens, rows, gpus) + profile.update.seconds(tokens, rows, gpus)
+        target = published.sync_step_s - trainer - profile.sync_s()
+
+    def measure(p: Profile) -> float:
+        return float(run_virtual(generation_s(p, gpus)))
+
+    profile = profile.calibrated(decode_efficiency=profile.decode_efficiency, step_overhead_s=0.0)
+    took = measure(profile)
+    if took >= target:  # slower than the paper with no overhead at all: lower the efficiency
+        for _ in range(6):  # time is nearly inverse to the efficiency: a few fixed-point steps
+            if abs(took / target - 1) < 0.01:
+                break
+            profile = profile.calibrated(
+                decode_efficiency=profile.decode_efficiency * took / target, step_overhead_s=0.0
+            )
+            took = measure(profile)
+        return profile, target, took
+    low, high = 0.0, 0.001
+    while (
+        measure(profile.calibrated(decode_efficiency=profile.decode_efficiency, step_overhead_s=high))
+        < target
+    ):
+        low, high = high, high * 2
+    for _ in range(12):  # the step overhead by bisection: time grows with it
+        middle = (low + high) / 2
+        took = measure(
+            profile.calibrated(decode_efficiency=profile.decode_efficiency, step_overhead_s=middle)
+        )
+        if abs(took / target - 1) < 0.005:
+            break
+        low, high = (middle, high) if took < target else (low, middle)
+    return (
+        profile.calibrated(decode_efficiency=profile.decode_efficiency, step_overhead_s=middle),
+        target,
+        took,
+    )
+
+
+def config_for(
+    mode: str, settings: Settings, profile: Profile, shrink: int, steps: int, run_dir: str, **extra: str
+):
+    budget = -(-profile.lengths.cap // BLOCK)
+    overrides = [
+        f"train.mode={mode}",
+        f"train.steps={steps}",
+        f"train.group_size={profile.group}",
+        f"train.max_new_tokens={budget}",
+        f"agent.response_length={budget + 64}",
+        "train.validate_every=100000",
+        f"train.run_dir={run_dir}",
+        "train.model_dir=simulated",
+        "data.synthetic_train_size=512",
+        *[f"{k}={v}" for k, v in extra.items()],
+    ]
+    if mode == "sync":
+        overrides.append(f"train.prompts_per_step={profile.prompts}")
+    else:
+        overrides += [
+            f"train.prompts_per_step={max(1, settings.prompts_per_step // shrink)}",
+            f"async_training.require_batches={settings.require_batches}",
+            f"async_training.trigger_parameter_sync_step={settings.trigger}",
+            f"async_training.staleness_threshold={settings.staleness}",
+            f"async_training.use_rollout_log_probs={str(not settings.recompute_logprobs).lower()}",
+        ]
+    return load_config(ROOT / "configs" / "quickstart.yaml", overrides)
+
+
+async def simulate(
+    config: Any, profile: Profile, generation_gpus: int, trainer_gpus: int, warmup: int
+) -> dict[str, float]:
+    """Run ``config`` on the profile's cluster: simulated seconds per trainer step after
+    ``warmup`` steps, the trainer's and generation's busy fractions."""
+    clock = SimClock(0.01)
+    cluster = SimCluster.of_profile(
+        clock,
+        profile,
+        generation_gpus=generation_gpus,
+        trainer_gpus=trainer_gpus,
+        token_block=BLOCK,
+        logprobs_in_step=config.train.mode == "sync",
+    )
+    times: list[float] = []
+    start = clock.now()
+
+    def on_step(record: dict[str, Any]) -> None:
+        times.append(clock.now() - start)
+
+    await train_run(config, cluster, on_step=on_step)
+    elapsed = clock.now() - start
+    counted = len(times) - warmup
+    per_step = (times[-1] - (times[warmup - 1] if warmup else 0.0)) / counted
+    return {
+        "step_s": per_step,
+        "trainer_busy": cluster.trainer.busy_s / elapsed,
+        "generation_busy": cluster.generation_busy_s() / (len(cluster.engines) * elapsed),
+        "preempted": float(sum(e.preempted for e in cluster.engines)),
+    }
+
+
+def replay(name: str, args: argparse.Namespace) -> dict[str, float]:
+    base = PROFILES[name]
+    if args.median or args.sigma:
+        lengths = msgspec.structs.replace(
+            base.lengths, median=args.median or base.lengths.median, sigma=args.sigma or base.lengths.sigma
+        )
+        base = base.with_lengths(lengths)
+    settings = SETTINGS[name]
+    published = base.published[0]
+    shrink = args.shrink
+    profile = base.shrunk(shrink)
+    gpus = published.gpus // shrink
+    print(f"\n== {name}: {base.source}")
+    for line in base.assumptions:
+        print(f"   assumed: {line}")
+    began = time.perf_counter()
+    profile, target, took = calibrate(profile, published, shrink)
+    latency = profile.latency()
+    print(
+        f"   calibrated: reads at {profile.decode_efficiency:.3f} of the HBM bandwidth, {profile.step_overhead_s * 1e3:.2f} ms a step beside them -> one step's generation {took:.1f} s "
+        f"(target {target:.1f} s); a = {latency.base_s * 1e3:.2f} ms, k = {latency.per_context_token_s * 1e9:.1f} ns/token of context, "
+        f"KV cache {latency.kv_capacity_tokens:,} tokens, prefill {1 / latency.prefill_per_token_s:,.0f} tokens/s  ({time.perf_counter() - began:.0f} s)"
+    )
+    versions = args.versions
+    steps_per_version = settings.trigger * (1 if settings.prompts_per_step >= base.prompts else 1)
+    prompts_per_step = max(1, settings.prompts_per_step // shrink) * settings.require_batches
+    # Trainer steps that make one sync step's worth of prompts.
+    steps_per_batch = profile.prompts / prompts_per_step
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.perf_counter()
+        sync_cfg = config_for("sync", settings, profile, shrink, args.sync_steps, f"{tmp}/sync")
+        sync = run_virtual(simulate(sync_cfg, profile, gpus, gpus, warmup=0))
+        error = sync["step_s"] / published.sync_step_s - 1
+        print(
+            f"   our sync on {gpus} GPUs (colocated): {sync['step_s']:.1f} s a step; the paper's {published.sync_step_s:.1f} s: "
+            f"error {error * 100:+.1f} %  ({time.perf_counter() - began:.0f} s)"
+        )
+        steps = max(2, versions * steps_per_version)
+        warmup = max(1, steps // 4)
+        gen_split, train_split = (g // shrink for g in published.async_split)
+
+        def run_async(label: str, generation: int, **extra: str) -> dict[str, float]:
+            began = time.perf_counter()
+            cfg = config_for(
+                "fully_async", settings, profile, shrink, steps, f"{tmp}/{label}{generation}", **extra
+            )
+            result = run_virtual(simulate(cfg, profile, generation, gpus - generation, warmup=warmup))
+            result["speedup"] = sync["step_s"] / (result["step_s"] * steps_per_batch)
+            result["generation_gpus"] = generation
+            print(
+                f"   {label:<32s} {generation * shrink:4d}:{(gpus - generation) * shrink:<4d} {result['step_s'] * steps_per_batch:8.1f} s per {base.prompts} prompts  "
+                f"speedup {result['speedup']:.2f}x  trainer busy {result['trainer_busy']:.2f}  generation busy {result['generation_busy']:.2f}  "
+                f"({time.perf_counter() - began:.0f} s)",
+                flush=True,
+            )
+            return result
+
+        print(
+            f"   fully async, {steps} trainer steps of {prompts_per_step * shrink} prompts ({warmup} left out as the pipeline fills):"
+        )
+        theirs = run_async(
+            "their settings (together, abort)",
+            gen_split,
+            **{"async_training.commit": "together", "async_training.interrupt": "abort"},
+        )
+        ours_runs = [
+            run_async(
+                "ours (pull, keep)",
+                generation,
+                **{"async_training.commit": "each", "async_training.interrupt": "keep"},
+            )
+            for generation in args.splits(gpus, gen_split)
+        ]
+        ours = max(ours_runs, key=lambda r: r["speedup"])
+    key = KEYS[name]
+    print(
+        f"   published {published.speedup:.2f}x; ours with their settings {theirs['speedup']:.2f}x; ours {ours['speedup']:.2f}x"
+    )
+    return {
+        f"{key}_sync_step_error": error,
+        f"{key}_theirs_settings": theirs["speedup"],
+        f"{key}_ours": ours["speedup"],
+        f"{key}_published": published.speedup,
+        f"{key}_decode_efficiency": profile.decode_efficiency,
+        f"{key}_step_overhead_ms": profile.step_overhead_s * 1e3,
+        f"{key}_ours_generation_gpus": ours["generation_gpus"] * shrink,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--profile", action="append", choices=sorted(PROFILES), help="default: both")
+    parser.add_argument(
+        "--shrink", type=int, default=8, help="run at 1/K the GPUs and prompts (per-GPU load kept)"
+    )
+    parser.add_argument("--versions", type=int, default=8, help="weight versions each async run lasts")
+    parser.add_argument("--sync-steps", type=int, default=2)
+    parser.add_argument("--median", type=float, help="override the profile's assumed median answer length")
+    parser.add_argument("--sigma", type=float, help="override the profile's assumed log-normal sigma")
+    parser.add_argument("--smoke", action="store_true", help="seconds; the figures mean nothing")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    fractions = [0.5, 0.625, 0.75]
+
+    def splits(gpus: int, theirs: int) -> list[int]:
+        if args.smoke:
+            return [theirs]
+        return sorted({max(1, min(gpus - 1, round(gpus * f))) for f in fractions} | {theirs})
+
+    args.splits = splits
+    if args.smoke:
+        args.shrink, args.versions, args.sync_steps = 64, 1, 1
+    summary: dict[str, float] = {}
+    for name in args.profile or list(PROFILES):
+        summary.update(replay(name, args))
+    print(json.dumps({k: round(v, 3) for k, v in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()
