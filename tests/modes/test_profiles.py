@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from rlasync.engines.sim import LogNormalLengths
-from rlasync.modes.profiles import PROFILES, H20, QWEN25_MATH_7B, Phase, Profile, lengths_mean
+from rlasync.modes.profiles import H20, PROFILES, QWEN25_MATH_7B, Phase, Profile, lengths_mean
 
 
 def test_the_roofline_follows_from_the_model_s_shape_and_the_gpu() -> None:
