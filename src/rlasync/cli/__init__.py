@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from . import launch, node, serve, status, train
+from . import launch, node, plan, serve, status, train
 
 app = typer.Typer(
     help="rlasync: asynchronous RL post-training without Ray.",
@@ -21,6 +21,7 @@ for command in (
     launch.launch,
     status.status,
     serve.serve,
+    plan.plan,
     status.secret,
     status.version,
     status.show,

@@ -26,15 +26,21 @@ import msgspec
 from ..engines.sim import LatencyModel, LogNormalLengths
 
 
-def lengths_mean(lengths: LogNormalLengths) -> float:
-    """The mean of ``lengths`` (a log-normal capped at ``cap``), in closed form."""
+def lengths_moment(lengths: LogNormalLengths, n: int) -> float:
+    """E[L^n] of ``lengths`` (a log-normal capped at ``cap``), in closed form."""
     mu, sigma, cap = math.log(lengths.median), lengths.sigma, lengths.cap
     if sigma == 0:
-        return min(cap, lengths.median)
+        return float(min(cap, lengths.median)) ** n
     z = (math.log(cap) - mu) / sigma
-    below = 0.5 * (1 + math.erf((z - sigma) / math.sqrt(2)))  # E[X; X < cap] / e^(mu + sigma^2/2)
-    above = 0.5 * math.erfc(z / math.sqrt(2))  # P(X >= cap)
-    return math.exp(mu + sigma * sigma / 2) * below + cap * above
+    below = 0.5 * (
+        1 + math.erf((z - n * sigma) / math.sqrt(2))
+    )  # E[L^n; L < cap] / e^(n mu + n^2 sigma^2 / 2)
+    above = 0.5 * math.erfc(z / math.sqrt(2))  # P(L >= cap)
+    return math.exp(n * mu + n * n * sigma * sigma / 2) * below + cap**n * above
+
+
+def lengths_mean(lengths: LogNormalLengths) -> float:
+    return lengths_moment(lengths, 1)
 
 
 class Hardware(msgspec.Struct, frozen=True, kw_only=True):
@@ -262,7 +268,43 @@ _AREAL = Profile(
     ),
 )
 
-PROFILES: dict[str, Profile] = {VERL_7B.name: VERL_7B, _AREAL.name: _AREAL}
+# No paper: a plain planning default. An 8B model (Llama-3.1-8B's shape) on H100s, answers as
+# modes_bench's workload (median 2,000, sigma 0.8, cap 16,000), the trainer at 40 % MFU.
+H100 = Hardware(name="H100", memory_bytes=80e9, bandwidth=3.35e12, flops=989e12, link_bytes_per_s=50e9)
+LLAMA_8B = ModelShape(name="Llama-3.1-8B", params=8.03e9, layers=32, kv_heads=8, head_dim=128)
+_GENERIC_MFU = 0.4
+GENERIC_8B = Profile(
+    name="generic-8b-h100",
+    source="no paper: an 8B model on H100s, for planning",
+    model=LLAMA_8B,
+    hardware=H100,
+    step_overhead_s=0.001,
+    prompts=32,
+    group=16,
+    prompt_tokens=200,
+    lengths=LogNormalLengths(median=2000, sigma=0.8, cap=16000),
+    update=Phase(
+        fixed_s=1.0, batch_rows=512, gpu_s_per_token=6 * LLAMA_8B.params / (H100.flops * _GENERIC_MFU)
+    ),
+    logprob=Phase(
+        fixed_s=0.3, batch_rows=512, gpu_s_per_token=2 * LLAMA_8B.params / (H100.flops * _GENERIC_MFU)
+    ),
+    assumptions=(
+        "reads at 0.8 of the HBM bandwidth and 1 ms a decode step beside them",
+        "the trainer at 40 % MFU (6N FLOPs a token to update, 2N to recompute log-probs), + 1 s and 0.3 s per 512 trajectories",
+    ),
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (GENERIC_8B, VERL_7B, _AREAL)}
 
 
-__all__ = ["PROFILES", "Hardware", "ModelShape", "Phase", "Profile", "Published", "lengths_mean"]
+__all__ = [
+    "PROFILES",
+    "Hardware",
+    "ModelShape",
+    "Phase",
+    "Profile",
+    "Published",
+    "lengths_mean",
+    "lengths_moment",
+]
