@@ -16,6 +16,10 @@ What verl's ``AsyncLLMServerManager`` does, done better:
   first turn, so the engine can reuse the prefix; an LRU bounds the memory of sessions.
 - **A cap per engine.** At most ``max_inflight_per_engine`` requests outstanding on one
   engine from this router; more wait (up to ``queue_timeout_s``) in arrival order.
+- **Requests move.** ``migrate(request_id, engine)`` sends an outstanding request's
+  conversation to another engine: the request is cut where it is (its tokens kept by the
+  caller, an agent loop, which goes on from them) and the next attempt lands on ``engine``,
+  which prefills what was made so far (long-tail repacking: ``engines.repack``).
 - **Dead engines leave.** When an engine's node is lost its in-flight requests are retried
   on another engine from the start (``on_engine_lost="retry"``) or fail with
   ``EngineLostError`` (``"fail"``); the engine takes no more requests. Nothing waits forever.
@@ -65,6 +69,7 @@ class RouterStats(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int  # conversations remembered for stickiness
     retries: int  # requests moved to another engine after a loss
     engines_lost: int
+    migrations: int = 0  # requests moved on purpose (``migrate``)
 
 
 class _Slot:
@@ -94,6 +99,10 @@ class Router:
         self._sessions: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         self._queue: collections.deque[tuple[asyncio.Future[_Slot], str | None]] = collections.deque()
         self._where: dict[str, _Slot] = {}  # request id -> engine, while outstanding
+        self._session_of: dict[str, str] = {}  # request id -> its session, while outstanding
+        # session -> where its next request must go (migrate); bounded like the sessions
+        self._moving: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
+        self._migrations = 0
         self._retries = 0
         self._lost = 0
         self._refresher: asyncio.Task[None] | None = None
@@ -147,7 +156,13 @@ class Router:
             sessions=len(self._sessions),
             retries=self._retries,
             engines_lost=self._lost,
+            migrations=self._migrations,
         )
+
+    def outstanding(self, name: str) -> list[str]:
+        """Ids of this router's requests outstanding on engine ``name``."""
+        slot = self._slots.get(name)
+        return [] if slot is None else list(slot.requests)
 
     # -- requests -------------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest, *, session_id: str | None = None) -> GenerateOutput:
@@ -194,6 +209,27 @@ class Router:
                     await stream.aclose()
                 self._release(slot, request.request_id)
 
+    async def migrate(self, request_id: str, target: str) -> bool:
+        """Move outstanding request ``request_id`` to engine ``target``: its session's next
+        request goes there (past the cap: a migrated turn is not new work), and the request is
+        aborted where it runs. Its caller must go on from the partial turn (the agent loops do:
+        an aborted turn is re-submitted with the tokens it made, so ``target`` prefills them and
+        the trajectory keeps every token and its version). False (nothing done) where the
+        request is not outstanding here, has no session, already runs on ``target``, or
+        ``target`` is not a live engine."""
+        slot, session_id = self._where.get(request_id), self._session_of.get(request_id)
+        destination = self._slots.get(target)
+        if slot is None or session_id is None or destination is None or destination is slot:
+            return False
+        self._moving[session_id] = destination
+        while len(self._moving) > max(1024, self.config.sticky_sessions):
+            self._moving.popitem(last=False)
+        if not await self.abort(request_id):
+            self._moving.pop(session_id, None)  # it ended meanwhile: nothing moved
+            return False
+        self._migrations += 1
+        return True
+
     async def abort(self, request_id: str) -> bool:
         """Abort an outstanding request on its engine (its caller gets finish reason "abort")."""
         slot = self._where.get(request_id)
@@ -234,6 +270,9 @@ class Router:
             )
         cap = self.config.max_inflight_per_engine or None
         if session_id is not None:
+            moved = self._moving.pop(session_id, None)
+            if moved is not None and moved.alive:
+                return moved
             sticky = self._sessions.get(session_id)
             if sticky is not None and sticky.alive:
                 return sticky if cap is None or sticky.outstanding < cap else None
@@ -258,6 +297,8 @@ class Router:
         slot.assigned += 1
         slot.requests.add(request_id)
         self._where[request_id] = slot
+        if session_id is not None:
+            self._session_of[request_id] = session_id
         if session_id is not None and self.config.sticky_sessions:
             self._sessions[session_id] = slot
             self._sessions.move_to_end(session_id)
@@ -299,6 +340,7 @@ class Router:
             slot.requests.discard(request_id)
             if self._where.get(request_id) is slot:
                 del self._where[request_id]
+                self._session_of.pop(request_id, None)
         self._dispatch()
 
     def _dispatch(self) -> None:

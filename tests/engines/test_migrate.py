@@ -1,0 +1,95 @@
+"""``Router.migrate``: a turn moved mid-generation from one engine (on one node process) to
+another keeps every token it made and the version of each, checked token by token against an
+oracle: the two engines serve different weights, so a full forward pass under each tells which
+engine made which token."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from waiting import wait_until
+
+from rlasync import LocalCluster, RuntimeConfig
+from rlasync.agents import SingleTurnAgentLoop
+from rlasync.data import synthetic_rows
+from rlasync.engines import EngineActor, EngineConfig, Router, RouterConfig, SamplingParams
+from rlasync.models import load_pretrained_dir
+
+pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
+
+FAST = RuntimeConfig(
+    heartbeat_interval_s=0.2,
+    node_dead_after_s=5,
+    call_timeout_s=60,
+    join_timeout_s=60,
+    preload_modules=("rlasync.engines",),
+)
+TOKENS = 200
+# The engine decodes with a KV cache and the oracle in one pass (float32 in another order):
+# ~1e-6 apart. A token is attributed to a version only where the two versions' logprobs differ
+# by SEPARATE at least; then the tagged one must match within MATCH (see test_version_tags).
+MATCH, SEPARATE = 1e-3, 1e-2
+
+
+async def test_a_migrated_turn_keeps_every_token_and_its_version(nano_model_dir: Path) -> None:
+    model, tok = load_pretrained_dir(nano_model_dir)
+    base = model.model.norm.weight.detach().clone()
+    other = base * 4 * torch.rand(base.shape, generator=torch.Generator().manual_seed(0))
+    config = EngineConfig(model=str(nano_model_dir), max_batch=8)
+    async with LocalCluster(nodes=3, config=FAST) as cluster:
+        a = await cluster.spawn(EngineActor, config, node=1, name="engine-a")
+        b = await cluster.spawn(EngineActor, config, node=2, name="engine-b")
+        await b.update_weights({"model.norm.weight": other}, 1)  # b serves version 1: other weights
+        async with Router([a, b], RouterConfig(load_refresh_s=0.2)) as router:
+            rows = synthetic_rows("reverse", 6, seed=0, split="val")
+            loops = [SingleTurnAgentLoop(router, tok, trajectory_id=f"t{i}") for i in range(len(rows))]
+            params = [
+                SamplingParams(temperature=1.0, max_new_tokens=TOKENS, ignore_eos=True, seed=i)
+                for i in range(len(rows))
+            ]
+            tasks = [asyncio.ensure_future(loop.run(p, **row)) for loop, p, row in zip(loops, params, rows)]
+            await wait_until(lambda: len(router.outstanding("engine-a")) == 3, what="three turns on engine-a")
+
+            async def made_some() -> bool:
+                return (await a.stats()).generated_tokens >= 3 * 40  # type: ignore[attr-defined]
+
+            await wait_until(made_some, what="engine-a made ~40 tokens of each of its turns")
+            moved = [rid for rid in router.outstanding("engine-a") if await router.migrate(rid, "engine-b")]
+            assert len(moved) == 3
+            assert not await router.migrate("no-such-request", "engine-b")
+            assert not await router.migrate(router.outstanding("engine-b")[0], "engine-b")  # already there
+            trajectories = await asyncio.gather(*tasks)
+            assert router.stats().migrations == 3
+
+    migrated = 0
+    for t in trajectories:
+        assert len(t.response_ids) == TOKENS and all(t.response_mask)  # none lost, none made twice
+        assert t.versions == sorted(t.versions) and set(t.versions) <= {0, 1}
+        migrated += set(t.versions) == {0, 1}
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        oracle = []
+        with torch.no_grad():
+            for norm in (base, other):
+                model.model.norm.weight.data = norm
+                logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1].float()
+                oracle.append(
+                    torch.log_softmax(logits, -1).gather(1, torch.tensor(t.response_ids)[:, None])[:, 0]
+                )
+        table = torch.stack(oracle)  # [version, token]
+        error = (table - torch.tensor(t.logprobs)[None]).abs()
+        attributed = 0
+        for i, tagged in enumerate(t.versions):
+            if abs(table[0, i] - table[1, i]) < SEPARATE:
+                continue  # both weights give this token about the same logprob: it proves nothing
+            assert error[tagged, i] < MATCH < error[1 - tagged, i], (
+                t.trajectory_id,
+                i,
+                tagged,
+                error[:, i].tolist(),
+            )
+            attributed += 1
+        assert attributed >= 0.8 * TOKENS, (t.trajectory_id, attributed)
+    assert migrated == 3  # the three moved turns hold tokens of both engines, in order
