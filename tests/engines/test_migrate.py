@@ -18,7 +18,6 @@ from rlasync.data import synthetic_rows
 from rlasync.engines import EngineActor, EngineConfig, Router, RouterConfig, SamplingParams
 from rlasync.models import load_pretrained_dir
 
-pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
 FAST = RuntimeConfig(
     heartbeat_interval_s=0.2,
@@ -34,6 +33,7 @@ TOKENS = 200
 MATCH, SEPARATE = 1e-3, 1e-2
 
 
+@pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_a_migrated_turn_keeps_every_token_and_its_version(nano_model_dir: Path) -> None:
     model, tok = load_pretrained_dir(nano_model_dir)
     base = model.model.norm.weight.detach().clone()
@@ -93,3 +93,20 @@ async def test_a_migrated_turn_keeps_every_token_and_its_version(nano_model_dir:
             attributed += 1
         assert attributed >= 0.8 * TOKENS, (t.trajectory_id, attributed)
     assert migrated == 3  # the three moved turns hold tokens of both engines, in order
+
+
+def test_the_repack_policy_frees_the_emptiest_engines_onto_the_fullest_small_one() -> None:
+    from rlasync.engines.repack import repack_moves
+
+    running = {"e0": ["a"], "e1": ["b", "c"], "e2": ["d"], "e3": [f"x{i}" for i in range(10)], "e4": []}
+    # e3 is busy (above the threshold) and e4 idle: neither gives; e0 and e2 give to e1.
+    assert sorted(repack_moves(running, waiting=5, below=2, target_max=64)) == [("a", "e1"), ("d", "e1")]
+    assert repack_moves(running, waiting=0, below=2, target_max=64) == []  # nothing waits: no move
+    assert repack_moves(running, waiting=5, below=0, target_max=64) == []  # off
+    # The fullest fills (3 turns at most there), then the next fullest takes the rest.
+    running = {"e0": ["a", "b"], "e1": ["c"], "e2": ["d"], "e3": ["e"]}
+    moves = repack_moves(running, waiting=1, below=2, target_max=3)
+    assert moves[0][1] == "e0" and len(moves) == 2
+    targets = {t for _, t in moves}
+    donors = {name for name, ids in running.items() if set(ids) & {r for r, _ in moves}}
+    assert not targets & donors  # no engine both gives and takes

@@ -223,3 +223,12 @@ class RouterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     load_refresh_s: PositiveSeconds = 1.0
     """How often the router asks each engine for its load (requests other routers placed
     there count too) and checks that it is alive."""
+
+    repack_below: NonNegativeInt = 0
+    """Long-tail repacking (``rlasync.engines.repack``): at each load refresh, while requests
+    wait (at this router's cap or in an engine's queue), engines running at most this many of
+    this router's turns hand them to the fullest such engine (``Router.migrate``: the turns
+    keep their tokens and versions; the target prefills them) and take new work. 0: off."""
+
+    repack_target_max: PositiveInt = 64
+    """The most turns repacking puts on one tail engine."""

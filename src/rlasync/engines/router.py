@@ -39,6 +39,7 @@ import msgspec
 from ..config.engine import RouterConfig
 from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
 from .protocol import EngineError, EngineLostError
+from .repack import repack_moves
 from .types import EngineStats, GenerateOutput, GenerateRequest, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class RouterStats(msgspec.Struct, frozen=True, kw_only=True):
 class _Slot:
     """What the router knows about one engine."""
 
-    __slots__ = ("ref", "outstanding", "others", "assigned", "alive", "requests")
+    __slots__ = ("ref", "outstanding", "others", "assigned", "alive", "requests", "waiting")
 
     def __init__(self, ref: ActorRef) -> None:
         self.ref = ref
@@ -84,6 +85,7 @@ class _Slot:
         self.assigned = 0
         self.alive = True
         self.requests: set[str] = set()  # request ids outstanding here (for abort)
+        self.waiting = 0  # requests queued inside the engine, as of its last report
 
 
 class Router:
@@ -431,7 +433,24 @@ class Router:
                     stats = _typed(reply, EngineStats)
                     ours = outstanding + (slot.assigned - assigned)
                     slot.others = max(0, stats.running + stats.waiting - ours)
+                    slot.waiting = stats.waiting
             self._dispatch()
+            if self.config.repack_below:
+                await self._repack()
+
+    async def _repack(self) -> None:
+        """Long-tail repacking (``engines.repack``): the moves its policy picks, made at once."""
+        waiting = sum(1 for fut, _ in self._queue if not fut.done()) + sum(
+            s.waiting for s in self._slots.values()
+        )
+        moves = repack_moves(
+            {name: list(slot.requests) for name, slot in self._slots.items()},
+            waiting,
+            below=self.config.repack_below,
+            target_max=self.config.repack_target_max,
+        )
+        if moves:
+            await asyncio.gather(*[self.migrate(request_id, target) for request_id, target in moves])
 
 
 def _typed(value: Any, kind: type[T]) -> T:
