@@ -199,6 +199,7 @@ class SimEngine:
         token_id: int = 5,
         name: str = "",
         prompt_tokens: int = 0,
+        progress: dict[int, int] | None = None,
     ) -> None:
         self.clock, self.latency, self.lengths = (
             clock,
@@ -212,9 +213,9 @@ class SimEngine:
         self._running: dict[str, _Seq] = {}
         # Waiting in arrival order, by request id (a preempted sequence goes back to the front).
         self._waiting: collections.OrderedDict[str, _Seq] = collections.OrderedDict()
-        self._progress: dict[
-            int, int
-        ] = {}  # turn seed -> simulated tokens already made for it (cut turns resume)
+        # turn seed -> simulated tokens already made for it: a cut turn resumes where it
+        # stopped, on this engine or (shared by a cluster's engines) on another it moved to.
+        self._progress: dict[int, int] = progress if progress is not None else {}
         self._version = 0
         self._paused = self._frozen = self._closed = False
         self._wake = asyncio.Event()

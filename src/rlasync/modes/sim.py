@@ -225,9 +225,16 @@ class SimCluster:
         from ..models import build_tokenizer
 
         self.clock = clock
+        progress: dict[int, int] = {}  # one for all: a turn moved to another GPU goes on to its end
         self.engines = [
             SimEngine(
-                clock, latency, lengths, token_block=token_block, name=f"gpu{i}", prompt_tokens=prompt_tokens
+                clock,
+                latency,
+                lengths,
+                token_block=token_block,
+                name=f"gpu{i}",
+                prompt_tokens=prompt_tokens,
+                progress=progress,
             )
             for i in range(engines)
         ]
@@ -282,17 +289,26 @@ class SimCluster:
         return sum(gpu.busy_s for gpu in self.engines)
 
 
-def simulated_config(config: Config) -> Config:
+def simulated_config(config: Config, clock: SimClock | None = None) -> Config:
     """``config`` with the settings the simulation needs: every part on the head, no cap per
     engine (a simulated GPU queues what does not fit its batch itself), and deadlines in
-    simulated hours."""
+    simulated hours. With repacking on (``router.repack_below``), ``router.load_refresh_s`` is
+    simulated seconds on ``clock`` (the router looks at the engines that often); otherwise it
+    stays the loop's (rarely: each look asks every simulated engine)."""
     day = 36_000.0
+    refresh = config.router.load_refresh_s
+    if config.router.repack_below and clock is not None:
+        refresh = clock.wall(refresh)
     return msgspec.structs.replace(
         config,
         cluster=ClusterConfig(engines=[0], agent_loops="head"),
         runtime=msgspec.structs.replace(config.runtime, call_timeout_s=day),
         router=msgspec.structs.replace(
-            config.router, max_inflight_per_engine=0, request_timeout_s=day, queue_timeout_s=day
+            config.router,
+            max_inflight_per_engine=0,
+            request_timeout_s=day,
+            queue_timeout_s=day,
+            load_refresh_s=refresh,
         ),
         agent=msgspec.structs.replace(config.agent, rollout_timeout_s=day),
     )
@@ -304,7 +320,7 @@ async def train_run(
     """Run ``config``'s schedule (``train.mode``) on the simulated cluster."""
     from . import train_fully_async, train_one_step_off, train_sync
 
-    config = simulated_config(config)
+    config = simulated_config(config, cluster.clock)
     run = await Run.open(config, fleet=make_fleet(simulated=cluster))
     schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[
         config.train.mode
