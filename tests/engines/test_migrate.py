@@ -18,7 +18,6 @@ from rlasync.data import synthetic_rows
 from rlasync.engines import EngineActor, EngineConfig, Router, RouterConfig, SamplingParams
 from rlasync.models import load_pretrained_dir
 
-
 FAST = RuntimeConfig(
     heartbeat_interval_s=0.2,
     node_dead_after_s=5,
