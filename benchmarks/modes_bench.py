@@ -30,6 +30,23 @@ Last line JSON: ``{"sim_speedup_async_vs_sync", "sim_speedup_one_step_vs_sync", 
 "sim_async_fraction_of_ideal", "sim_sync_fraction_of_ideal", "sim_<mode>_fraction_of_pooled_ideal"
 (each schedule), "real_speedup_async_vs_sync"}``; fully async is its default, ``interrupt=keep``.
 
+**At scale** (``--gpus N``, e.g. 1024): N simulated GPUs of an 8B model on H100s (the
+``generic-8b-h100`` profile's physics: decode steps that slow with context, KV-capped batches),
+three quarters generating and a quarter training, N prompts x 16 a step, answers log-normal with
+a heavy tail (median 4,000, sigma 1.0, cap 32,000), one step per version (k = 1) and every
+token at most 2 versions old (eta = 2). Fully async with pulled versions, ``interrupt=keep`` and
+long-tail repacking against the same with the global pause (``commit=together``,
+``interrupt=abort``) at the same bound, on a virtual-time loop: the fraction of the pooled
+ideal of each, their ratio, token staleness p99, and the wall time the simulator took per
+simulated hour. ``--check-scale`` then runs the first at half the GPUs twice, on virtual time
+and against the wall clock (one simulated second per ``--wall-scale`` s), so the head's own
+work counts: how far the figures move, the head's CPU per trajectory, trajectories and turns
+it handles per second, and its loop lag (how late a 10 ms timer wakes). JSON keys:
+``{"scale_gpus", "scale_fraction_of_pooled", "scale_together_fraction_of_pooled",
+"scale_gain_vs_together", "scale_staleness_p99", "scale_wall_s_per_sim_hour",
+"scale_check_max_change", "scale_head_cpu_ms_per_trajectory", "scale_head_loop_lag_p99_ms",
+"scale_head_loop_lag_max_ms", "scale_head_trajectories_per_s"}``.
+
 ``--smoke`` (for ``make test``; its figures mean nothing): two simulated steps of each mode, 16
 samples a step, and one real pair of 2 steps of a few short trajectories from an untrained
 model, every run drawing its prompts from 64 synthetic problems (not 20,000).
@@ -401,6 +418,99 @@ def simulated_cluster(args: argparse.Namespace) -> dict[str, float]:
     return summary
 
 
+def scale_config(gpus: int, commit: str, interrupt: str, repack: bool) -> Config:
+    overrides = [
+        "train.mode=fully_async",
+        f"train.prompts_per_step={gpus}",
+        "train.group_size=16",
+        f"data.synthetic_train_size={max(64, 2 * gpus)}",
+        "async_training.staleness_threshold=2",
+        "async_training.trigger_parameter_sync_step=1",
+        f"async_training.commit={commit}",
+        f"async_training.interrupt={interrupt}",
+        *([f"router.repack_below={REPACK_BELOW}", "router.load_refresh_s=10"] if repack else []),
+    ]
+    return load_config(ROOT / "configs" / "quickstart.yaml", overrides)
+
+
+REPACK_BELOW = 4  # turns: an engine running this few while others wait hands them on
+
+
+def at_scale(args: argparse.Namespace) -> dict[str, float]:
+    """The ``--gpus`` part (module docstring)."""
+    from rlasync.modes.plan import measure
+    from rlasync.modes.profiles import PROFILES
+
+    def run(gpus: int, commit: str, interrupt: str, repack: bool, wall_scale: float | None = None) -> Any:
+        profile = msgspec.structs.replace(
+            PROFILES["generic-8b-h100"],
+            lengths=LogNormalLengths(median=4000, sigma=1.0, cap=32000),
+            prompts=gpus,
+        )
+        began = time.perf_counter()
+        result = measure(
+            scale_config(gpus, commit, interrupt, repack),
+            profile,
+            generation_gpus=gpus * 3 // 4,
+            trainer_gpus=gpus - gpus * 3 // 4,
+            steps=args.scale_steps,
+            warmup=args.scale_steps // 3,
+            wall_scale=wall_scale,
+        )
+        wall = time.perf_counter() - began
+        simulated = result.step_s * args.scale_steps
+        clock = f"wall clock x{wall_scale:g}" if wall_scale else "virtual"
+        print(
+            f"  {gpus} GPUs, {commit}/{interrupt}{' + repack' if repack else ''} ({clock}): {result.steps_per_hour:.1f} steps/h, "
+            f"of pooled {result.fraction_of_pooled:.3f}, staleness p50/p99 {result.staleness_p50}/{result.staleness_p99}, "
+            f"trainer busy {result.trainer_busy:.2f}, generation busy {result.generation_busy:.2f}; {wall:.0f} s wall "
+            f"= {wall / simulated * 3600:.0f} s per simulated hour",
+            flush=True,
+        )
+        return result, wall / simulated * 3600
+
+    gpus = args.gpus
+    print(
+        f"at scale: {gpus} simulated GPUs ({gpus * 3 // 4} generating, {gpus - gpus * 3 // 4} training), {gpus} prompts x 16 a step, k = 1, eta = 2:"
+    )
+    ours, per_hour = run(gpus, "each", "keep", True)
+    together, _ = run(gpus, "together", "abort", False)
+    summary = {
+        "scale_gpus": float(gpus),
+        "scale_fraction_of_pooled": ours.fraction_of_pooled,
+        "scale_together_fraction_of_pooled": together.fraction_of_pooled,
+        "scale_gain_vs_together": ours.steps_per_hour / together.steps_per_hour,
+        "scale_staleness_p99": float(ours.staleness_p99),
+        "scale_wall_s_per_sim_hour": per_hour,
+    }
+    if args.check_scale:
+        half = max(4, gpus // 2)
+        virtual, _ = run(half, "each", "keep", True)
+        wall, _ = run(half, "each", "keep", True, wall_scale=args.wall_scale)
+        moved = max(
+            abs(wall.steps_per_hour / virtual.steps_per_hour - 1),
+            abs(wall.fraction_of_pooled / virtual.fraction_of_pooled - 1),
+        )
+        head = wall.head
+        print(
+            f"  against the wall clock the figures moved by {moved * 100:.1f} %; the head: {head.cpu_ms_per_trajectory:.3f} ms of CPU "
+            f"per trajectory, {head.trajectories_per_s:.0f} trajectories and {head.turns_per_s:.0f} turns a second, loop lag "
+            f"p99 {head.loop_lag_p99_ms:.1f} ms, max {head.loop_lag_max_ms:.1f} ms"
+        )
+        summary |= {
+            "scale_check_max_change": moved,
+            "scale_head_cpu_ms_per_trajectory": head.cpu_ms_per_trajectory,
+            "scale_head_loop_lag_p99_ms": head.loop_lag_p99_ms,
+            "scale_head_loop_lag_max_ms": head.loop_lag_max_ms,
+            "scale_head_trajectories_per_s": head.trajectories_per_s,
+        }
+    print(
+        f"  goals: of pooled {ours.fraction_of_pooled:.3f} >= 0.9; {summary['scale_gain_vs_together']:.2f}x >= 1.5x the global pause; "
+        f"staleness p99 {ours.staleness_p99} <= 2; {per_hour:.0f} s <= 600 s of wall per simulated hour"
+    )
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -423,6 +533,18 @@ def main() -> None:
         help="sync/async pairs on the real model; the median is reported",
     )
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument(
+        "--gpus", type=int, default=0, help="also run the schedules at this many simulated GPUs (e.g. 1024)"
+    )
+    parser.add_argument(
+        "--scale-steps", type=int, default=9, help="trainer steps of each --gpus run (a third left out)"
+    )
+    parser.add_argument(
+        "--wall-scale",
+        type=float,
+        default=0.5,
+        help="--check-scale at --gpus: wall seconds per simulated second",
+    )
     parser.add_argument("--skip-sim", action="store_true")
     parser.add_argument(
         "--smoke",
@@ -438,7 +560,10 @@ def main() -> None:
         MODES = [msgspec.structs.replace(m, steps=2, warmup=min(m.warmup, 1)) for m in MODES]
         SIM_EXTRA = SMOKE_DATA
         args.real_steps, args.real_repeats = 2, 1
+        args.gpus, args.scale_steps, args.wall_scale = args.gpus or 8, 3, 0.002
     summary: dict[str, float] = {}
+    if args.gpus:
+        summary.update(at_scale(args))
     if not args.skip_sim:
         summary.update(simulated_cluster(args))
     if not args.skip_real:

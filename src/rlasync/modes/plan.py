@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import multiprocessing
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +48,18 @@ class Measure(msgspec.Struct, frozen=True, kw_only=True):
     gpu_idle: float  # of all GPUs' time, the part neither generating nor training
     trainer_busy: float
     generation_busy: float
+    head: HeadLoad | None = None  # on the wall clock: what the head's own work cost
+
+
+class HeadLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """The head's process on the wall clock: what keeping the simulated cluster going cost it."""
+
+    wall_s: float
+    cpu_ms_per_trajectory: float  # the process's CPU time over the trajectories finished
+    trajectories_per_s: float  # finished per wall second
+    turns_per_s: float  # generate calls through the router per wall second (two messages each)
+    loop_lag_p99_ms: float  # how late a 10 ms timer woke: the loop's responsiveness
+    loop_lag_max_ms: float
 
 
 class Point(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,10 +111,24 @@ def pooled_step_s(profile: Profile, tokens: float, rows: int, gpus: int, *, logp
     return max(serial, (generation + training) / gpus)
 
 
+async def _lag(lags: list[float], period: float = 0.01) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + period
+        await asyncio.sleep(period)
+        lags.append(max(0.0, loop.time() - due))
+
+
 async def _run(
-    config: Config, profile: Profile, generation_gpus: int, trainer_gpus: int, warmup: int
+    config: Config,
+    profile: Profile,
+    generation_gpus: int,
+    trainer_gpus: int,
+    warmup: int,
+    scale: float,
+    wall: bool,
 ) -> Measure:
-    clock = SimClock(0.01)
+    clock = SimClock(scale)
     cluster = SimCluster.of_profile(
         clock,
         profile,
@@ -129,7 +156,26 @@ async def _run(
             hist.extend([0] * (behind + 1 - len(hist)))
             hist[behind] += count
 
-    await train_run(config, cluster, on_step=on_step)
+    lags: list[float] = []
+    monitor = asyncio.ensure_future(_lag(lags)) if wall else None
+    began, cpu = time.perf_counter(), time.process_time()
+    try:
+        await train_run(config, cluster, on_step=on_step)
+    finally:
+        if monitor is not None:
+            monitor.cancel()
+    head = None
+    if wall:
+        wall_s, finished = time.perf_counter() - began, sum(e.finished for e in cluster.engines)
+        lags.sort()
+        head = HeadLoad(
+            wall_s=wall_s,
+            cpu_ms_per_trajectory=1000 * (time.process_time() - cpu) / max(1, len(times) * rows),
+            trajectories_per_s=len(times) * rows / wall_s,
+            turns_per_s=finished / wall_s,
+            loop_lag_p99_ms=1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
+            loop_lag_max_ms=1000 * lags[-1] if lags else 0.0,
+        )
     elapsed = clock.now() - start
     measured = times[-1] - (times[warmup - 1] if warmup else 0.0)
     counted = len(times) - warmup
@@ -154,6 +200,7 @@ async def _run(
         gpu_idle=max(0.0, idle),
         trainer_busy=trainer,
         generation_busy=generation,
+        head=head,
     )
 
 
@@ -170,11 +217,20 @@ def _quantile(hist: Sequence[int], q: float) -> int:
 
 
 def measure(
-    config: Config, profile: Profile, *, generation_gpus: int, trainer_gpus: int, steps: int, warmup: int
+    config: Config,
+    profile: Profile,
+    *,
+    generation_gpus: int,
+    trainer_gpus: int,
+    steps: int,
+    warmup: int,
+    wall_scale: float | None = None,
 ) -> Measure:
     """``config`` (any mode) for ``steps`` trainer steps on ``profile``'s simulated cluster, on a
-    virtual-time loop of its own; the first ``warmup`` steps are left out. A sync run generates
-    and trains on the same ``generation_gpus``."""
+    virtual-time loop of its own (exact: the schedulers' Python work takes no simulated time);
+    the first ``warmup`` steps are left out. A sync run generates and trains on the same
+    ``generation_gpus``. ``wall_scale``: on a normal loop instead, one simulated second per
+    ``wall_scale`` wall seconds, so the head's own work must keep up (``Measure.head``)."""
     # Answers as long as the profile's (in simulated tokens of BLOCK real ones), not the config's.
     budget = -(-profile.lengths.cap // BLOCK)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -190,8 +246,11 @@ def measure(
             ),
             agent=msgspec.structs.replace(config.agent, response_length=budget + 64),
         )
-        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-            return runner.run(_run(config, profile, generation_gpus, trainer_gpus, warmup))
+        wall = wall_scale is not None
+        with asyncio.Runner(loop_factory=None if wall else VirtualTimeLoop) as runner:
+            return runner.run(
+                _run(config, profile, generation_gpus, trainer_gpus, warmup, wall_scale or 0.01, wall)
+            )
 
 
 def _knobbed(config: Config, knobs: dict[str, float]) -> Config:
@@ -349,4 +408,4 @@ def render(result: PlanResult, profile: Profile) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Measure", "PlanResult", "Point", "measure", "plan", "pooled_step_s", "render"]
+__all__ = ["HeadLoad", "Measure", "PlanResult", "Point", "measure", "plan", "pooled_step_s", "render"]
