@@ -87,3 +87,17 @@ def test_the_command_says_what_to_change_for_a_bad_profile_or_gpu_count() -> Non
 @pytest.mark.parametrize("name", sorted(PROFILES))
 def test_every_profile_says_what_it_assumed(name: str) -> None:
     assert PROFILES[name].assumptions and PROFILES[name].source
+
+
+@pytest.mark.serial  # against the wall clock: a loaded machine moves its figures
+def test_on_the_wall_clock_the_head_s_own_load_is_measured() -> None:
+    from rlasync.modes.plan import measure
+
+    config = load_config(ROOT / "configs" / "quickstart_async.yaml", SMALL)
+    virtual = measure(config, PROFILE, generation_gpus=2, trainer_gpus=2, steps=4, warmup=1)
+    wall = measure(config, PROFILE, generation_gpus=2, trainer_gpus=2, steps=4, warmup=1, wall_scale=0.002)
+    assert virtual.head is None and wall.head is not None
+    head = wall.head
+    assert head.wall_s > 0 and head.cpu_ms_per_trajectory > 0 and head.trajectories_per_s > 0
+    assert head.turns_per_s >= head.trajectories_per_s  # every trained trajectory took a turn at least
+    assert 0 <= head.loop_lag_p99_ms <= head.loop_lag_max_ms

@@ -55,7 +55,7 @@ class HeadLoad(msgspec.Struct, frozen=True, kw_only=True):
     """The head's process on the wall clock: what keeping the simulated cluster going cost it."""
 
     wall_s: float
-    cpu_ms_per_trajectory: float  # the process's CPU time over the trajectories finished
+    cpu_ms_per_trajectory: float  # the process's CPU time (head, loops, simulated GPUs) per trajectory
     trajectories_per_s: float  # finished per wall second
     turns_per_s: float  # generate calls through the router per wall second (two messages each)
     loop_lag_p99_ms: float  # how late a 10 ms timer woke: the loop's responsiveness
@@ -111,12 +111,16 @@ def pooled_step_s(profile: Profile, tokens: float, rows: int, gpus: int, *, logp
     return max(serial, (generation + training) / gpus)
 
 
-async def _lag(lags: list[float], period: float = 0.01) -> None:
+async def _lag(lags: list[float], counting: list[bool], period: float = 0.01) -> None:
+    """How late a ``period`` timer wakes, while ``counting[0]`` (from the first trainer step to
+    the last: the run's start-up, imports and all, and its close block the loop once each,
+    which is not the head's steady load)."""
     loop = asyncio.get_running_loop()
     while True:
         due = loop.time() + period
         await asyncio.sleep(period)
-        lags.append(max(0.0, loop.time() - due))
+        if counting[0]:
+            lags.append(max(0.0, loop.time() - due))
 
 
 async def _run(
@@ -146,8 +150,11 @@ async def _run(
     rows = config.train.prompts_per_step * config.train.group_size * batches  # trajectories a step
     start = clock.now()
 
+    counting = [False]
+
     def on_step(record: dict[str, Any]) -> None:
         times.append(clock.now() - start)
+        counting[0] = len(times) < config.train.steps  # from the first step to the last
         if len(times) <= warmup:
             return
         tokens = record["response_tokens"] * BLOCK
@@ -157,7 +164,7 @@ async def _run(
             hist[behind] += count
 
     lags: list[float] = []
-    monitor = asyncio.ensure_future(_lag(lags)) if wall else None
+    monitor = asyncio.ensure_future(_lag(lags, counting)) if wall else None
     began, cpu = time.perf_counter(), time.process_time()
     try:
         await train_run(config, cluster, on_step=on_step)
