@@ -25,10 +25,12 @@ time for the same number of samples. Fully overlapped, async would take the long
 phases, so its ideal on this workload is (generation + training) / max(generation, training),
 from the sync run's phase times: 2x only when the two phases take equally long. The pair runs
 ``--real-repeats`` times, alternating, and the median ratio is reported (the machines are shared).
+A third run shares both cores between the roles (nothing pinned, the trainer in two data-parallel
+ranks, ``SHARED``): whichever role has work takes both, so its ideal is 2x whatever the phases.
 
 Last line JSON: ``{"sim_speedup_async_vs_sync", "sim_speedup_one_step_vs_sync", "sim_keep_gain_vs_together",
 "sim_async_fraction_of_ideal", "sim_sync_fraction_of_ideal", "sim_<mode>_fraction_of_pooled_ideal"
-(each schedule), "real_speedup_async_vs_sync"}``; fully async is its default, ``interrupt=keep``.
+(each schedule), "real_speedup_async_vs_sync", "real_speedup_shared_cores_vs_sync"}``; fully async is its default, ``interrupt=keep``.
 
 **At scale** (``--gpus N``, e.g. 1024): N simulated GPUs of an 8B model on H100s (the
 ``generic-8b-h100`` profile's physics: decode steps that slow with context, KV-capped batches),
@@ -292,8 +294,14 @@ def print_sim(results: dict[str, dict[str, float]], scale: float, clock_name: st
         )
 
 
+# Both cores for both roles: nothing pinned, the trainer in two data-parallel ranks (one torch
+# thread each), so whichever role has work takes both cores (a second torch thread per process
+# costs more than it gives here: the torch engine's cpu_threads docstring).
+SHARED = ["trainer.cpu_affinity=[]", "trainer.world_size=2"]
+
+
 def real_run(
-    mode: str, model_dir: Path, steps: int, out: Path, extra: list[str]
+    mode: str, model_dir: Path, steps: int, out: Path, extra: list[str], *, shared: bool = False
 ) -> tuple[float, float, float]:
     """``steps`` RL steps of the quickstart (and ``extra`` overrides) in ``mode``, the controller
     (and the engine in it) on core 0, the trainer's rank on core 1: (wall seconds, of which
@@ -309,11 +317,12 @@ def real_run(
         "async_training.staleness_threshold=1",
         "async_training.partial_rollout=true",
         *extra,
+        *(SHARED if shared else []),
     ]
     command = [
         "taskset",
         "-c",
-        "0",
+        "0,1" if shared else "0",
         sys.executable,
         "-m",
         "rlasync",
@@ -355,12 +364,16 @@ def real_runs(steps: int, repeats: int, *, smoke: bool = False) -> dict[str, flo
         for i in range(repeats):
             sync_s, generating, training = real_run("sync", model_dir, steps, Path(tmp) / f"sync{i}", extra)
             async_s, _, _ = real_run("fully_async", model_dir, steps, Path(tmp) / f"async{i}", extra)
+            shared_s, _, _ = real_run(
+                "fully_async", model_dir, steps, Path(tmp) / f"shared{i}", extra, shared=True
+            )
             ideal = (generating + training) / max(generating, training)
             pairs.append(
                 {
                     "sync_s": sync_s,
                     "async_s": async_s,
                     "speedup": sync_s / async_s,
+                    "shared_speedup": sync_s / shared_s,
                     "ideal": ideal,
                     "generating_s": generating,
                     "training_s": training,
@@ -368,7 +381,7 @@ def real_runs(steps: int, repeats: int, *, smoke: bool = False) -> dict[str, flo
             )
             print(
                 f"  run {i + 1}: sync {sync_s:6.1f} s (generating {generating:5.1f} s, training {training:5.1f} s)   fully async {async_s:6.1f} s   "
-                f"speedup {sync_s / async_s:.2f}x   ideal {ideal:.2f}x",
+                f"speedup {sync_s / async_s:.2f}x   ideal {ideal:.2f}x   shared cores {shared_s:6.1f} s, {sync_s / shared_s:.2f}x (ideal 2x)",
                 flush=True,
             )
     return sorted(pairs, key=lambda pair: pair["speedup"])[len(pairs) // 2]
@@ -578,6 +591,7 @@ def main() -> None:
             f"{real['ideal']:.2f}x (2x only for equal phases): {real['speedup'] / real['ideal']:.3f} of it"
         )
         summary["real_speedup_async_vs_sync"] = real["speedup"]
+        summary["real_speedup_shared_cores_vs_sync"] = real["shared_speedup"]
         summary["real_ideal"] = real["ideal"]
     print(json.dumps({k: round(v, 3) for k, v in summary.items()}))
 
