@@ -9,6 +9,7 @@ engine's).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,34 +36,39 @@ class RolloutBatch(msgspec.Struct, kw_only=True):
         return torch.cat([self.prompts, self.responses], dim=1)
 
 
+def _padded(
+    rows: Sequence[Sequence[Any]], width: int, fill: Any, dtype: torch.dtype, *, left: bool = False
+) -> torch.Tensor:
+    """``rows`` as one [len(rows), width] tensor, each row padded with ``fill`` on the right (or
+    the left). One flat tensor of every value, placed through a mask: padding never becomes
+    Python lists (they were most of the cost once answers got long and their lengths uneven)."""
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    columns = torch.arange(width)[None, :]
+    mask = columns >= (width - lengths)[:, None] if left else columns < lengths[:, None]
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    out[mask] = flat  # row-major: the flat values in row order
+    return out
+
+
 def collate(trajectories: Sequence[Trajectory], pad_token_id: int) -> RolloutBatch:
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
     prompt_len = max(len(t.prompt_ids) for t in trajectories)
     response_len = max(1, max(len(t.response_ids) for t in trajectories))
 
-    # Padded Python rows, then one tensor per field (a tensor per row and field was most of the cost).
     def right(field: str, fill: Any, dtype: torch.dtype) -> torch.Tensor:
-        rows = [getattr(t, field) for t in trajectories]
-        return torch.tensor([row + [fill] * (response_len - len(row)) for row in rows], dtype=dtype)
+        return _padded([getattr(t, field) for t in trajectories], response_len, fill, dtype)
 
-    prompts = torch.tensor(
-        [[pad_token_id] * (prompt_len - len(t.prompt_ids)) + t.prompt_ids for t in trajectories],
-        dtype=torch.long,
-    )
+    prompts = _padded([t.prompt_ids for t in trajectories], prompt_len, pad_token_id, torch.long, left=True)
     responses = right("response_ids", pad_token_id, torch.long)
     response_mask = right("response_mask", 0, torch.long)
     logprobs = right("logprobs", 0.0, torch.float32)
     versions = right("versions", -1, torch.long)
-    attention = torch.tensor(
-        [
-            [0] * (prompt_len - len(t.prompt_ids))
-            + [1] * (len(t.prompt_ids) + len(t.response_ids))
-            + [0] * (response_len - len(t.response_ids))
-            for t in trajectories
-        ],
-        dtype=torch.long,
-    )
+    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories], dtype=torch.long)[:, None]
+    response_lengths = torch.tensor([len(t.response_ids) for t in trajectories], dtype=torch.long)[:, None]
+    columns = torch.arange(prompt_len + response_len)[None, :]
+    attention = ((columns >= prompt_len - prompt_lengths) & (columns < prompt_len + response_lengths)).long()
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return RolloutBatch(
         prompts=prompts,

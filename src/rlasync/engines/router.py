@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, TypeVar
@@ -76,16 +77,21 @@ class RouterStats(msgspec.Struct, frozen=True, kw_only=True):
 class _Slot:
     """What the router knows about one engine."""
 
-    __slots__ = ("ref", "outstanding", "others", "assigned", "alive", "requests", "waiting")
+    __slots__ = ("ref", "outstanding", "others", "assigned", "alive", "requests", "waiting", "order")
 
-    def __init__(self, ref: ActorRef) -> None:
+    def __init__(self, ref: ActorRef, order: int = 0) -> None:
         self.ref = ref
+        self.order = order  # when it joined: ties go to the earliest
         self.outstanding = 0
         self.others = 0
         self.assigned = 0
         self.alive = True
         self.requests: set[str] = set()  # request ids outstanding here (for abort)
         self.waiting = 0  # requests queued inside the engine, as of its last report
+
+    def key(self) -> tuple[int, int, int]:
+        """Least loaded first (this router's and others'), then least used, then the earliest."""
+        return (self.outstanding + self.others, self.assigned, self.order)
 
 
 class Router:
@@ -105,6 +111,11 @@ class Router:
         # session -> where its next request must go (migrate); bounded like the sessions
         self._moving: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         self._migrations = 0
+        # Engines by key (``_Slot.key``), for picking among many in O(log n): an entry is pushed
+        # at each change of a slot's key, and one whose key is no longer its slot's is stale.
+        self._index: list[tuple[tuple[int, int, int], int, _Slot]] = []
+        self._pushes = 0  # breaks ties between two entries of one slot (never compare slots)
+        self._joined = 0
         self._retries = 0
         self._lost = 0
         self._refresher: asyncio.Task[None] | None = None
@@ -117,7 +128,9 @@ class Router:
         """Start sending requests to ``ref`` (an ``EngineActor``)."""
         if ref.name in self._slots:
             raise ValueError(f"engine {ref.name!r} is already in the router")
-        self._slots[ref.name] = _Slot(ref)
+        self._joined += 1
+        self._slots[ref.name] = slot = _Slot(ref, self._joined)
+        self._touch(slot)
         self._dispatch()
 
     def engine_lost(self, name: str, error: BaseException) -> bool:
@@ -278,25 +291,49 @@ class Router:
             sticky = self._sessions.get(session_id)
             if sticky is not None and sticky.alive:
                 return sticky if cap is None or sticky.outstanding < cap else None
+        if not self.prefer:
+            return self._least(cap)
         candidates: Iterable[_Slot] = self._slots.values()
-        if self.prefer:
-            preferred = [slot for slot in candidates if slot.ref.name in self.prefer]
-            candidates = preferred or candidates
+        preferred = [slot for slot in candidates if slot.ref.name in self.prefer]
+        candidates = preferred or candidates
         best: _Slot | None = None
         for slot in candidates:
             if cap is not None and slot.outstanding >= cap:
                 continue
-            if best is None or (slot.outstanding + slot.others, slot.assigned) < (
-                best.outstanding + best.others,
-                best.assigned,
-            ):
+            if best is None or slot.key() < best.key():
                 best = slot
+        return best
+
+    def _touch(self, slot: _Slot) -> None:
+        """``slot``'s key changed: index it again (the old entry goes stale)."""
+        self._pushes += 1
+        heapq.heappush(self._index, (slot.key(), self._pushes, slot))
+        if len(self._index) > 4 * len(self._slots) + 64:  # mostly stale: rebuild
+            self._index = [(s.key(), s.order, s) for s in self._slots.values()]
+            heapq.heapify(self._index)
+
+    def _least(self, cap: int | None) -> _Slot | None:
+        """The least loaded engine under ``cap`` (``_Slot.key``), from the index."""
+        capped = []
+        best = None
+        while self._index:
+            key, _, slot = self._index[0]
+            if not slot.alive or self._slots.get(slot.ref.name) is not slot or key != slot.key():
+                heapq.heappop(self._index)  # stale
+            elif cap is not None and slot.outstanding >= cap:
+                capped.append(heapq.heappop(self._index))
+            else:
+                best = slot
+                break
+        for entry in capped:
+            heapq.heappush(self._index, entry)
         return best
 
     def _take(self, slot: _Slot, session_id: str | None, request_id: str, *, reserved: bool = False) -> _Slot:
         if not reserved:
             slot.outstanding += 1
         slot.assigned += 1
+        self._touch(slot)
         slot.requests.add(request_id)
         self._where[request_id] = slot
         if session_id is not None:
@@ -338,6 +375,7 @@ class Router:
 
     def _release(self, slot: _Slot, request_id: str | None) -> None:
         slot.outstanding -= 1
+        self._touch(slot)
         if request_id is not None:
             slot.requests.discard(request_id)
             if self._where.get(request_id) is slot:
@@ -367,6 +405,7 @@ class Router:
             # Reserve the slot now, so the next waiter sees it taken; the woken request
             # records itself there (_take with reserved=True).
             slot.outstanding += 1
+            self._touch(slot)
             waiter.set_result(slot)
         waiting.extend(self._queue)
         self._queue = waiting
@@ -433,6 +472,7 @@ class Router:
                     stats = _typed(reply, EngineStats)
                     ours = outstanding + (slot.assigned - assigned)
                     slot.others = max(0, stats.running + stats.waiting - ours)
+                    self._touch(slot)
                     slot.waiting = stats.waiting
             self._dispatch()
             if self.config.repack_below:
