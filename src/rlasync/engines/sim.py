@@ -6,10 +6,13 @@ on one machine.
     gpu = SimEngine(clock, LatencyModel(base_s=0.015, per_seq_s=0.00015, max_batch=256),
                     LogNormalLengths(median=2000, sigma=0.8, cap=16000))
 
-A simulated GPU decodes its running sequences together; one step of ``b`` sequences takes
-``base_s + per_seq_s * b`` simulated seconds. It is event-driven: it sleeps straight to the
-next completion (or until an arrival, abort or pause wakes it), then advances every sequence
-by the steps that fit in the time that passed, instead of waking for every decoding step.
+A simulated GPU decodes its running sequences together; one step of ``b`` sequences holding
+``C`` tokens of context takes ``base_s + per_seq_s * b + per_context_token_s * C`` simulated
+seconds, and the batch is capped by ``max_batch`` and the KV cache (``LatencyModel``). It is
+event-driven: it sleeps straight to the next completion or a full cache (or until an arrival,
+abort or pause wakes it), then advances every sequence by the steps that fit in the time that
+passed (a closed form: the context grows by one block a sequence each step), instead of waking
+for every decoding step.
 Each *simulated token* stands for ``token_block`` tokens (the step time is multiplied by it),
 which keeps the Python work per simulated second small; counts it reports are real tokens.
 
@@ -19,7 +22,8 @@ weight swap (``update_weights``) holds decoding for ``swap_s``; a frozen engine
 (``pause("keep")``) decodes nothing. A step in progress keeps its progress across such a stop.
 
 A request's response length comes from its seed (the agent loops seed each turn), and a turn
-that was cut (``pause("abort")``) and is re-submitted continues where it stopped, so partial
+that was cut (``pause("abort")``, or an abort: ``Router.migrate``) and is re-submitted, here or
+on another GPU sharing its ``progress``, continues where it stopped, so partial
 rollouts behave as on a real engine, and pays the prefill of everything it had made: the
 cut dropped its KV cache. Tokens carry the weight version in force when they were made: a
 swap counts the steps made so far under the old version first (a block in progress at the

@@ -96,7 +96,9 @@ def pooled_step_s(profile: Profile, tokens: float, rows: int, gpus: int, *, logp
     """The pooled ideal of a step of ``tokens`` generated tokens and ``rows`` trajectories: every
     GPU busy, generation at the largest batch the KV cache allows, nothing paused. A token's
     decode costs ``a / b + c + k * context`` at the mean context of a running sequence (half its
-    answer, length-biased: E[L^2] / 2 E[L], plus the prompt)."""
+    answer, length-biased: E[L^2] / 2 E[L], plus the prompt), and no prefill. The moments are
+    the profile's distribution's, not the step's draws: over a few trajectories (a smoke run) a
+    heavy tail is rarely drawn, and a run can read above 1."""
     latency = profile.latency()
     mean, square = lengths_moment(profile.lengths, 1), lengths_moment(profile.lengths, 2)
     context = profile.prompt_tokens + square / (2 * mean)

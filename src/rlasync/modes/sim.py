@@ -32,9 +32,9 @@ from .profiles import Phase, Profile
 
 
 class SimTrainer:
-    """A trainer whose step takes ``update.seconds(tokens, gpus)`` simulated seconds (by default
-    ``tokens / (tokens_per_s_per_gpu * gpus)``) and whose log-prob pass ``logprob``'s (by
-    default a third of that: a forward pass). ``logprobs_in_step``: every step recomputes the
+    """A trainer whose step takes ``update.seconds(tokens, rows, gpus)`` simulated seconds (by
+    default ``tokens / (tokens_per_s_per_gpu * gpus)``) and whose log-prob pass ``logprob``'s
+    (by default a third of that: a forward pass). ``logprobs_in_step``: every step recomputes the
     old log-probs first, as verl's colocated sync does (what a replay of its table needs)."""
 
     def __init__(
