@@ -309,7 +309,10 @@ class Router:
         self._pushes += 1
         heapq.heappush(self._index, (slot.key(), self._pushes, slot))
         if len(self._index) > 4 * len(self._slots) + 64:  # mostly stale: rebuild
-            self._index = [(s.key(), s.order, s) for s in self._slots.values()]
+            self._index = []
+            for live in self._slots.values():
+                self._pushes += 1
+                self._index.append((live.key(), self._pushes, live))
             heapq.heapify(self._index)
 
     def _least(self, cap: int | None) -> _Slot | None:
@@ -489,8 +492,12 @@ class Router:
             below=self.config.repack_below,
             target_max=self.config.repack_target_max,
         )
-        if moves:
-            await asyncio.gather(*[self.migrate(request_id, target) for request_id, target in moves])
+        results = await asyncio.gather(
+            *[self.migrate(request_id, target) for request_id, target in moves], return_exceptions=True
+        )
+        for (request_id, target), result in zip(moves, results):
+            if isinstance(result, Exception):  # the load poll goes on: the turn stays where it is
+                log.warning("repacking request %s onto %s failed: %r", request_id, target, result)
 
 
 def _typed(value: Any, kind: type[T]) -> T:

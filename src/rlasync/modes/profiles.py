@@ -2,7 +2,8 @@
 the simulator's cost model, so a plan or a replay runs on the physics of a real cluster.
 
     profile = PROFILES["verl-qwen2.5-math-7b-h20"]
-    cluster = profile.cluster(clock, generation_gpus=64, trainer_gpus=64)
+    cluster = SimCluster.of_profile(clock, profile, generation_gpus=64, trainer_gpus=64)   # rlasync.modes.sim
+    rlasync plan configs/quickstart.yaml --gpus 128 --profile verl-qwen2.5-math-7b-h20
 
 The decode roofline (``engines.sim.LatencyModel``) follows from the shape and the GPU: a step
 reads the weights once (``base_s`` = weight bytes / bandwidth) and every running sequence's KV
@@ -83,7 +84,8 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Published(msgspec.Struct, frozen=True, kw_only=True):
-    """What the paper measured: its sync step, its async step and the speedup it reports."""
+    """What the paper measured: its sync step (and that step's generation phase, 0 where not
+    published), the split of its async run and the speedup it reports."""
 
     gpus: int
     sync_step_s: float
