@@ -5,8 +5,9 @@ asynchronous knobs for the best point.
     result = plan(load_config("configs/quickstart_async.yaml"), gpus=32, profile=PROFILES["generic-8b-h100"])
     print(result.best.overrides)     # ["trainer.world_size=12", "async_training.staleness_threshold=2", ...]
 
-The search is coordinate descent, each point one simulated run on a virtual-time loop
-(``measure``): first the split at the config's knobs, then ``staleness_threshold``, then
+Each point is one simulated run on a virtual-time loop (``measure``). A small grid (at most
+``exhaustive_up_to`` points) is run whole; a larger one by coordinate descent: first the split
+at the config's knobs, then ``staleness_threshold``, then
 ``trigger_parameter_sync_step``, then ``require_batches``, each at the best found so far, then
 the split again at the best knobs. Every point run is in ``PlanResult.points``; the best of them
 (the most samples trained on an hour) is ``best``. Runs go to ``workers`` processes at once.
