@@ -1,15 +1,16 @@
 """Replays of published tables on the simulator: our sync calibrated to the paper's sync step,
 then our fully async schedule with the paper's settings, then with ours.
 
-    .venv/bin/python benchmarks/replay_bench.py [--profile NAME ...] [--shrink 8] [--versions 8] [--smoke]
+    .venv/bin/python benchmarks/replay_bench.py [--profile NAME ...] [--shrink 8] [--versions 8] [--no-sensitivity] [--smoke]
 
 For each profile (``rlasync.modes.profiles``: the model's shape, the GPU's figures, the paper's
 workload and phase times):
 
 1. **Calibrate**: one sync step's generation alone on the simulated GPUs (every trajectory of a
    step spread over the GPUs, until the last ends) is fitted to the paper's generation time by
-   ``decode_efficiency``, the one free parameter of the decode roofline (the fraction of HBM
-   bandwidth a decode step reaches). verl publishes its phases (gen 177.85 s of a 356.30 s step
+   the one unknown of the decode roofline: the step's overhead beside its reads (the reads at
+   0.8 of the HBM bandwidth; only where even no overhead is too slow is that fraction lowered
+   instead). verl publishes its phases (gen 177.85 s of a 356.30 s step
    at 128 GPUs); AReaL publishes only the step (41.0 h / 1,000), so its generation target is
    the step less the trainer's FLOP-costed phases and the weight transfer.
 2. **Our sync** (``train.mode=sync``, the trainer recomputing old log-probs as both papers'
@@ -19,8 +20,12 @@ workload and phase times):
    re-prefilled (``commit=together``, ``interrupt=abort``: verl's partial rollout, AReaL's
    interruptible generation). Speedup = our sync step / the time per step's worth of prompts.
 4. **Ours**: pulled versions without a global pause (``commit=each``, released delivery),
-   ``interrupt=keep``, at the best split of a small grid (what ``rlasync plan`` searches).
-   Long-tail repacking (``Router.migrate``) is not in the simulator yet.
+   ``interrupt=keep``, at the best split of a small grid (what ``rlasync plan`` searches), then
+   with long-tail repacking (``router.repack_below``) at that split. Each run prints its fraction
+   of the pooled ideal, and the replay a ceiling: the sync step over one update on every GPU
+   (generation free), which no split can beat.
+5. **Sensitivity** (unless ``--no-sensitivity``): the whole replay again at half and twice the
+   assumed median answer length, each recalibrated.
 
 ``--shrink K`` runs every setup at 1/K the size (GPUs and prompts per step divided by K, the
 trainer's per-batch fixed time with them): each GPU's load and each step's time stay, and the
@@ -29,7 +34,7 @@ K = 8 by default: 16 simulated GPUs for the papers' 128, a run in minutes on 2 c
 
 Last line JSON: ``{"verl128_sync_step_error", "verl128_theirs_settings", "verl128_ours",
 "areal_sync_step_error", "areal_theirs_settings", "areal_ours", ...}`` (and the published
-speedups as ``*_published``, the calibrated efficiencies, the chosen splits).
+speedups as ``*_published``, ``*_ceiling``, the calibration, the chosen splits).
 ``--smoke`` (for ``make test``): a tiny shrink of each profile, two versions, one split.
 """
 
