@@ -36,7 +36,7 @@ def test_the_index_picks_what_a_scan_of_every_engine_picks(cap: int | None) -> N
         router = Router(engines, RouterConfig(max_inflight_per_engine=cap or 0, sticky_sessions=0))  # type: ignore[arg-type]
         live: list[tuple[Any, str]] = []
         for step in range(300):
-            picked = router._least(cap)
+            picked = router._index.least(cap)
             assert picked is _scan(router, cap), (trial, step)
             op = rng.random()
             if op < 0.5 and picked is not None:
@@ -49,7 +49,7 @@ def test_the_index_picks_what_a_scan_of_every_engine_picks(cap: int | None) -> N
             elif op < 0.9:
                 slot = rng.choice(list(router._slots.values()))
                 slot.others = rng.randint(0, 5)  # another router's load, as a refresh reports it
-                router._touch(slot)
+                router._index.touch(slot)
             elif len(router._slots) > 1:
                 name = rng.choice(list(router._slots))
                 router.remove_engine(name)

@@ -24,7 +24,9 @@ def plan(
     ),
     workers: int = typer.Option(2, help="Simulated runs at once (processes)."),
 ) -> None:
-    """Simulate CONFIG's fully async schedule on --gpus GPUs of --profile over the split between
+    """The best split of --gpus GPUs and the best async knobs for CONFIG, found on the simulator.
+
+    Simulates CONFIG's fully async schedule on --gpus GPUs of --profile over the split between
     generation and training, `staleness_threshold`, `trigger_parameter_sync_step` and
     `require_batches`; print every point run (samples and steps an hour, the fraction of the
     pooled ideal, token staleness p50/p99, GPU idle), the best marked, and the overrides

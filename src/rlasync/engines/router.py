@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import heapq
 import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, TypeVar
@@ -41,6 +40,7 @@ from ..config.engine import RouterConfig
 from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
 from .protocol import EngineError, EngineLostError
 from .repack import repack_moves
+from .router_index import EngineSlot, SlotIndex
 from .types import EngineStats, GenerateOutput, GenerateRequest, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -74,26 +74,6 @@ class RouterStats(msgspec.Struct, frozen=True, kw_only=True):
     migrations: int = 0  # requests moved on purpose (``migrate``)
 
 
-class _Slot:
-    """What the router knows about one engine."""
-
-    __slots__ = ("ref", "outstanding", "others", "assigned", "alive", "requests", "waiting", "order")
-
-    def __init__(self, ref: ActorRef, order: int = 0) -> None:
-        self.ref = ref
-        self.order = order  # when it joined: ties go to the earliest
-        self.outstanding = 0
-        self.others = 0
-        self.assigned = 0
-        self.alive = True
-        self.requests: set[str] = set()  # request ids outstanding here (for abort)
-        self.waiting = 0  # requests queued inside the engine, as of its last report
-
-    def key(self) -> tuple[int, int, int]:
-        """Least loaded first (this router's and others'), then least used, then the earliest."""
-        return (self.outstanding + self.others, self.assigned, self.order)
-
-
 class Router:
     """``prefer``: names of engines to use while any of them is in rotation (an agent-loop
     worker's own node's engines); the others take over only when none of these is left."""
@@ -103,18 +83,15 @@ class Router:
     ) -> None:
         self.config = config or RouterConfig()
         self.prefer = frozenset(prefer)
-        self._slots: dict[str, _Slot] = {}
-        self._sessions: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
-        self._queue: collections.deque[tuple[asyncio.Future[_Slot], str | None]] = collections.deque()
-        self._where: dict[str, _Slot] = {}  # request id -> engine, while outstanding
+        self._slots: dict[str, EngineSlot] = {}
+        self._sessions: collections.OrderedDict[str, EngineSlot] = collections.OrderedDict()
+        self._queue: collections.deque[tuple[asyncio.Future[EngineSlot], str | None]] = collections.deque()
+        self._where: dict[str, EngineSlot] = {}  # request id -> engine, while outstanding
         self._session_of: dict[str, str] = {}  # request id -> its session, while outstanding
         # session -> where its next request must go (migrate); bounded like the sessions
-        self._moving: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
+        self._moving: collections.OrderedDict[str, EngineSlot] = collections.OrderedDict()
         self._migrations = 0
-        # Engines by key (``_Slot.key``), for picking among many in O(log n): an entry is pushed
-        # at each change of a slot's key, and one whose key is no longer its slot's is stale.
-        self._index: list[tuple[tuple[int, int, int], int, _Slot]] = []
-        self._pushes = 0  # breaks ties between two entries of one slot (never compare slots)
+        self._index = SlotIndex(self._slots)  # the engines by load, to pick among many quickly
         self._joined = 0
         self._retries = 0
         self._lost = 0
@@ -129,8 +106,8 @@ class Router:
         if ref.name in self._slots:
             raise ValueError(f"engine {ref.name!r} is already in the router")
         self._joined += 1
-        self._slots[ref.name] = slot = _Slot(ref, self._joined)
-        self._touch(slot)
+        self._slots[ref.name] = slot = EngineSlot(ref, self._joined)
+        self._index.touch(slot)
         self._dispatch()
 
     def engine_lost(self, name: str, error: BaseException) -> bool:
@@ -276,7 +253,7 @@ class Router:
         await self.close()
 
     # -- choosing an engine -----------------------------------------------------------------------
-    def _pick(self, session_id: str | None) -> _Slot | None:
+    def _pick(self, session_id: str | None) -> EngineSlot | None:
         """The engine for this request now, or None if it must wait for a slot."""
         if not self._slots:
             raise NoEngineError(
@@ -292,11 +269,11 @@ class Router:
             if sticky is not None and sticky.alive:
                 return sticky if cap is None or sticky.outstanding < cap else None
         if not self.prefer:
-            return self._least(cap)
-        candidates: Iterable[_Slot] = self._slots.values()
+            return self._index.least(cap)
+        candidates: Iterable[EngineSlot] = self._slots.values()
         preferred = [slot for slot in candidates if slot.ref.name in self.prefer]
         candidates = preferred or candidates
-        best: _Slot | None = None
+        best: EngineSlot | None = None
         for slot in candidates:
             if cap is not None and slot.outstanding >= cap:
                 continue
@@ -304,39 +281,13 @@ class Router:
                 best = slot
         return best
 
-    def _touch(self, slot: _Slot) -> None:
-        """``slot``'s key changed: index it again (the old entry goes stale)."""
-        self._pushes += 1
-        heapq.heappush(self._index, (slot.key(), self._pushes, slot))
-        if len(self._index) > 4 * len(self._slots) + 64:  # mostly stale: rebuild
-            self._index = []
-            for live in self._slots.values():
-                self._pushes += 1
-                self._index.append((live.key(), self._pushes, live))
-            heapq.heapify(self._index)
-
-    def _least(self, cap: int | None) -> _Slot | None:
-        """The least loaded engine under ``cap`` (``_Slot.key``), from the index."""
-        capped = []
-        best = None
-        while self._index:
-            key, _, slot = self._index[0]
-            if not slot.alive or self._slots.get(slot.ref.name) is not slot or key != slot.key():
-                heapq.heappop(self._index)  # stale
-            elif cap is not None and slot.outstanding >= cap:
-                capped.append(heapq.heappop(self._index))
-            else:
-                best = slot
-                break
-        for entry in capped:
-            heapq.heappush(self._index, entry)
-        return best
-
-    def _take(self, slot: _Slot, session_id: str | None, request_id: str, *, reserved: bool = False) -> _Slot:
+    def _take(
+        self, slot: EngineSlot, session_id: str | None, request_id: str, *, reserved: bool = False
+    ) -> EngineSlot:
         if not reserved:
             slot.outstanding += 1
         slot.assigned += 1
-        self._touch(slot)
+        self._index.touch(slot)
         slot.requests.add(request_id)
         self._where[request_id] = slot
         if session_id is not None:
@@ -348,7 +299,7 @@ class Router:
                 self._sessions.popitem(last=False)
         return slot
 
-    async def _acquire(self, session_id: str | None, request_id: str) -> _Slot:
+    async def _acquire(self, session_id: str | None, request_id: str) -> EngineSlot:
         if self._closed:
             raise NoEngineError("the router was closed")
         if self._refresher is None:
@@ -359,7 +310,7 @@ class Router:
             slot = self._pick(session_id)
             if slot is not None:
                 return self._take(slot, session_id, request_id)
-        waiter: asyncio.Future[_Slot] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[EngineSlot] = asyncio.get_running_loop().create_future()
         self._queue.append((waiter, session_id))
         try:
             async with asyncio.timeout(self.config.queue_timeout_s):
@@ -376,9 +327,9 @@ class Router:
             raise
         return self._take(slot, session_id, request_id, reserved=True)
 
-    def _release(self, slot: _Slot, request_id: str | None) -> None:
+    def _release(self, slot: EngineSlot, request_id: str | None) -> None:
         slot.outstanding -= 1
-        self._touch(slot)
+        self._index.touch(slot)
         if request_id is not None:
             slot.requests.discard(request_id)
             if self._where.get(request_id) is slot:
@@ -390,7 +341,7 @@ class Router:
         """Hand freed slots to queued requests, in arrival order."""
         if not self._queue:
             return
-        waiting: collections.deque[tuple[asyncio.Future[_Slot], str | None]] = collections.deque()
+        waiting: collections.deque[tuple[asyncio.Future[EngineSlot], str | None]] = collections.deque()
         while self._queue:
             waiter, session_id = self._queue.popleft()
             if waiter.done():
@@ -408,13 +359,13 @@ class Router:
             # Reserve the slot now, so the next waiter sees it taken; the woken request
             # records itself there (_take with reserved=True).
             slot.outstanding += 1
-            self._touch(slot)
+            self._index.touch(slot)
             waiter.set_result(slot)
         waiting.extend(self._queue)
         self._queue = waiting
 
     # -- failures and load ----------------------------------------------------------------------
-    def _engine_lost(self, slot: _Slot, exc: BaseException) -> None:
+    def _engine_lost(self, slot: EngineSlot, exc: BaseException) -> None:
         if not slot.alive:
             return
         slot.alive = False
@@ -435,7 +386,7 @@ class Router:
             )
         self._dispatch()
 
-    def _check_move(self, slot: _Slot, request: GenerateRequest, moves: int, exc: BaseException) -> None:
+    def _check_move(self, slot: EngineSlot, request: GenerateRequest, moves: int, exc: BaseException) -> None:
         """Raise unless the request lost with ``slot`` may be retried elsewhere."""
         where = f"engine {slot.ref.name!r} on {slot.ref.node_id} was lost while serving request {request.request_id!r}"
         if self.config.on_engine_lost == "fail":
@@ -475,7 +426,7 @@ class Router:
                     stats = _typed(reply, EngineStats)
                     ours = outstanding + (slot.assigned - assigned)
                     slot.others = max(0, stats.running + stats.waiting - ours)
-                    self._touch(slot)
+                    self._index.touch(slot)
                     slot.waiting = stats.waiting
             self._dispatch()
             if self.config.repack_below:
