@@ -53,9 +53,10 @@ import msgspec
 
 from rlasync.config import Config, load_config
 from rlasync.engines import GenerateRequest, SamplingParams
-from rlasync.engines.sim import SimClock, SimEngine, VirtualTimeLoop
+from rlasync.engines.sim import SimClock, VirtualTimeLoop
 from rlasync.modes.plan import BLOCK, Measure, measure
 from rlasync.modes.profiles import PROFILES, Profile, Published
+from rlasync.modes.sim import sim_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,18 +93,14 @@ async def generation_s(profile: Profile, gpus: int, seed: int = 0) -> float:
     """One sync step's generation alone: every trajectory of a step spread evenly over
     ``gpus`` simulated GPUs at once; simulated seconds until the last ends."""
     clock = SimClock(0.01)
-    latency = profile.latency()
-    engines = [
-        SimEngine(
-            clock,
-            latency,
-            profile.lengths,
-            token_block=BLOCK,
-            name=f"g{i}",
-            prompt_tokens=profile.prompt_tokens,
-        )
-        for i in range(max(1, gpus // profile.engine_gpus))
-    ]
+    engines = sim_gpus(
+        clock,
+        max(1, gpus // profile.engine_gpus),
+        profile.latency(),
+        profile.lengths,
+        token_block=BLOCK,
+        prompt_tokens=profile.prompt_tokens,
+    )
     rng = random.Random(seed)
     budget = -(-profile.lengths.cap // BLOCK)
     requests = [

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from rlasync.engines.sim import LogNormalLengths
-from rlasync.modes.profiles import H20, PROFILES, QWEN25_MATH_7B, Phase, Profile, lengths_mean
+from rlasync.modes.profiles import H20, PROFILES, QWEN25_MATH_7B, Phase, Profile, lengths_moment
 
 
 def test_the_roofline_follows_from_the_model_s_shape_and_the_gpu() -> None:
@@ -67,6 +67,6 @@ def test_the_capped_log_normal_mean_matches_the_draws() -> None:
     draws = [lengths.draw(rng.randrange(1 << 30)) for _ in range(40_000)]
     # Draws truncate to whole tokens (-0.5 on average); the sampling error of 40,000 draws of
     # sigma ~ 3,500 is ~18 tokens: 5 of them is far outside chance.
-    assert sum(draws) / len(draws) == pytest.approx(lengths_mean(lengths) - 0.5, abs=5 * 3_500 / 200)
-    assert lengths_mean(LogNormalLengths(median=10, sigma=0.0, cap=5)) == 5
+    assert sum(draws) / len(draws) == pytest.approx(lengths_moment(lengths, 1) - 0.5, abs=5 * 3_500 / 200)
+    assert lengths_moment(LogNormalLengths(median=10, sigma=0.0, cap=5), 1) == 5
     assert Phase(fixed_s=2, batch_rows=4, gpu_s_per_token=1.0).seconds(100, 2, 10) == pytest.approx(1 + 10)

@@ -40,10 +40,6 @@ def lengths_moment(lengths: LogNormalLengths, n: int) -> float:
     return math.exp(n * mu + n * n * sigma * sigma / 2) * below + cap**n * above
 
 
-def lengths_mean(lengths: LogNormalLengths) -> float:
-    return lengths_moment(lengths, 1)
-
-
 class Hardware(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     memory_bytes: float  # HBM per GPU
@@ -146,7 +142,7 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True):
 
     def mean_tokens_per_step(self) -> float:
         """Prompt and response tokens of one step on average."""
-        return self.prompts * self.group * (self.prompt_tokens + lengths_mean(self.lengths))
+        return self.prompts * self.group * (self.prompt_tokens + lengths_moment(self.lengths, 1))
 
     def calibrated(self, *, decode_efficiency: float, step_overhead_s: float) -> Profile:
         return msgspec.structs.replace(
@@ -307,6 +303,5 @@ __all__ = [
     "Phase",
     "Profile",
     "Published",
-    "lengths_mean",
     "lengths_moment",
 ]

@@ -64,25 +64,22 @@ class SimTrainer:
             prompts.clamp(min=self.prompt_tokens).sum()
         )
 
-    async def _work(self, phase: Phase, batch: Any) -> None:
+    async def _work(self, phases: list[Phase], tokens: int, rows: int) -> None:
         began = self.clock.now()
-        await self.clock.sleep(
-            phase.seconds(self._tokens(batch), int(batch.response_mask.shape[0]), self.gpus)
-        )
+        await self.clock.sleep(sum(phase.seconds(tokens, rows, self.gpus) for phase in phases))
         self.busy_s += self.clock.now() - began
 
     async def step(self, batch: Any, *, temperature: float = 1.0) -> dict[str, float]:
         tokens = self._tokens(batch)
-        if self.logprobs_in_step:
-            await self._work(self.logprob, batch)
-        await self._work(self.update, batch)
+        phases = [self.logprob, self.update] if self.logprobs_in_step else [self.update]
+        await self._work(phases, tokens, int(batch.response_mask.shape[0]))
         self.tokens += tokens
         return {"tokens": float(tokens), "loss": 0.0, "grad_norm": 0.0, "lr": 0.0}
 
     async def compute_logprobs(
         self, batch: Any, *, temperature: float = 1.0, reference: bool = False
     ) -> torch.Tensor:
-        await self._work(self.logprob, batch)
+        await self._work([self.logprob], self._tokens(batch), int(batch.response_mask.shape[0]))
         return torch.as_tensor(batch.logprobs, dtype=torch.float32).clone()
 
     async def close(self) -> None:
@@ -198,6 +195,32 @@ class SimSync:
         return None
 
 
+def sim_gpus(
+    clock: SimClock,
+    count: int,
+    latency: LatencyModel | None,
+    lengths: LogNormalLengths | None,
+    *,
+    token_block: int,
+    prompt_tokens: int = 0,
+) -> list[SimEngine]:
+    """``count`` simulated GPUs named ``gpu0``..., sharing the turns' progress: a turn cut on one
+    and re-submitted to another goes on to its end."""
+    progress: dict[int, int] = {}
+    return [
+        SimEngine(
+            clock,
+            latency,
+            lengths,
+            token_block=token_block,
+            name=f"gpu{i}",
+            prompt_tokens=prompt_tokens,
+            progress=progress,
+        )
+        for i in range(count)
+    ]
+
+
 class SimCluster:
     """``engines`` simulated GPUs, a simulated trainer of ``trainer_gpus`` GPUs and the modelled
     sync: the stand-ins ``make_fleet(simulated=...)`` composes like real parts (engine actors
@@ -225,19 +248,9 @@ class SimCluster:
         from ..models import build_tokenizer
 
         self.clock = clock
-        progress: dict[int, int] = {}  # one for all: a turn moved to another GPU goes on to its end
-        self.engines = [
-            SimEngine(
-                clock,
-                latency,
-                lengths,
-                token_block=token_block,
-                name=f"gpu{i}",
-                prompt_tokens=prompt_tokens,
-                progress=progress,
-            )
-            for i in range(engines)
-        ]
+        self.engines = sim_gpus(
+            clock, engines, latency, lengths, token_block=token_block, prompt_tokens=prompt_tokens
+        )
         self.trainer = trainer or SimTrainer(
             clock, trainer_gpus, tokens_per_s_per_gpu=tokens_per_s_per_gpu, token_block=token_block
         )
@@ -328,4 +341,4 @@ async def train_run(
     return await schedule(config, on_step=on_step, run=run)
 
 
-__all__ = ["SimCluster", "SimSync", "SimTrainer", "simulated_config", "train_run"]
+__all__ = ["SimCluster", "sim_gpus", "SimSync", "SimTrainer", "simulated_config", "train_run"]
