@@ -109,3 +109,57 @@ def test_the_repack_policy_frees_the_emptiest_engines_onto_the_fullest_small_one
     targets = {t for _, t in moves}
     donors = {name for name, ids in running.items() if set(ids) & {r for r, _ in moves}}
     assert not targets & donors  # no engine both gives and takes
+
+
+def test_the_rebalance_policy_evens_out_queues_with_queued_turns_only() -> None:
+    from rlasync.engines.repack import rebalance_moves
+
+    # e0: 9 requests, 3 of ours queued; e1: 3. Two moves leave 7 and 5; a third would make 6 and 6.
+    assert rebalance_moves({"e0": 9, "e1": 3}, {"e0": ["r9", "r8", "r7"]}) == [
+        ("r9", "e1"),
+        ("r8", "e1"),
+        ("r7", "e1"),
+    ]
+    assert rebalance_moves({"e0": 9, "e1": 3}, {"e0": ["a", "b", "c", "d", "e"]}) == [
+        ("a", "e1"),
+        ("b", "e1"),
+        ("c", "e1"),
+    ]  # 6 and 6: no further move, so none moves back at the next look
+    assert rebalance_moves({"e0": 4, "e1": 3}, {"e0": ["a"]}) == []  # one apart: even enough
+    assert rebalance_moves({"e0": 4, "e1": 0}, {}) == []  # nothing queued: nothing moves
+    # Two donors, one idle engine: the most loaded gives first; everyone ends within one.
+    moves = rebalance_moves({"e0": 9, "e1": 8, "e2": 0}, {"e0": ["a", "b", "c"], "e1": ["x", "y", "z"]})
+    loads = {"e0": 9, "e1": 8, "e2": 0}
+    for request_id, target in moves:
+        loads["e0" if request_id in "abc" else "e1"] -= 1
+        loads[target] += 1
+    assert {t for _, t in moves} == {"e2"} and max(loads.values()) - min(loads.values()) <= 1
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_a_queued_turn_moves_to_an_idle_engine_with_its_answer_whole(nano_model_dir: Path) -> None:
+    """Two engines that start one turn at a time: the router alternates four turns between them,
+    so engine-a runs a long one with another long one queued behind it, while engine-b's two
+    short ones end at once. The queued one moves to engine-b (``router.rebalance_queued``) and
+    every answer is whole: its length, every token a model token of version 0."""
+    _, tok = load_pretrained_dir(nano_model_dir)
+    config = EngineConfig(model=str(nano_model_dir), max_batch=1)
+    async with LocalCluster(nodes=3, config=FAST) as cluster:
+        a = await cluster.spawn(EngineActor, config, node=1, name="engine-a")
+        b = await cluster.spawn(EngineActor, config, node=2, name="engine-b")
+        async with Router([a, b], RouterConfig(load_refresh_s=0.1, rebalance_queued=True)) as router:
+            rows = synthetic_rows("reverse", 4, seed=0, split="val")
+            lengths = [TOKENS, 4, TOKENS, 4]  # alternating: a gets both long ones
+            loops = [SingleTurnAgentLoop(router, tok, trajectory_id=f"t{i}") for i in range(4)]
+            params = [
+                SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True, seed=i)
+                for i, n in enumerate(lengths)
+            ]
+            trajectories = await asyncio.gather(
+                *[loop.run(p, **row) for loop, p, row in zip(loops, params, rows)]
+            )
+            assert router.stats().migrations >= 1
+        made = (await b.stats()).generated_tokens  # type: ignore[attr-defined]
+    for t, n in zip(trajectories, lengths):
+        assert len(t.response_ids) == n and all(t.response_mask) and set(t.versions) == {0}
+    assert made >= TOKENS + 8  # engine-b made the moved long answer, besides its two short ones

@@ -36,6 +36,9 @@ class RolloutBatch(msgspec.Struct, kw_only=True):
         return torch.cat([self.prompts, self.responses], dim=1)
 
 
+_ROWS_PER_SLICE = 64  # about 5 ms of values at a few thousand tokens a row
+
+
 def _padded(
     rows: Sequence[Sequence[Any]], width: int, fill: Any, dtype: torch.dtype, *, left: bool = False
 ) -> torch.Tensor:
@@ -43,7 +46,15 @@ def _padded(
     the left). One flat tensor of every value, placed through a mask: padding never becomes
     Python lists (they were most of the cost once answers got long and their lengths uneven)."""
     lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    # In slices of rows: reading Python values holds the interpreter, and a batch in a worker
+    # thread (``Run.train_batch``) should let the event loop in between.
+    flat = torch.cat(
+        [
+            torch.tensor(list(itertools.chain.from_iterable(rows[i : i + _ROWS_PER_SLICE])), dtype=dtype)
+            for i in range(0, len(rows), _ROWS_PER_SLICE)
+        ]
+        or [torch.zeros(0, dtype=dtype)]
+    )
     columns = torch.arange(width)[None, :]
     mask = columns >= (width - lengths)[:, None] if left else columns < lengths[:, None]
     out = torch.full((len(rows), width), fill, dtype=dtype)

@@ -4,7 +4,7 @@ in order; every schedule (``rlasync.modes``) drives these and only these.
     run = await Run.open(config)
     uses, rows = run.draw(config.train.prompts_per_step)
     trajectories = await run.rollout(rows, name="step1")
-    batch, train_batch = run.train_batch(trajectories)
+    batch, train_batch = await run.train_batch(trajectories)
     await run.trainer.step(train_batch)
 
 What it is made of, each part in its own module: the checks before anything starts
@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -43,6 +43,20 @@ if TYPE_CHECKING:
     from ..weights import WeightSync
 
 log = logging.getLogger(__name__)
+FULL_COLLECTION_EVERY = 1000  # middle-generation collections before a full one is looked at (Python: 10)
+
+
+T = TypeVar("T")
+
+
+async def off_loop(work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)`` in a worker thread, for a step's work over every token it trains on
+    (collating, staleness): at thousands of trajectories a step it held the loop (the agent
+    loops', the router's, the replies') for a second or more. Inline on a virtual-time loop
+    (``engines.sim``), whose clock would jump past a thread."""
+    if getattr(asyncio.get_running_loop(), "virtual_time", False):
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
 
 
 class Run:
@@ -119,6 +133,13 @@ class Run:
         # as the run; frozen, the collector never scans it again. Unfrozen, each full collection
         # paused the controller 0.05-0.26 s, every ~30 steps of the quickstart.
         gc.freeze()
+        # What the run holds later is mostly token lists (tens of millions of references at
+        # scale), which a full collection walks: 0.4-0.65 s of a held loop each time, about once
+        # a step at 256 simulated GPUs. Young generations still collect cycles as before.
+        # Python's own setting comes back when the run closes (a script may run on after it).
+        threshold = gc.get_threshold()
+        gc.set_threshold(*threshold[:2], FULL_COLLECTION_EVERY)
+        self._closers.insert(0, lambda: gc.set_threshold(*threshold))
 
     # The parts the schedules drive, as the fleet opened them (``Fleet``) and the feed's sampler.
     @property
@@ -199,9 +220,10 @@ class Run:
         uids = [dict(row, uid=f"{name}/{i}") for i, row in enumerate(copies)]
         return await self.rollouts.trajectories(uids, params or self.sampling(), group=group, states=states)
 
-    def train_batch(self, trajectories: list[Any]) -> tuple[Any, Any]:
-        """``(RolloutBatch, TrainBatch)`` of whole groups, with group-relative advantages."""
-        batch, train_batch, penalties = self.batches.make(trajectories, self.fleet.pad)
+    async def train_batch(self, trajectories: list[Any]) -> tuple[Any, Any]:
+        """``(RolloutBatch, TrainBatch)`` of whole groups, with group-relative advantages, made
+        off the loop (``off_loop``)."""
+        batch, train_batch, penalties = await off_loop(self.batches.make, trajectories, self.fleet.pad)
         self.recorder.trained(trajectories, penalties)
         return batch, train_batch
 

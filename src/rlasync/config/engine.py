@@ -224,6 +224,13 @@ class RouterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """How often the router asks each engine for its load (requests other routers placed
     there count too) and checks that it is alive."""
 
+    rebalance_queued: bool = False
+    """Queued turns even out (``rlasync.engines.repack``): at each load refresh, an engine with
+    turns waiting in its own queue (past its ``max_batch``) hands this router's newest ones to
+    the least loaded engine, until the two are within one of each other. A queued turn has made
+    no token, so the move costs nothing; without it, the engine that drew the longer answers
+    still has a queue when the others run out of work."""
+
     repack_below: NonNegativeInt = 0
     """Long-tail repacking (``rlasync.engines.repack``): at each load refresh, while requests
     wait (at this router's cap or in an engine's queue), engines running at most this many of

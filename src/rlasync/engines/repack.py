@@ -1,20 +1,65 @@
-"""Long-tail repacking: which turns move where. When requests wait (at a router's cap or in an
-engine's queue) while some engines run only a few long turns, those engines hand their turns to
-the fullest of them, the *tail engine*, and take new work themselves (Laminar's repack, DORA's
-migration, RollPacker's tail rounds). ``Router.migrate`` moves each turn: its tokens stay with
-the caller, the tail engine prefills them (the cost the simulator charges and the torch engine
-pays), and every token keeps the version that made it.
+"""Moving turns between engines: which turns move where, at each load refresh of a router.
 
-    moves = repack_moves({"e0": ["r1"], "e1": ["r2", "r3"], "e2": [...]}, waiting=12, below=2, target_max=64)
+Two policies, each a pure function of what the router knows:
+
+- **Queued turns even out** (``rebalance_moves``, ``router.rebalance_queued``). An engine
+  starts at most its batch (the torch engine's ``max_batch``, vLLM's ``max_num_seqs``); what a
+  router sends past that waits in the engine's own queue. Least-outstanding routing evens the
+  *counts*, not the work: the engine that drew the longer answers still has turns queued when
+  the other has run out of work (the end of a synchronous step, or admissions held by the
+  staleness bound), and that engine idles while they wait. A queued turn has made no token, so
+  moving it costs nothing but the move: the engine with a queue hands turns to the least loaded
+  one until the two are within one of each other.
+- **The long tail packs** (``repack_moves``, ``router.repack_below``). When requests wait while
+  some engines run only a few long turns, those engines hand their turns to the fullest of them,
+  the *tail engine*, and take new work themselves (Laminar's repack, DORA's migration,
+  RollPacker's tail rounds). A running turn moved is prefilled again by its target.
+
+``Router.migrate`` makes each move: the turn's tokens stay with the caller (an agent loop), the
+target prefills them (the cost the simulator charges and the torch engine pays), and every
+token keeps the version that made it.
+
+    rebalance_moves({"e0": 9, "e1": 3}, {"e0": ["r9", "r8", "r7"]})
+    # [("r9", "e1"), ("r8", "e1"), ("r7", "e1")]: e0's queue moves to e1, which had room
+    repack_moves({"e0": ["r1"], "e1": ["r2", "r3"], "e2": [...]}, waiting=12, below=2, target_max=64)
     # [("r1", "e1")]: e0 gives its one turn to e1 and is free for the waiting requests
 
-Its knobs are ``router.repack_below`` (0: off), ``router.repack_target_max`` and the router's
-``load_refresh_s`` (how often it looks).
+Their knobs are ``router.rebalance_queued``, ``router.repack_below`` (0: off),
+``router.repack_target_max`` and the router's ``load_refresh_s`` (how often it looks).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
+
+
+def rebalance_moves(load: Mapping[str, int], queued: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
+    """(request id, target engine) pairs that even out engines' queues. ``load``: each engine's
+    requests, running and queued (every router's); ``queued``: for each engine with a queue,
+    the ids of this router's turns that wait in it, the first to move first (the newest: an
+    engine starts its queue in arrival order). A turn moves from the most loaded donor to the
+    least loaded engine while the donor stays more loaded than the target after the move, so a
+    turn never moves back at the next look and no running turn moves."""
+    loads = dict(load)
+    targets = [(n, name) for name, n in loads.items()]
+    heapq.heapify(targets)
+    moves: list[tuple[str, str]] = []
+    for donor in sorted(queued, key=lambda name: -loads[name]):
+        for request_id in queued[donor]:
+            while targets and loads[targets[0][1]] != targets[0][0]:
+                heapq.heappop(targets)  # stale: its load changed since it was pushed
+            if not targets:
+                break
+            n, target = targets[0]
+            if loads[donor] - n < 2:
+                break
+            moves.append((request_id, target))
+            loads[donor] -= 1
+            loads[target] = n + 1
+            heapq.heapreplace(targets, (n + 1, target))
+            heapq.heappush(targets, (loads[donor], donor))
+    return moves
 
 
 def repack_moves(
@@ -45,4 +90,4 @@ def repack_moves(
     return moves
 
 
-__all__ = ["repack_moves"]
+__all__ = ["rebalance_moves", "repack_moves"]

@@ -19,7 +19,8 @@ What verl's ``AsyncLLMServerManager`` does, done better:
 - **Requests move.** ``migrate(request_id, engine)`` sends an outstanding request's
   conversation to another engine: the request is cut where it is (its tokens kept by the
   caller, an agent loop, which goes on from them) and the next attempt lands on ``engine``,
-  which prefills what was made so far (long-tail repacking: ``engines.repack``).
+  which prefills what was made so far (queued turns evened out, the long tail packed:
+  ``engines.repack``).
 - **Dead engines leave.** When an engine's node is lost its in-flight requests are retried
   on another engine from the start (``on_engine_lost="retry"``) or fail with
   ``EngineLostError`` (``"fail"``); the engine takes no more requests. Nothing waits forever.
@@ -39,7 +40,7 @@ import msgspec
 from ..config.engine import RouterConfig
 from ..runtime import ActorNotFound, ActorRef, CallTimeout, NodeLostError
 from .protocol import EngineError, EngineLostError
-from .repack import repack_moves
+from .repack import rebalance_moves, repack_moves
 from .router_index import EngineSlot, SlotIndex
 from .types import EngineStats, GenerateOutput, GenerateRequest, TokenChunk
 
@@ -288,7 +289,7 @@ class Router:
             slot.outstanding += 1
         slot.assigned += 1
         self._index.touch(slot)
-        slot.requests.add(request_id)
+        slot.requests[request_id] = None
         self._where[request_id] = slot
         if session_id is not None:
             self._session_of[request_id] = session_id
@@ -331,7 +332,7 @@ class Router:
         slot.outstanding -= 1
         self._index.touch(slot)
         if request_id is not None:
-            slot.requests.discard(request_id)
+            slot.requests.pop(request_id, None)
             if self._where.get(request_id) is slot:
                 del self._where[request_id]
                 self._session_of.pop(request_id, None)
@@ -429,26 +430,38 @@ class Router:
                     self._index.touch(slot)
                     slot.waiting = stats.waiting
             self._dispatch()
-            if self.config.repack_below:
-                await self._repack()
+            if self.config.rebalance_queued or self.config.repack_below:
+                await self._move_turns()
 
-    async def _repack(self) -> None:
-        """Long-tail repacking (``engines.repack``): the moves its policy picks, made at once."""
-        waiting = sum(1 for fut, _ in self._queue if not fut.done()) + sum(
-            s.waiting for s in self._slots.values()
-        )
-        moves = repack_moves(
-            {name: list(slot.requests) for name, slot in self._slots.items()},
-            waiting,
-            below=self.config.repack_below,
-            target_max=self.config.repack_target_max,
-        )
+    async def _move_turns(self) -> None:
+        """The moves ``engines.repack``'s policies pick (queued turns evened out, then the long
+        tail packed), made at once."""
+        moves: list[tuple[str, str]] = []
+        if self.config.rebalance_queued:
+            queued = {  # our newest turns there, as many as wait in its queue
+                name: list(slot.requests)[-1 : -1 - min(slot.waiting, len(slot.requests)) : -1]
+                for name, slot in self._slots.items()
+                if slot.waiting and slot.requests
+            }
+            if queued:
+                load = {name: slot.outstanding + slot.others for name, slot in self._slots.items()}
+                moves += rebalance_moves(load, queued)
+        if self.config.repack_below and not moves:
+            waiting = sum(1 for fut, _ in self._queue if not fut.done()) + sum(
+                s.waiting for s in self._slots.values()
+            )
+            moves = repack_moves(
+                {name: list(slot.requests) for name, slot in self._slots.items()},
+                waiting,
+                below=self.config.repack_below,
+                target_max=self.config.repack_target_max,
+            )
         results = await asyncio.gather(
             *[self.migrate(request_id, target) for request_id, target in moves], return_exceptions=True
         )
         for (request_id, target), result in zip(moves, results):
             if isinstance(result, Exception):  # the load poll goes on: the turn stays where it is
-                log.warning("repacking request %s onto %s failed: %r", request_id, target, result)
+                log.warning("moving request %s onto %s failed: %r", request_id, target, result)
 
 
 def _typed(value: Any, kind: type[T]) -> T:

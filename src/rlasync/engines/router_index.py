@@ -21,7 +21,7 @@ class EngineSlot:
         self.others = 0
         self.assigned = 0
         self.alive = True
-        self.requests: set[str] = set()  # request ids outstanding here (for abort)
+        self.requests: dict[str, None] = {}  # request ids outstanding here, oldest first (for abort)
         self.waiting = 0  # requests queued inside the engine, as of its last report
 
     def key(self) -> tuple[int, int, int]:

@@ -47,6 +47,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             runner.run(main())
     """
 
+    virtual_time = True  # what code that would hand work to a thread asks (``Run.train_batch``)
+
     def __init__(self) -> None:
         super().__init__()
         self._now = 0.0

@@ -19,7 +19,7 @@ import msgspec
 import torch
 
 from ..algorithms import offpolicy_metrics, rejection_mask, tis_weights
-from ..compose.run import Run
+from ..compose.run import Run, off_loop
 from ..metrics import Staleness, StepRecord, Weights, reduce_metrics
 
 
@@ -32,7 +32,7 @@ async def train_step(run: Run, step: int, samples: list[list[Any]], version: int
     rewards, tokens, longest = [], 0, 0
     for start in range(0, len(samples), per_update):
         trajectories = [t for sample in samples[start : start + per_update] for t in sample]
-        batch, train_batch = run.train_batch(trajectories)
+        batch, train_batch = await run.train_batch(trajectories)
         extra: dict[str, float] = {}
         if not acfg.use_rollout_log_probs or acfg.rollout_is != "none" or acfg.rollout_rs != "none":
             proximal = await run.trainer.compute_logprobs(train_batch, temperature=temperature)
@@ -50,7 +50,7 @@ async def train_step(run: Run, step: int, samples: list[list[Any]], version: int
         response_tokens=tokens,
         response_len_max=longest,
         updates=len(parts),
-        staleness=Staleness.of(samples, version),
+        staleness=await off_loop(Staleness.of, samples, version),
     )
 
 

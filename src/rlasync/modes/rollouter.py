@@ -99,6 +99,9 @@ class Rollouter:
             sample = Admitted(index=ticket.index, use=use, row=row, seed=self.run.sampling().seed or 0)
             self.admitted[ticket.index] = sample
             self._spawn(ticket, sample)
+            # One sample a turn of the loop: a step's worth admitted at once (thousands of agent
+            # loops starting, each a few hops) would otherwise hold the loop in one go.
+            await asyncio.sleep(0)
 
     def _spawn(self, ticket: Ticket, sample: Admitted) -> None:
         if self._idle_since is not None:

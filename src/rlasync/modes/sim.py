@@ -305,12 +305,13 @@ class SimCluster:
 def simulated_config(config: Config, clock: SimClock | None = None) -> Config:
     """``config`` with the settings the simulation needs: every part on the head, no cap per
     engine (a simulated GPU queues what does not fit its batch itself), and deadlines in
-    simulated hours. With repacking on (``router.repack_below``), ``router.load_refresh_s`` is
-    simulated seconds on ``clock`` (the router looks at the engines that often); otherwise it
-    stays the loop's (rarely: each look asks every simulated engine)."""
+    simulated hours. With turns moving (``router.rebalance_queued``, ``router.repack_below``),
+    ``router.load_refresh_s`` is simulated seconds on ``clock`` (the router looks at the
+    engines that often); otherwise it stays the loop's (rarely: each look asks every simulated
+    engine)."""
     day = 36_000.0
     refresh = config.router.load_refresh_s
-    if config.router.repack_below and clock is not None:
+    if (config.router.repack_below or config.router.rebalance_queued) and clock is not None:
         refresh = clock.wall(refresh)
     return msgspec.structs.replace(
         config,

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from ..compose.result import RunInterrupted, TrainResult
-from ..compose.run import Run
+from ..compose.run import Run, off_loop
 from ..compose.schedule import Schedule, Steps
 from ..metrics import Staleness, StepRecord
 from .offpolicy import weights_of
@@ -50,7 +50,7 @@ async def train_sync(run: Run, steps: Steps, resume_from: Path | None) -> None:
             uses, trajectories, sampling = await run.with_signal(uses, trajectories, name=f"step{step}")
             run.sampled(sampling)
         t1 = time.perf_counter()
-        batch, train_batch = run.train_batch(trajectories)
+        batch, train_batch = await run.train_batch(trajectories)
         groups = [trajectories[i : i + cfg.group_size] for i in range(0, len(trajectories), cfg.group_size)]
         run.learned(uses, groups)
         train_metrics = await run.trainer.step(train_batch, temperature=cfg.temperature)
@@ -69,7 +69,7 @@ async def train_sync(run: Run, steps: Steps, resume_from: Path | None) -> None:
             # Measured as the asynchronous modes measure them: 0 versions behind (trained at
             # the version that generated them); the trainer waits out the rollout, the
             # engine waits out training and the weight sync.
-            staleness=Staleness.of(groups, version=step - 1),
+            staleness=await off_loop(Staleness.of, groups, step - 1),
             trainer_idle_ratio=(t1 - t0) / (t2 - t0),
             rollouter_idle_ratio=(t2 - t1) / (t2 - t0),
         )
