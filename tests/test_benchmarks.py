@@ -34,6 +34,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "curriculum_bench.py",
         "pause_bench.py",
         "replay_bench.py",
+        "repack_bench.py",
     } <= set(SCRIPTS)
 
 

@@ -136,3 +136,24 @@ def test_the_kv_cache_caps_the_batch_and_a_preempted_sequence_is_prefilled_again
     assert engine.peak_context <= capacity
     prompts_only = 8 * latency.prefill_s(303)
     assert engine.prefill_s > prompts_only  # the preempted were prefilled again, with their answers so far
+
+
+def test_a_queued_request_aborted_ends_having_made_nothing() -> None:
+    """What a router moving a queued turn elsewhere asks (``router.rebalance_queued``): the turn
+    that waits behind a full batch ends at once with no token; the running one goes on."""
+
+    async def main() -> tuple[Any, Any, bool]:
+        engine = SimEngine(
+            SimClock(0.01), msgspec.structs.replace(LATENCY, max_batch=1), LENGTHS, token_block=16
+        )
+        running = asyncio.ensure_future(engine.generate(_req("a", 1)))
+        queued = asyncio.ensure_future(engine.generate(_req("b", 2)))
+        await asyncio.sleep(0.01)
+        aborted = await engine.abort("b")
+        cut, whole = await queued, await running
+        await engine.close()
+        return cut, whole, aborted and not await engine.abort("b")
+
+    cut, whole, aborted_once = _virtual(main())
+    assert aborted_once and cut.finish_reason == "abort" and cut.token_ids == [] and cut.versions == []
+    assert whole.finish_reason == "stop" and len(whole.token_ids) == -(-LENGTHS.draw(1) // 16)

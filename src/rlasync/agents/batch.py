@@ -9,6 +9,7 @@ engine's).
 
 from __future__ import annotations
 
+import array
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +37,22 @@ class RolloutBatch(msgspec.Struct, kw_only=True):
         return torch.cat([self.prompts, self.responses], dim=1)
 
 
-_ROWS_PER_SLICE = 64  # about 5 ms of values at a few thousand tokens a row
+_TYPECODES = {torch.long: "q", torch.float32: "f"}  # the array module's codes of the same layout
+_ROWS_PER_SLICE = 64
+
+
+def _flat(rows: Sequence[Sequence[Any]], dtype: torch.dtype) -> torch.Tensor:
+    """Every value of ``rows`` in order, one tensor. Through the array module, a slice of rows
+    at a time: ``torch.tensor`` of a list is a third as fast, and in a worker thread it held the
+    interpreter (the event loop waiting) for a quarter of a second at thousands of rows."""
+    code = _TYPECODES.get(dtype)
+    if code is None:
+        return torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    parts = [
+        array.array(code, itertools.chain.from_iterable(rows[i : i + _ROWS_PER_SLICE]))
+        for i in range(0, len(rows), _ROWS_PER_SLICE)
+    ]
+    return torch.cat([torch.frombuffer(p, dtype=dtype) for p in parts if p] or [torch.zeros(0, dtype=dtype)])
 
 
 def _padded(
@@ -46,15 +62,7 @@ def _padded(
     the left). One flat tensor of every value, placed through a mask: padding never becomes
     Python lists (they were most of the cost once answers got long and their lengths uneven)."""
     lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    # In slices of rows: reading Python values holds the interpreter, and a batch in a worker
-    # thread (``Run.train_batch``) should let the event loop in between.
-    flat = torch.cat(
-        [
-            torch.tensor(list(itertools.chain.from_iterable(rows[i : i + _ROWS_PER_SLICE])), dtype=dtype)
-            for i in range(0, len(rows), _ROWS_PER_SLICE)
-        ]
-        or [torch.zeros(0, dtype=dtype)]
-    )
+    flat = _flat(rows, dtype)
     columns = torch.arange(width)[None, :]
     mask = columns >= (width - lengths)[:, None] if left else columns < lengths[:, None]
     out = torch.full((len(rows), width), fill, dtype=dtype)

@@ -11,10 +11,9 @@ A simulated GPU decodes its running sequences together; one step of ``b`` sequen
 seconds, and the batch is capped by ``max_batch`` and the KV cache (``LatencyModel``). It is
 event-driven: it sleeps straight to the next completion or a full cache (or until an arrival,
 abort or pause wakes it), then advances every sequence by the steps that fit in the time that
-passed (a closed form: the context grows by one block a sequence each step), instead of waking
-for every decoding step.
-Each *simulated token* stands for ``token_block`` tokens (the step time is multiplied by it),
-which keeps the Python work per simulated second small; counts it reports are real tokens.
+passed (a closed form: the context grows by one block a sequence each step). Each *simulated
+token* stands for ``token_block`` tokens (the step time is multiplied by it), which keeps the
+Python work per simulated second small; counts it reports are real tokens.
 
 It charges what a real engine pays besides decoding (``LatencyModel``): admitting a request
 costs the prefill of its context, during which the running sequences make no progress; a
@@ -23,11 +22,11 @@ weight swap (``update_weights``) holds decoding for ``swap_s``; a frozen engine
 
 A request's response length comes from its seed (the agent loops seed each turn), and a turn
 that was cut (``pause("abort")``, or an abort: ``Router.migrate``) and is re-submitted, here or
-on another GPU sharing its ``progress``, continues where it stopped, so partial
-rollouts behave as on a real engine, and pays the prefill of everything it had made: the
-cut dropped its KV cache. Tokens carry the weight version in force when they were made: a
-swap counts the steps made so far under the old version first (a block in progress at the
-swap carries the new one).
+on another GPU sharing its ``progress``, continues where it stopped, as on a real engine, and
+pays the prefill of everything it had made: the cut dropped its KV cache (a queued turn
+aborted made nothing). Tokens carry the weight version in force when they were made: a swap
+counts the steps made so far under the old version first (a block in progress at the swap
+carries the new one).
 """
 
 from __future__ import annotations
@@ -358,12 +357,11 @@ class SimEngine:
             return
         self._context -= seq.context
         self._plan()
-        if finish == "abort" and seq.request.params.seed is not None:
-            self._progress[seq.request.params.seed] = (
-                self._progress.get(seq.request.params.seed, 0) + seq.made
-            )
-        elif seq.request.params.seed is not None:
-            self._progress.pop(seq.request.params.seed, None)
+        seed = seq.request.params.seed
+        if finish == "abort" and seed is not None:
+            self._progress[seed] = self._progress.get(seed, 0) + seq.made
+        elif seed is not None:
+            self._progress.pop(seed, None)
         n = seq.made
         seq.queue.put_nowait(
             TokenChunk(
@@ -417,7 +415,14 @@ class SimEngine:
             self._end(request_id, "abort")
             self._wake.set()  # the GPU re-plans for the smaller batch
             return True
-        return False
+        seq = self._waiting.pop(request_id, None)
+        if seq is None:
+            return False
+        seq.queue.put_nowait(
+            TokenChunk(request_id=request_id, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+        )
+        self.finished += 1
+        return True
 
     async def pause(self, mode: PauseMode = "abort", timeout: float | None = None) -> list[GenerateOutput]:
         self._paused = True

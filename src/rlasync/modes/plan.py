@@ -254,13 +254,18 @@ def measure(
                 model_dir="simulated",
                 max_new_tokens=budget,
             ),
-            agent=msgspec.structs.replace(config.agent, response_length=budget + 64),
+            # Every model turn and tool turn of an agentic profile's longest trajectory fits.
+            agent=msgspec.structs.replace(config.agent, response_length=(budget + 64) * _turns(profile)),
         )
         wall = wall_scale is not None
         with asyncio.Runner(loop_factory=None if wall else VirtualTimeLoop) as runner:
             return runner.run(
                 _run(config, profile, generation_gpus, trainer_gpus, warmup, wall_scale or 0.01, wall)
             )
+
+
+def _turns(profile: Profile) -> int:
+    return 1 + (profile.tools.max_calls if profile.tools is not None else 0)
 
 
 def _knobbed(config: Config, knobs: dict[str, float]) -> Config:

@@ -21,6 +21,7 @@ simulated sync step matches the paper's, and shows how the result moves with the
 from __future__ import annotations
 
 import math
+import random
 
 import msgspec
 
@@ -90,6 +91,33 @@ class Published(msgspec.Struct, frozen=True, kw_only=True):
     speedup: float
 
 
+class ToolCalls(msgspec.Struct, frozen=True, kw_only=True):
+    """An agentic workload's tool calls (``rlasync.modes.sim_tools``): how many a trajectory
+    makes (geometric with mean ``mean_calls``, at most ``max_calls``; a model turn after each)
+    and how long each takes (log-normal seconds: a sandbox, a search, a browser), with
+    ``output_tokens`` of tool output joining the context."""
+
+    mean_calls: float = 4.0
+    max_calls: int = 16
+    latency_median_s: float = 2.0
+    latency_sigma: float = 1.0
+    latency_cap_s: float = 120.0
+    output_tokens: int = 256
+
+    def calls(self, seed: int) -> int:
+        """Tool calls of the trajectory seeded ``seed``."""
+        if self.mean_calls <= 0:
+            return 0
+        stop = 1 / (1 + self.mean_calls)  # geometric on 0, 1, 2...: mean (1 - stop) / stop
+        u = random.Random(seed).random()
+        return min(self.max_calls, int(math.log(1 - u) / math.log(1 - stop)))
+
+    def latency_s(self, seed: int) -> float:
+        """Seconds of the call seeded ``seed``."""
+        drawn = random.Random(seed).lognormvariate(math.log(self.latency_median_s), self.latency_sigma)
+        return min(self.latency_cap_s, drawn)
+
+
 class Profile(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     source: str
@@ -116,6 +144,9 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True):
     schedule asks for it (colocated sync in verl; AReaL's decoupled PPO)."""
     published: tuple[Published, ...] = ()
     assumptions: tuple[str, ...] = ()
+    tools: ToolCalls | None = None
+    """An agentic workload: each trajectory's model turns (``lengths`` each) are separated by
+    tool calls of drawn latency (``rlasync.modes.sim_tools``); None: one turn."""
 
     def latency(self) -> LatencyModel:
         bandwidth = self.engine_gpus * self.hardware.bandwidth * self.decode_efficiency
@@ -293,7 +324,22 @@ GENERIC_8B = Profile(
     ),
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (GENERIC_8B, VERL_7B, _AREAL)}
+# An agentic variant for planning: the same physics, shorter turns between tool calls (a
+# sandbox or a search: median 2 s, sigma 1.0, at most 120 s; 4 calls a trajectory on average).
+GENERIC_8B_AGENT = msgspec.structs.replace(
+    GENERIC_8B,
+    name="generic-8b-h100-agent",
+    source="no paper: an 8B model on H100s, a multi-turn tool-using workload, for planning",
+    lengths=LogNormalLengths(median=500, sigma=0.8, cap=4000),
+    tools=ToolCalls(),
+    assumptions=(
+        *GENERIC_8B.assumptions,
+        "turns of median 500 tokens (sigma 0.8, cap 4,000) between tool calls: 4 a trajectory on average "
+        "(geometric, at most 16), each taking a log-normal 2 s (sigma 1.0, cap 120 s) and answering 256 tokens",
+    ),
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (GENERIC_8B, GENERIC_8B_AGENT, VERL_7B, _AREAL)}
 
 
 __all__ = [
@@ -303,5 +349,6 @@ __all__ = [
     "Phase",
     "Profile",
     "Published",
+    "ToolCalls",
     "lengths_moment",
 ]

@@ -28,7 +28,7 @@ from ..engines import EngineGroup
 from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
 from ..weights import SyncReport
 from ..weights.commit import Commit, Interrupt, all_paused, in_waves, take_version
-from .profiles import Phase, Profile
+from .profiles import Phase, Profile, ToolCalls
 
 
 class SimTrainer:
@@ -244,10 +244,11 @@ class SimCluster:
         weight_bytes: int = 16_000_000_000,
         trainer: SimTrainer | None = None,
         prompt_tokens: int = 0,
+        tools: ToolCalls | None = None,
     ) -> None:
         from ..models import build_tokenizer
 
-        self.clock = clock
+        self.clock, self.tools, self.token_block = clock, tools, token_block
         self.engines = sim_gpus(
             clock, engines, latency, lengths, token_block=token_block, prompt_tokens=prompt_tokens
         )
@@ -290,6 +291,7 @@ class SimCluster:
             weight_bytes=int(profile.model.weight_bytes),
             trainer=trainer,
             prompt_tokens=profile.prompt_tokens,
+            tools=profile.tools,
         )
 
     def synchronizer(self, engines: EngineGroup) -> SimSync:
@@ -302,13 +304,16 @@ class SimCluster:
         return sum(gpu.busy_s for gpu in self.engines)
 
 
-def simulated_config(config: Config, clock: SimClock | None = None) -> Config:
+def simulated_config(
+    config: Config, clock: SimClock | None = None, tools: ToolCalls | None = None, token_block: int = 1
+) -> Config:
     """``config`` with the settings the simulation needs: every part on the head, no cap per
     engine (a simulated GPU queues what does not fit its batch itself), and deadlines in
     simulated hours. With turns moving (``router.rebalance_queued``, ``router.repack_below``),
     ``router.load_refresh_s`` is simulated seconds on ``clock`` (the router looks at the
     engines that often); otherwise it stays the loop's (rarely: each look asks every simulated
-    engine)."""
+    engine). With ``tools`` (an agentic profile's) the trajectories are ``modes.sim_tools``'s:
+    model turns between tool calls of drawn latency on ``clock``."""
     day = 36_000.0
     refresh = config.router.load_refresh_s
     if (config.router.repack_below or config.router.rebalance_queued) and clock is not None:
@@ -324,8 +329,21 @@ def simulated_config(config: Config, clock: SimClock | None = None) -> Config:
             queue_timeout_s=day,
             load_refresh_s=refresh,
         ),
-        agent=msgspec.structs.replace(config.agent, rollout_timeout_s=day),
+        agent=msgspec.structs.replace(
+            config.agent, rollout_timeout_s=day, **_tool_agent(tools, clock, token_block)
+        ),
     )
+
+
+def _tool_agent(tools: ToolCalls | None, clock: SimClock | None, token_block: int) -> dict[str, Any]:
+    """``agent.*`` settings for simulated tool calls (``modes.sim_tools``); none without."""
+    if tools is None:
+        return {}
+    from .sim_tools import LOOP, SimulatedCall
+
+    scale = clock.scale if clock is not None else 1.0
+    call = {"scale": scale, "token_block": token_block, **msgspec.structs.asdict(tools)}
+    return {"default_loop": LOOP, "tools": {SimulatedCall.name: call}, "tool_config": ""}
 
 
 async def train_run(
@@ -334,7 +352,7 @@ async def train_run(
     """Run ``config``'s schedule (``train.mode``) on the simulated cluster."""
     from . import train_fully_async, train_one_step_off, train_sync
 
-    config = simulated_config(config, cluster.clock)
+    config = simulated_config(config, cluster.clock, cluster.tools, cluster.token_block)
     run = await Run.open(config, fleet=make_fleet(simulated=cluster))
     schedule = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}[
         config.train.mode
