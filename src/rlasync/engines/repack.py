@@ -37,10 +37,12 @@ from collections.abc import Mapping, Sequence
 def rebalance_moves(load: Mapping[str, int], queued: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
     """(request id, target engine) pairs that even out engines' queues. ``load``: each engine's
     requests, running and queued (every router's); ``queued``: for each engine with a queue,
-    the ids of this router's turns that wait in it, the first to move first (the newest: an
-    engine starts its queue in arrival order). A turn moves from the most loaded donor to the
-    least loaded engine while the donor stays more loaded than the target after the move, so a
-    turn never moves back at the next look and no running turn moves."""
+    the ids of this router's turns taken to wait in it, the first to move first (the router
+    names its newest there, as many as the engine reports waiting: an engine starts its queue
+    in arrival order; where other routers' turns wait there too, one named may be running, and
+    moved it is prefilled again). A turn moves from the most loaded donor to the least loaded
+    engine while the donor stays at least as loaded as the target after the move, so no turn
+    moves back at the next look."""
     loads = dict(load)
     targets = [(n, name) for name, n in loads.items()]
     heapq.heapify(targets)
