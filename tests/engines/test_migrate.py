@@ -114,7 +114,7 @@ def test_the_repack_policy_frees_the_emptiest_engines_onto_the_fullest_small_one
 def test_the_rebalance_policy_evens_out_queues_with_queued_turns_only() -> None:
     from rlasync.engines.repack import rebalance_moves
 
-    # e0: 9 requests, 3 of ours queued; e1: 3. Two moves leave 7 and 5; a third would make 6 and 6.
+    # e0: 9 requests, 3 of ours queued; e1: 3. All three move: 6 and 6.
     assert rebalance_moves({"e0": 9, "e1": 3}, {"e0": ["r9", "r8", "r7"]}) == [
         ("r9", "e1"),
         ("r8", "e1"),
