@@ -1,6 +1,6 @@
 """Moving turns between real engines: samples/s with ``router.rebalance_queued`` against without.
 
-    .venv/bin/python benchmarks/repack_bench.py [--rounds 6] [--batch 48] [--smoke]
+    .venv/bin/python benchmarks/repack_bench.py [--rounds 16] [--batch 32] [--max-batch 2] [--smoke]
 
 Two torch engines, each on a node process of its own (a core each), serve a tiny model behind
 the head's router. A round is a synchronous step's rollout: ``--batch`` single-turn agent loops
@@ -35,8 +35,6 @@ import argparse
 import asyncio
 import heapq
 import json
-import math
-import random
 import statistics
 import tempfile
 import time
@@ -47,6 +45,7 @@ from rlasync import LocalCluster, RuntimeConfig
 from rlasync.agents import SingleTurnAgentLoop
 from rlasync.data import synthetic_rows
 from rlasync.engines import EngineActor, EngineConfig, Router, RouterConfig, SamplingParams
+from rlasync.engines.sim import LogNormalLengths
 from rlasync.models import TinyLMConfig, build_tiny_lm, load_pretrained_dir, save_pretrained_dir
 
 RUNTIME = RuntimeConfig(call_timeout_s=600, join_timeout_s=120, preload_modules=("rlasync.engines",))
@@ -67,11 +66,6 @@ def bound(drawn: list[int], max_batch: int) -> float:
     once: least outstanding, ties to the first engine)."""
     split = max(makespan(drawn[0::2], max_batch), makespan(drawn[1::2], max_batch))
     return split / makespan(drawn, 2 * max_batch)
-
-
-def lengths(rng: random.Random, n: int, median: int, cap: int) -> list[int]:
-    """``n`` answer lengths: log-normal (median ``median``, sigma 1.0), at least 1, at most ``cap``."""
-    return [max(1, min(cap, round(median * math.exp(rng.gauss(0.0, 1.0))))) for _ in range(n)]
 
 
 async def one_round(
@@ -98,7 +92,7 @@ async def one_round(
 async def measure(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
     _, tokenizer = load_pretrained_dir(model_dir)
     engine = EngineConfig(model=str(model_dir), max_batch=args.max_batch, cpu_threads=1)
-    rng = random.Random(0)
+    answers = LogNormalLengths(median=args.median, sigma=1.0, cap=args.cap)
     times: dict[str, list[float]] = {"baseline": [], "rebalance": []}
     bounds: list[float] = []
     migrations = checked = 0
@@ -116,7 +110,7 @@ async def measure(args: argparse.Namespace, model_dir: Path) -> dict[str, float]
             async with Router(engines, config) as router:
                 await one_round(router, tokenizer, rows, [4] * args.batch, f"warm-{name}")
         for r in range(args.rounds):
-            drawn = lengths(rng, args.batch, args.median, args.cap)
+            drawn = [answers.draw(r * args.batch + i) for i in range(args.batch)]
             bounds.append(bound(drawn, args.max_batch))
             order = list(routers) if r % 2 == 0 else list(reversed(routers))
             for name in order:
@@ -144,7 +138,7 @@ async def measure(args: argparse.Namespace, model_dir: Path) -> dict[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=16, help="rounds; each is noisy (0.7-1.7x), so many")
     parser.add_argument("--batch", type=int, default=32, help="turns a round")
     parser.add_argument("--median", type=int, default=48, help="median answer length, tokens")
     parser.add_argument("--cap", type=int, default=480, help="longest answer, tokens")

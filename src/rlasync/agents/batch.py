@@ -45,9 +45,7 @@ def _flat(rows: Sequence[Sequence[Any]], dtype: torch.dtype) -> torch.Tensor:
     """Every value of ``rows`` in order, one tensor. Through the array module, a slice of rows
     at a time: ``torch.tensor`` of a list is a third as fast, and in a worker thread it held the
     interpreter (the event loop waiting) for a quarter of a second at thousands of rows."""
-    code = _TYPECODES.get(dtype)
-    if code is None:
-        return torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    code = _TYPECODES[dtype]
     parts = [
         array.array(code, itertools.chain.from_iterable(rows[i : i + _ROWS_PER_SLICE]))
         for i in range(0, len(rows), _ROWS_PER_SLICE)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, TypeVar
@@ -145,7 +146,7 @@ class Router:
                 )
                 for name, s in self._slots.items()
             ],
-            queued=sum(1 for fut, _ in self._queue if not fut.done()),
+            queued=self._queued(),
             sessions=len(self._sessions),
             retries=self._retries,
             engines_lost=self._lost,
@@ -252,6 +253,10 @@ class Router:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _queued(self) -> int:
+        """Requests waiting here for a slot (at the cap)."""
+        return sum(1 for fut, _ in self._queue if not fut.done())
 
     # -- choosing an engine -----------------------------------------------------------------------
     def _pick(self, session_id: str | None) -> EngineSlot | None:
@@ -439,17 +444,14 @@ class Router:
         moves: list[tuple[str, str]] = []
         if self.config.rebalance_queued:
             queued = {  # our newest turns there, as many as wait in its queue
-                name: list(slot.requests)[-1 : -1 - min(slot.waiting, len(slot.requests)) : -1]
+                name: list(itertools.islice(reversed(slot.requests), slot.waiting))
                 for name, slot in self._slots.items()
                 if slot.waiting and slot.requests
             }
             if queued:
-                load = {name: slot.outstanding + slot.others for name, slot in self._slots.items()}
-                moves += rebalance_moves(load, queued)
+                moves += rebalance_moves({name: slot.load for name, slot in self._slots.items()}, queued)
         if self.config.repack_below and not moves:
-            waiting = sum(1 for fut, _ in self._queue if not fut.done()) + sum(
-                s.waiting for s in self._slots.values()
-            )
+            waiting = self._queued() + sum(s.waiting for s in self._slots.values())
             moves = repack_moves(
                 {name: list(slot.requests) for name, slot in self._slots.items()},
                 waiting,

@@ -24,9 +24,14 @@ class EngineSlot:
         self.requests: dict[str, None] = {}  # request ids outstanding here, oldest first (for abort)
         self.waiting = 0  # requests queued inside the engine, as of its last report
 
+    @property
+    def load(self) -> int:
+        """Requests on the engine: this router's outstanding and other routers' (reported)."""
+        return self.outstanding + self.others
+
     def key(self) -> tuple[int, int, int]:
-        """Least loaded first (this router's and others'), then least used, then the earliest."""
-        return (self.outstanding + self.others, self.assigned, self.order)
+        """Least loaded first, then least used, then the earliest."""
+        return (self.load, self.assigned, self.order)
 
 
 class SlotIndex:

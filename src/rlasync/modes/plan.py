@@ -243,6 +243,7 @@ def measure(
     ``wall_scale`` wall seconds, so the head's own work must keep up (``Measure.head``)."""
     # Answers as long as the profile's (in simulated tokens of BLOCK real ones), not the config's.
     budget = -(-profile.lengths.cap // BLOCK)
+    calls = profile.tools.max_calls if profile.tools is not None else 0
     with tempfile.TemporaryDirectory() as run_dir:
         config = msgspec.structs.replace(
             config,
@@ -255,17 +256,13 @@ def measure(
                 max_new_tokens=budget,
             ),
             # Every model turn and tool turn of an agentic profile's longest trajectory fits.
-            agent=msgspec.structs.replace(config.agent, response_length=(budget + 64) * _turns(profile)),
+            agent=msgspec.structs.replace(config.agent, response_length=(budget + 64) * (1 + calls)),
         )
         wall = wall_scale is not None
         with asyncio.Runner(loop_factory=None if wall else VirtualTimeLoop) as runner:
             return runner.run(
                 _run(config, profile, generation_gpus, trainer_gpus, warmup, wall_scale or 0.01, wall)
             )
-
-
-def _turns(profile: Profile) -> int:
-    return 1 + (profile.tools.max_calls if profile.tools is not None else 0)
 
 
 def _knobbed(config: Config, knobs: dict[str, float]) -> Config:

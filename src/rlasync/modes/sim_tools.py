@@ -18,21 +18,16 @@ tool calls (``SimCluster.tools``).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import Any
 
 from ..agents import ToolAgentLoop, Trajectory, register
+from ..agents.loops import turn_seed
 from ..engines import SamplingParams
 from ..tools import Tool, ToolCall, ToolContext, get_parser, register_tool
 from ..tools.parsers.base import ParsedTurn
 from .profiles import ToolCalls
 
 LOOP = "sim_tools"
-
-
-def _seed(*parts: object) -> int:
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 @register_tool
@@ -49,7 +44,8 @@ class SimulatedCall(Tool):
         self.workload = ToolCalls(**workload)
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> str:
-        await asyncio.sleep(self.workload.latency_s(_seed(context.trajectory_id, context.turn)) * self.scale)
+        seed = turn_seed(0, context.trajectory_id, context.turn) or 0
+        await asyncio.sleep(self.workload.latency_s(seed) * self.scale)
         return "x" * max(1, self.workload.output_tokens // self.token_block)
 
 
@@ -81,7 +77,8 @@ class SimToolLoop(ToolAgentLoop):
                 f"the {LOOP} loop calls the {SimulatedCall.name} tool: set agent.tools to "
                 f"{{'{SimulatedCall.name}': {{'scale': ...}}}} (rlasync.modes.sim.simulated_config does)"
             )
-        calls = tool.workload.calls(_seed(params.seed, self.trajectory_id))
+        # The trajectory's own draw, apart from its turns' (turn -1).
+        calls = tool.workload.calls(turn_seed(params.seed or 0, self.trajectory_id, -1) or 0)
         parser = _Calls(get_parser(self.config.tool_parser), self, calls)
         with self._trajectory(row) as s:
             return await self._run(s, parser, params, row)
