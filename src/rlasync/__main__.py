@@ -26,7 +26,9 @@ def run() -> None:
         hold_early()
     try:
         from rlasync.cli import app
+        from rlasync.cli.common import bare_resume
 
+        sys.argv[1:] = bare_resume(sys.argv[1:])
         app()
     except SystemExit as done:  # every command ends here (typer exits), error or not
         from rlasync.runtime.process import exit_process

@@ -1,4 +1,5 @@
-"""How ``rlasync train`` stops on Ctrl-C (SIGINT) or SIGTERM: cleanly, and always within a deadline.
+"""How ``rlasync train`` stops on Ctrl-C (SIGINT), SIGTERM or SIGUSR1: cleanly, and always within
+a deadline, however many of the run's processes the signal reached.
 
     interrupts = Interrupts(config.train)
     interrupts.hold()                 # start-up (imports, forks): a signal is remembered
@@ -7,9 +8,15 @@
     result = await train(config, stop=interrupts.stop)
 
 - The first signal either cancels the run at once (its parts close on the way out), or, with
-  ``train.checkpoint_on_interrupt``, sets ``stop``: the schedule finishes its step, saves a
+  ``train.checkpoint_on_interrupt`` (always for SIGUSR1, the warning a scheduler sends before a
+  time limit: ``launch/slurm.sbatch``), sets ``stop``: the schedule finishes its step, saves a
   checkpoint and raises ``RunInterrupted``; a step still running after
   ``train.interrupt_grace_s`` is cancelled. A second signal cancels at once.
+- A signal that reached the run's other processes is the same interrupt: each node relays it to
+  the head (``from_node``) and keeps serving until the head ends the run (``runtime.signals``).
+  So Slurm's ``scancel``, a time limit, a preemption or ``torchrun`` signalling every process at
+  once ends as one interrupt, with its checkpoint. Signals within ``SAME_DELIVERY_S`` of each
+  other are one delivery (``srun`` forwards what Slurm also sends each task), not a second one.
 - A watchdog then ends the process, whatever it is doing, ``HARD_STOP_AFTER_S`` later than the
   run was given (its children follow: they die with their parent). A stop never waits on a
   thread still loading a model: the loop's default executor is not joined on the way out.
@@ -24,36 +31,54 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 HARD_STOP_AFTER_S = 5.0  # beyond the grace: the process ends even if something in it hangs
+NODES_STOP_AFTER_S = 3.0  # beyond the grace: a node that relayed a signal stops on its own
 CANCEL_GRACE_S = 20.0  # an interrupt without a checkpoint: the parts get this long to close
+SAME_DELIVERY_S = 1.0  # signals closer than this are one delivery (a forwarded copy), not a second
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # what stops a run; SIGUSR1 with a checkpoint
 
 
 _early = [0]  # signals held by ``hold_early``, before an ``Interrupts`` took over
+_installed: list[Interrupts] = []  # the one acting in this process (``from_node`` reaches it)
 
 
 def hold_early() -> None:
-    """From the first instant of ``rlasync train``: count SIGINT/SIGTERM (``Interrupts`` acts on them)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    """From the first instant of ``rlasync train``: count SIGINT/SIGTERM/SIGUSR1 (``Interrupts`` acts on them)."""
+    for sig in SIGNALS:
         signal.signal(sig, lambda *_: _early.__setitem__(0, _early[0] + 1))
+
+
+def from_node(node_id: str, signal_name: str) -> float:
+    """A node of this process's run got ``signal_name``: the run stops as if this process had
+    got it (a relay never counts as a second signal). Returns the seconds the node should keep
+    serving (the head ends the run and releases it by then); 0 when nothing in this process
+    stops a run on a signal (the node then stops at once)."""
+    if not _installed:
+        return 0.0
+    return _installed[-1].relayed(node_id, signal_name)
 
 
 class Interrupts:
     def __init__(self, train: Any) -> None:
         self.checkpoint = bool(train.checkpoint_on_interrupt)
-        self.grace_s = float(train.interrupt_grace_s) if self.checkpoint else CANCEL_GRACE_S
+        self.checkpoint_grace_s = float(train.interrupt_grace_s)
         self.stop = asyncio.Event()  # set: end the step in progress, checkpoint, stop
         self.count = _early[0]
         self._main: asyncio.Task[Any] | None = None
         self._watchdog: threading.Timer | None = None
+        self._last_signal = -SAME_DELIVERY_S
+        self._began: float | None = None  # when the interrupt began (monotonic)
+        self._grace_s = CANCEL_GRACE_S  # of the interrupt that began
 
     def hold(self) -> None:
         """Until ``install``: a signal is counted, not acted on (start-up is not cut mid-import;
         ``count`` says whether to start at all)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in SIGNALS:
             signal.signal(sig, lambda *_: self._arrived())
 
     def install(self, main: asyncio.Task[Any]) -> None:
@@ -61,27 +86,50 @@ class Interrupts:
         loop = asyncio.get_running_loop()
         self._main = main
         loop.set_default_executor(_UnjoinedExecutor())
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._arrived)
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, self._arrived, sig)
+        _installed.append(self)
         if self.count:  # one came during start-up
-            self.count -= 1
-            self._arrived()
+            self._begin("interrupted during start-up", checkpoint=self.checkpoint)
 
-    def _arrived(self) -> None:
+    def _arrived(self, sig: int = signal.SIGTERM) -> None:
+        now = time.monotonic()
+        if now - self._last_signal < SAME_DELIVERY_S:
+            return  # a copy of the one just taken (srun forwards what Slurm sends every task)
+        self._last_signal = now
         self.count += 1
         if self._main is None:
             return
-        if self.count == 1:
-            self._arm_watchdog()
-            if self.checkpoint:
-                log.warning(
-                    "interrupted: finishing the step in progress to save a checkpoint (Ctrl-C again to stop at once)"
-                )
-                self.stop.set()
-                asyncio.get_running_loop().call_later(
-                    self.grace_s, self._cancel, "the step did not finish in train.interrupt_grace_s"
-                )
-                return
+        if self.count == 1:  # the first to this process (a node's relay may have begun it already)
+            self._begin(signal.Signals(sig).name, checkpoint=self.checkpoint or sig == signal.SIGUSR1)
+        else:
+            self._cancel("interrupted")
+
+    def relayed(self, node_id: str, signal_name: str) -> float:
+        """``from_node``: start the interrupt (if none has begun); the seconds left to the node."""
+        if self._main is not None and self._began is None:
+            log.warning("%s got %s: the run stops", node_id, signal_name)
+            self._begin(signal_name, checkpoint=self.checkpoint or signal_name == "SIGUSR1")
+        if self._began is None:  # start-up: the run will not start (``count``)
+            self.count = max(self.count, 1)
+            return self.checkpoint_grace_s + NODES_STOP_AFTER_S
+        return max(0.0, self._began + self._grace_s + NODES_STOP_AFTER_S - time.monotonic())
+
+    def _begin(self, what: str, *, checkpoint: bool) -> None:
+        if self._began is not None:
+            return
+        self._began = time.monotonic()
+        self._grace_s = self.checkpoint_grace_s if checkpoint else CANCEL_GRACE_S
+        self._arm_watchdog()
+        if checkpoint:
+            log.warning(
+                "%s: finishing the step in progress to save a checkpoint (Ctrl-C again to stop at once)", what
+            )
+            self.stop.set()
+            asyncio.get_running_loop().call_later(
+                self._grace_s, self._cancel, "the step did not finish in train.interrupt_grace_s"
+            )
+            return
         self._cancel("interrupted")
 
     def _cancel(self, why: str) -> None:
@@ -91,7 +139,7 @@ class Interrupts:
             self._main.cancel()
 
     def _arm_watchdog(self) -> None:
-        deadline = self.grace_s + HARD_STOP_AFTER_S
+        deadline = self._grace_s + HARD_STOP_AFTER_S
 
         def hard_stop() -> None:
             sys.stderr.write(
@@ -105,6 +153,8 @@ class Interrupts:
         self._watchdog.start()
 
     def disarm(self) -> None:
+        if self in _installed:
+            _installed.remove(self)
         if self._watchdog is not None:
             self._watchdog.cancel()
 

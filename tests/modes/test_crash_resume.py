@@ -6,6 +6,7 @@ across the restart, leaves no process behind, and never loads a torn checkpoint.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,8 @@ from waiting import wait_until_sync
 
 from rlasync.config import load_config
 from rlasync.data import RowSampler, synthetic_rows
+from rlasync.runtime.spawner import COMMANDS_ENV
+from rlasync.trainer.checkpoint import verify
 
 CONFIG = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 STEPS, PROMPTS = 6, 4
@@ -43,7 +46,10 @@ def _overrides(run_dir: Path, model_dir: Path, mode: str) -> list[str]:
     ]
 
 
-def _train(overrides: list[str], *, resume: bool = False) -> subprocess.Popen[str]:
+def _train(
+    overrides: list[str], *, resume: bool | str = False, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``rlasync train``; ``resume``: True for ``--resume``, "auto" for ``--resume=auto``."""
     command = [
         sys.executable,
         "-m",
@@ -51,9 +57,9 @@ def _train(overrides: list[str], *, resume: bool = False) -> subprocess.Popen[st
         "train",
         str(CONFIG),
         *overrides,
-        *(["--resume"] if resume else []),
+        *({True: ["--resume"], "auto": ["--resume=auto"]}.get(resume, [])),
     ]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _descendants(parent: int) -> set[int]:
@@ -268,3 +274,78 @@ def test_sigint_at_20_random_moments_stops_a_fully_async_run_within_30_s(
         output, took = _interrupt(proc, run_dir, after_steps=0)
         context = f"attempt {attempt}, SIGINT {at:.1f} s after the start (seed {seed}): exit {proc.returncode} after {took:.1f} s"
         assert took < 30 and proc.returncode == 130 and "Traceback" not in output, f"{context}\n{output}"
+
+
+# The quickstart as configs/quickstart_cluster.yaml places it: three node processes, two trainer
+# ranks and two engines, each supervised by its node.
+CLUSTER = [
+    "cluster.engines=[1, 2]",
+    "cluster.trainer=[0, 1]",
+    "cluster.agent_loops=engines",
+    "trainer.world_size=2",
+]
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_to_every_process_at_once_is_one_interrupt_with_a_checkpoint_and_resume_auto_goes_on(
+    tmp_path: Path, nano_model_dir: Path
+) -> None:
+    """What Slurm's scancel, its time limit or a preemption does: SIGTERM to every process of a
+    run at once, the nodes' and trainer ranks' too. The nodes defer to the head, which ends its
+    step with a checkpoint; every process is gone within ``train.interrupt_grace_s`` + 5 s; the
+    same command with ``--resume=auto`` (which started the run afresh) trains on from there, and
+    the two parts train exactly the uninterrupted run's rows."""
+    grace = 30.0
+    overrides = [
+        *_overrides(tmp_path, nano_model_dir, "fully_async"),
+        *CLUSTER,
+        "train.checkpoint_every=0",
+        "train.checkpoint_on_interrupt=true",
+        f"train.interrupt_grace_s={grace}",
+    ]
+    # Started from nothing, not forked by the test's spawner: its whole process tree is its own.
+    env = {k: v for k, v in os.environ.items() if k != COMMANDS_ENV}
+    proc = _train(overrides, resume="auto", env=env)
+    metrics = tmp_path / "metrics.jsonl"
+
+    def stepped() -> bool:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) > 2:
+            return True
+        assert proc.poll() is None, proc.communicate()[0]
+        return False
+
+    try:
+        wait_until_sync(stepped, timeout_s=180, interval_s=0.05, what="2 steps are in metrics.jsonl")
+        family = {proc.pid, *_descendants(proc.pid)}
+        # the head, 2 nodes, 2 trainer ranks and each node's spawner at least
+        assert len(family) >= 7, sorted(family)
+        interrupted_at = len(metrics.read_text().splitlines()) - 1
+        sent = time.monotonic()
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=grace + 30)
+        wait_until_sync(
+            lambda: not _alive(family),
+            timeout_s=max(0.1, grace + 5 - (time.monotonic() - sent)),
+            interval_s=0.1,
+            what=f"no process of {sorted(family)} is left within interrupt_grace_s + 5 s\n{output}",
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in output, output
+    saved = sorted((tmp_path / "checkpoints").glob("step_*"))
+    assert len(saved) == 1 and f"resume from its checkpoint {saved[0]}" in output, output
+    assert not verify(saved[0]) and int(saved[0].name.split("_")[1]) >= interrupted_at, (
+        saved,
+        interrupted_at,
+    )
+
+    resumed = _train(overrides, resume="auto")
+    output, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0 and f"resumed from {saved[0]}" in output, output
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    trained = collections.Counter(tuple(use) for r in records for use in r.get("data/rows", []))
+    assert trained == _expected_uses(nano_model_dir, tmp_path)  # none lost, none trained twice

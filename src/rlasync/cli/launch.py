@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .common import with_plugins
+from .common import RESUME_HELP, parse_resume, with_plugins
 from .errors import Failure, exits, said
 from .node import serve_node
 from .train import run_train
 
 if TYPE_CHECKING:
+    from ..compose.checkpoints import Resume
     from ..config import Config
 
 WHO = "rlasync launch"
@@ -45,11 +46,15 @@ def launch(
     plugin: list[str] = typer.Option(
         [], "--plugin", help="A module or .py file every node imports first; adds to `plugins`."
     ),
+    resume: str = typer.Option("", "--resume", metavar="[=auto]", show_default=False, help=RESUME_HELP),
 ) -> None:
     """Start a run on many machines: `--nodes hosts.txt` starts a node on every host (the first
     one is the head, which runs the controller) and relays their output; `--from-env` is one
     node of a torchrun or Slurm start. The cluster secret comes from RLASYNC_CLUSTER_SECRET (a
-    fresh one when unset) and reaches the hosts on stdin, never on a command line."""
+    fresh one when unset) and reaches the hosts on stdin, never on a command line.
+
+    A SIGTERM to every node at once (scancel, a time limit, torchrun) stops the run as one
+    interrupt, with a checkpoint under train.checkpoint_on_interrupt; `--resume=auto` continues it."""
     from ..config import ConfigError, load_config
 
     if from_stdin:
@@ -57,16 +62,17 @@ def launch(
     if (nodes is None) == (not from_env) or config is None:
         usage = "give a CONFIG and one of --nodes hosts.txt or --from-env (under torchrun or srun)"
         raise typer.Exit(said(WHO, usage, 2))
+    wanted = parse_resume(resume, WHO)
     with exits(WHO, Failure((ConfigError,), 2)):
         if nodes is not None:
-            code = _launch_hosts(config, overrides or [], nodes, via, plugin)
+            code = _launch_hosts(config, overrides or [], nodes, via, plugin, wanted)
         else:
-            code = _launched_from_env(with_plugins(load_config(config, overrides or []), plugin))
+            code = _launched_from_env(with_plugins(load_config(config, overrides or []), plugin), wanted)
     raise typer.Exit(code)
 
 
 def _launch_hosts(
-    path: str, overrides: list[str], hosts_file: str, via: str | None, plugin: list[str]
+    path: str, overrides: list[str], hosts_file: str, via: str | None, plugin: list[str], resume: Resume
 ) -> int:
     import uvloop
 
@@ -85,7 +91,7 @@ def _launch_hosts(
     cfg = with_plugins(roles.apply(cfg) if roles is not None else cfg, plugin)
     Placement.of(cfg)  # a placement that does not fit the hosts fails here, before anything starts
     secret = os.environ.get(SECRET_ENV) or new_secret()
-    return int(uvloop.run(Launch(hosts, cfg, secret=secret).run()))
+    return int(uvloop.run(Launch(hosts, cfg, secret=secret, resume=resume).run()))
 
 
 def _launched_from_stdin() -> int:
@@ -103,7 +109,7 @@ def _launched_from_stdin() -> int:
     os.environ[SECRET_ENV] = ticket.secret  # for the processes this one starts, never their command lines
     print_events()
     if ticket.rank == 0:
-        return run_train(cfg, watch_stdin=True)
+        return run_train(cfg, resume=ticket.resume, watch_stdin=True)
     import logging
 
     logging.basicConfig(
@@ -112,7 +118,7 @@ def _launched_from_stdin() -> int:
     return serve_node(ticket.rank, ticket.listen, ticket.head, cfg, ticket.secret, watch_stdin=True)
 
 
-def _launched_from_env(cfg: Config) -> int:
+def _launched_from_env(cfg: Config, resume: Resume) -> int:
     """One node of a torchrun or Slurm start (``launcher.environment``)."""
     import logging
 
@@ -144,7 +150,7 @@ def _launched_from_env(cfg: Config) -> int:
     if me.rank == 0:
         head = publish_head(me, timeout)
         cluster = msgspec.structs.replace(cfg.cluster, start="external", listen=head, nodes=me.nodes)
-        return run_train(msgspec.structs.replace(cfg, cluster=cluster))
+        return run_train(msgspec.structs.replace(cfg, cluster=cluster), resume=resume)
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s node-{me.rank} %(name)s %(levelname)s %(message)s"
     )

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .common import with_plugins
+from .common import RESUME_HELP, parse_resume, with_plugins
 from .errors import INTERRUPTED, Failure, exits, report, run_failures, said
 
 if TYPE_CHECKING:
+    from ..compose.checkpoints import Resume
     from ..config import Config
     from ..interrupts import Interrupts
 
@@ -21,9 +22,7 @@ WHO = "rlasync train"
 def train(
     config: str = typer.Argument(..., help="YAML experiment config, e.g. configs/quickstart.yaml."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides: trainer.lr=3e-4 train.steps=100 ..."),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue from the newest checkpoint in train.run_dir."
-    ),
+    resume: str = typer.Option("", "--resume", metavar="[=auto]", show_default=False, help=RESUME_HELP),
     plugin: list[str] = typer.Option(
         [],
         "--plugin",
@@ -34,12 +33,13 @@ def train(
     with one JSON line of the result."""
     from ..config import ConfigError, load_config
 
+    wanted = parse_resume(resume, WHO)
     with exits(WHO, Failure((ConfigError,), 2)):
         cfg = with_plugins(load_config(config, overrides or []), plugin)
-    raise typer.Exit(run_train(cfg, resume=resume))
+    raise typer.Exit(run_train(cfg, resume=wanted))
 
 
-def run_train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -> int:
+def run_train(cfg: Config, *, resume: Resume = False, watch_stdin: bool = False) -> int:
     """Run ``cfg`` to its end in this process (the head); the exit code, after one JSON line of
     the result (0), a one-line reason (1: the run stopped, 2: it could not start) or an
     interruption (130). ``watch_stdin``: stop when stdin closes (a launched head)."""
@@ -48,8 +48,9 @@ def run_train(cfg: Config, *, resume: bool = False, watch_stdin: bool = False) -
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from ..interrupts import Interrupts
 
-    # Ctrl-C (SIGINT) or SIGTERM (a scheduler, `kill`) stops the run cleanly, within a deadline
-    # (rlasync.interrupts); one during start-up stops it before it starts anything.
+    # Ctrl-C (SIGINT), SIGTERM (a scheduler, `kill`) or SIGUSR1 (a time limit ahead) stops the run
+    # cleanly, within a deadline, its nodes' too (rlasync.interrupts); one during start-up stops
+    # it before it starts anything.
     interrupts = Interrupts(cfg.train)
     interrupts.hold()
     code = _set_up(cfg, watch_stdin=watch_stdin)
@@ -80,7 +81,7 @@ def _set_up(cfg: Config, *, watch_stdin: bool) -> int | None:
     return None
 
 
-def _run(cfg: Config, interrupts: Interrupts, *, resume: bool) -> int:
+def _run(cfg: Config, interrupts: Interrupts, *, resume: Resume) -> int:
     """The set-up run, its progress shown; its exit code, a failure's from ``run_failures``."""
     import asyncio
     import json

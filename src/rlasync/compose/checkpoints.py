@@ -3,14 +3,35 @@ written and sealed in the background), and the one a resume starts from."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..config import Config
 
 if TYPE_CHECKING:  # torch, with the trainer
     from ..trainer import TrainerActor
+
+log = logging.getLogger(__name__)
+
+
+Resume = bool | Literal["auto"]
+"""Whether a run continues from the newest checkpoint in ``train.run_dir``: True (there must be
+one), False (start afresh), or ``"auto"``: when there is one, else start afresh (a requeued or
+restarted job's same command continues it)."""
+
+
+def resuming(config: Config, resume: Resume) -> bool:
+    """Whether the run continues from a checkpoint (``resume``, ``"auto"`` looked up now)."""
+    if resume != "auto":
+        return bool(resume)
+    from ..trainer.checkpoint import Checkpoints
+
+    found = Checkpoints(config.train.run_dir, keep=config.train.keep_checkpoints).complete()
+    if not found:
+        log.info("--resume=auto: no checkpoint in %s/checkpoints yet: starting afresh", config.train.run_dir)
+    return bool(found)  # torn ones among them: the resume names them, or an older sound one is taken
 
 
 def checkpoint_to_resume(config: Config) -> tuple[Path, dict[str, Any]]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import Config
 from ..metrics import StepRecord
-from .checkpoints import checkpoint_to_resume
+from .checkpoints import Resume, checkpoint_to_resume, resuming
 from .record import OnStep
 from .result import TrainResult
 from .run import Run
@@ -135,13 +135,13 @@ class Schedule:
         self,
         config: Config,
         *,
-        resume: bool = False,
+        resume: Resume = False,
         on_step: OnStep = None,
         run: Run | None = None,
         stop: asyncio.Event | None = None,
     ) -> TrainResult:
         """Run the schedule; with ``resume``, continue from the newest checkpoint in
-        ``train.run_dir`` exactly as if the run had not stopped. ``on_step(record)``: each line of
+        ``train.run_dir`` exactly as if the run had not stopped (``"auto"``: if there is one). ``on_step(record)``: each line of
         ``metrics.jsonl`` as it is written. ``run``: parts made elsewhere (``Run.open``, e.g. the
         simulation's), else they are built from ``config``; closed at the end either way.
         ``stop``: set, the run ends the step in progress and raises ``RunInterrupted``.
@@ -150,7 +150,7 @@ class Schedule:
         flight), then the run's parts in reverse order of making (``Run.close``)."""
         if self.check is not None:
             self.check(config)
-        resume_from, state = checkpoint_to_resume(config) if resume else (None, {})
+        resume_from, state = checkpoint_to_resume(config) if resuming(config, resume) else (None, {})
         run = run or await Run.open(config, metrics_upto=state.get("step"), stop=stop)
         steps = Steps(run, state, on_step)
         try:

@@ -14,7 +14,8 @@ first (ssh refused, no such python, port in use, another rlasync version) or tha
 join in time stops the launch with an error naming it and quoting its last lines.
 Running: the run ends when the head's process ends; a node that fails (exits non-zero), Ctrl-C
 or SIGTERM stops every host. Stopping: the head's stdin closes first (it stops the run and
-tells the nodes), then the others', then SIGTERM and, after ``launch.stop_timeout_s``, SIGKILL
+tells the nodes; with ``train.checkpoint_on_interrupt`` it has the run's grace to save one),
+then the others', then SIGTERM and, after ``launch.stop_timeout_s``, SIGKILL
 to each process group: nothing is left running.
 """
 
@@ -28,11 +29,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from ..config import Config, ConfigError
+from ..interrupts import HARD_STOP_AFTER_S
 from ..runtime.events import parse
 from ..runtime.types import VERSION
 from .hosts import Host, listen_addresses
@@ -90,11 +92,17 @@ class Launch:
     """The nodes of one run on ``hosts`` (the head first), started, relayed and stopped together."""
 
     def __init__(
-        self, hosts: list[Host], config: Config, *, secret: str, write: Callable[[str], None] | None = None
+        self,
+        hosts: list[Host],
+        config: Config,
+        *,
+        secret: str,
+        resume: bool | Literal["auto"] = False,
+        write: Callable[[str], None] | None = None,
     ) -> None:
         if not hosts:
             raise LaunchError("no hosts to launch on")
-        self.hosts, self.config, self.secret = hosts, config, secret
+        self.hosts, self.config, self.secret, self.resume = hosts, config, secret, resume
         self.launch = config.launch
         self.write = write or (lambda line: print(line, flush=True))
         self.processes: list[HostProcess] = []
@@ -133,6 +141,7 @@ class Launch:
                 secret=self.secret,
                 version=VERSION,
                 config=tree,
+                resume=self.resume if rank == 0 else False,
             )
             python = host.python or self.launch.python or sys.executable
             argv = [python, "-m", "rlasync", "launch", "--from-stdin"]
@@ -284,8 +293,13 @@ class Launch:
         then the others', then SIGTERM, and SIGKILL after ``launch.stop_timeout_s``."""
         spawned = [hp for hp in self.processes if hasattr(hp, "proc")]
         budget = self.launch.stop_timeout_s
+        train = self.config.train
+        # The head may first finish its step and save a checkpoint (rlasync.interrupts' deadline).
+        head_s = max(
+            budget / 2, train.interrupt_grace_s + HARD_STOP_AFTER_S if train.checkpoint_on_interrupt else 0
+        )
         steps: list[tuple[Callable[[HostProcess], None], float]] = [
-            (lambda hp: _close_stdin(hp) if hp.ticket.rank == 0 else None, budget / 2),
+            (lambda hp: _close_stdin(hp) if hp.ticket.rank == 0 else None, head_s),
             (_close_stdin, budget / 4),
             (lambda hp: _kill_group(hp, signal.SIGTERM), budget / 4),
             (lambda hp: _kill_group(hp, signal.SIGKILL), 5.0),

@@ -2,7 +2,8 @@
 
 The launcher writes one JSON line to each host's process, ``rlasync launch --from-stdin``: its
 rank, the head's address, where to listen, the cluster secret, the launcher's version and the
-run's whole config (overrides applied, so no host needs a copy of the file). The stdin then
+run's whole config (overrides applied, so no host needs a copy of the file), and for the head,
+whether it resumes. The stdin then
 stays open: when it closes (the launcher stopped, or died and its ssh went with it) the process
 stops itself, so nothing is left running on any host.
 """
@@ -13,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import msgspec
 
@@ -34,6 +35,8 @@ class Ticket(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     """The launcher's rlasync version: a host with another one refuses to start."""
     config: dict[str, Any]
+    resume: bool | Literal["auto"] = False
+    """The head's ``--resume`` (``rlasync launch --nodes ... --resume[=auto]``)."""
 
 
 class TicketError(ConfigError):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import Config
 
 if TYPE_CHECKING:
+    from ..compose.checkpoints import Resume
     from ..compose.result import RunInterrupted, TrainResult
     from ..compose.warmstart import warm_start
     from .fully_async import train_fully_async
@@ -45,12 +46,13 @@ def __getattr__(name: str) -> Any:
 async def train(
     config: Config,
     *,
-    resume: bool = False,
+    resume: Resume = False,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> TrainResult:
     """Run ``config``'s schedule (``train.mode``); ``resume`` continues from the newest checkpoint
-    in ``train.run_dir`` (every mode; the asynchronous ones with their samples in flight). ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
+    in ``train.run_dir`` (every mode; the asynchronous ones with their samples in flight;
+    ``"auto"``: if there is one, else the run starts afresh). ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
     as it is written (``step``, ``reward``, ``val_accuracy`` when validated, ``train/*``, ...).
     ``stop``: set it to end the run at the end of the step in progress (with a checkpoint if
     ``train.checkpoint_on_interrupt``); ``train`` then raises ``RunInterrupted``.

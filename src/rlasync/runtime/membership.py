@@ -1,7 +1,8 @@
 """The head's membership and name registry, and the service actor every node runs.
 
 The head (node-0) hosts ``Membership`` as ``_membership``: nodes join through it, heartbeat
-to it, and register actor names with it. A node silent for ``runtime.node_dead_after_s``
+to it, register actor names with it, and relay the termination signals they get (the run
+stops). A node silent for ``runtime.node_dead_after_s``
 is declared dead: the head pushes that news to every live node at once (and repeats it in
 heartbeat replies), and each node fails its pending calls to the dead one with
 ``NodeLostError``. Every node hosts a ``NodeService`` as ``_node`` for spawning, stats and
@@ -22,6 +23,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from ..interrupts import SIGNALS, from_node
 from .actor import Actor, endpoint
 from .caller import current_caller
 from .context import HasContext, NodeContext
@@ -151,6 +153,18 @@ class Membership(Actor):
         if member is not None and member.incarnation == incarnation:  # not a newer process of that rank
             self._only(member, "leave as")
             self._declare_dead(node_id, "it shut down", graceful=True)
+
+    @endpoint
+    async def interrupted(self, node_id: str, signal_name: str) -> float:
+        """``node_id`` got a termination signal (``runtime.signals``): the run this head drives
+        stops as if the head had got it. The seconds the node should keep serving; 0: stop now."""
+        member = self.members.get(node_id)
+        if member is None:
+            return 0.0
+        self._only(member, "report a signal to")
+        if signal_name not in {s.name for s in SIGNALS}:
+            raise ValueError(f"{signal_name!r} is not a signal that stops a run")
+        return from_node(node_id, signal_name)
 
     @endpoint
     async def register(self, info: ActorInfo) -> None:

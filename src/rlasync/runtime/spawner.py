@@ -287,8 +287,11 @@ def _serve(sock: socket.socket, node: int, commands: Commands | None = None) -> 
     set_death_signal(signal.SIGKILL)  # the node is gone: so is the spawner, and with it its children
     if os.getppid() != node:
         return 0
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the node and its children
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Ctrl-C, SIGTERM and SIGUSR1 are for the node and its children: a scheduler signals every
+    # process of a job at once, and the children must outlive the node's own stop in order
+    # (runtime.signals). The spawner dies with its node, not on a signal.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -390,7 +393,7 @@ def adopt(streams: list[int], cwd: str, env: dict[str, str], path: list[str], ti
     stderr if given), working directory, environment and module path, and default signals; show
     ``title`` as its command line."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM):
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1):  # ignored ones would pass through exec
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for target, fd in enumerate(streams):

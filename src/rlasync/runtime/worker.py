@@ -2,7 +2,8 @@
 
 Used by ``LocalCluster``, by nodes for the child processes they supervise (``--node-id
 node-1.0``), and by ``rlasync node``. Runs one node on uvloop until it is told to shut down,
-loses the head, gets SIGTERM/SIGINT, or (a child) loses its parent process. The cluster secret
+loses the head, is released by its head after a SIGTERM/SIGINT/SIGUSR1 (``runtime.signals``), gets a
+second one, or (a child) loses its parent process. The cluster secret
 comes from the environment (``RLASYNC_CLUSTER_SECRET``), never from the command line, where
 ``ps`` shows it; the runtime config comes as JSON in ``RLASYNC_RUNTIME_CONFIG``.
 """
@@ -13,7 +14,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 
@@ -25,6 +25,7 @@ from .events import emit
 from .joining import EX_TEMPFAIL
 from .lifeline import die_with_parent, parent_from_env, watch_parent
 from .node import Node, rank_of
+from .signals import Deferral
 from .types import CONFIG_ENV, SECRET_ENV
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ async def serve(
         if node is not None:
             node.request_stop()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
+    # A signal defers to the head, which stops the run (with its checkpoint) and then this node
+    # (runtime.signals); a second one, or the parent gone, stops it at once.
+    deferral = Deferral(lambda: node, stop, parent)
+    deferral.install(loop)
     if parent is not None:
         if not die_with_parent(parent):
             print(
@@ -103,6 +106,7 @@ async def serve(
                 node.exit_code == EX_TEMPFAIL
                 and parent is None
                 and not signalled
+                and not deferral.count  # signalled: a node stops, with or without its head
                 and config.rejoin_timeout_s > 0
             )
             if not rejoin:
@@ -114,6 +118,7 @@ async def serve(
             )
             rejoin_until = loop.time() + config.rejoin_timeout_s
     finally:
+        deferral.close()
         if watch is not None:
             watch.cancel()
 
