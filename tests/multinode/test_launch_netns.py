@@ -25,10 +25,13 @@ from pathlib import Path
 import pytest
 from hosts import Lan
 from learning import RISE, reward_rise
+from ledger import trained_uses, uninterrupted_uses
 from waiting import wait_until_sync
 
 from rlasync import new_secret
+from rlasync.runtime.joining import EX_ENDED_EARLY
 from rlasync.runtime.types import SECRET_ENV
+from rlasync.trainer.checkpoint import verify
 
 pytestmark = pytest.mark.multinode
 ROOT = Path(__file__).parents[2]
@@ -343,4 +346,203 @@ def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(
     head = _run_on_every_host(tmp_path, commands, timeout=240)[0]
     assert "cluster: 3 node(s)" in head and '"steps": 4' in head, head[-3000:]
     assert [r["step"] for r in _records(tmp_path)[1:]] == [1, 2, 3, 4]
+    assert not _gone(lan, 30)
+
+
+def _slurm_tasks(lan: Lan, tmp_path: Path, args: list[str], port: int) -> list[subprocess.Popen[str]]:
+    """What ``launch/slurm.sbatch``'s ``srun`` starts: one ``--from-env`` task per host, with the
+    variables srun sets."""
+    env = dict(
+        os.environ,
+        **{SECRET_ENV: new_secret()},
+        MASTER_ADDR=lan.ip(0),
+        MASTER_PORT=str(port),
+        SLURM_JOB_ID="4242",
+        SLURM_STEP_ID="0",
+        SLURM_NTASKS="3",
+        SLURM_NNODES="3",
+    )
+    return [
+        subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-m", "rlasync", "launch", "--from-env", *args],
+            env=dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"),
+            stdout=(tmp_path / f"task-{i}.log").open("a"),
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i, name in enumerate(lan.names)
+    ]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("start, mode", [("nodes", "fully_async"), ("slurm", "sync")])
+def test_sigterm_to_every_node_at_once_checkpoints_and_the_same_command_with_resume_auto_goes_on(
+    three_hosts: Lan, tmp_path: Path, nano_model_dir: Path, start: str, mode: str
+) -> None:
+    """What ``scancel``, a time limit or a preemption does to a job: SIGTERM to every process
+    on every host at the same instant. The nodes defer to the head, which ends its step with a
+    sealed checkpoint; every process is gone within ``train.interrupt_grace_s`` + 5 s; then the
+    same command (``--resume=auto``, which started the run afresh) continues from it, and the
+    two parts train exactly the rows an uninterrupted run trains."""
+    lan, grace, steps = three_hosts, 30.0, 16
+    run = [
+        f"train.mode={mode}",
+        f"train.steps={steps}",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.max_new_tokens=16",
+        "train.val_size=8",
+        "train.validate_every=100",
+        "train.checkpoint_every=0",
+        "train.checkpoint_on_interrupt=true",
+        f"train.interrupt_grace_s={grace}",
+        "async_training.staleness_threshold=1",
+    ]
+    args = [
+        str(CLUSTER),
+        f"train.run_dir={tmp_path / 'run'}",
+        f"train.model_dir={nano_model_dir}",
+        *RUN,
+        *run,
+    ]
+
+    def begin() -> tuple[list[subprocess.Popen[str]], Path]:
+        if start == "nodes":
+            proc, log, _ = _launch(lan, tmp_path, nano_model_dir, *run, "--resume=auto")
+            return [proc], log
+        return _slurm_tasks(lan, tmp_path, [*args, "--resume=auto"], 29460), tmp_path / "task-0.log"
+
+    procs, log = begin()
+    try:
+        _wait_for_step(procs[0], tmp_path, log, 2)
+        pids = lan.pids()
+        assert len(pids) >= 8, pids  # 3 nodes, 2 trainer ranks, a spawner on each host
+        interrupted_at = max(int(r["step"]) for r in _records(tmp_path))  # type: ignore[call-overload]
+        sent = time.monotonic()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        left = _gone(lan, grace + 5)
+        took = time.monotonic() - sent
+        codes = [p.wait(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    out = log.read_text()
+    assert not left and took < grace + 5, (left, took, out[-4000:])
+    assert codes == [130, EX_ENDED_EARLY, EX_ENDED_EARLY][: len(codes)], (codes, out[-4000:])
+    saved = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert len(saved) == 1 and not verify(saved[0]), (saved, out[-4000:])
+    assert int(saved[0].name.removeprefix("step_")) >= interrupted_at, (saved, interrupted_at)
+    assert "Traceback" not in out and "lost" not in out, out[-4000:]
+
+    procs, log = begin()  # the same command: it resumes
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    out = log.read_text()
+    assert codes == [0] * len(procs) and f"resumed from {saved[0]}" in out, (codes, out[-4000:])
+    assert [r["step"] for r in _records(tmp_path)] == list(range(steps + 1))
+    overrides = [f"train.model_dir={nano_model_dir}", *run]
+    assert trained_uses(tmp_path / "run") == uninterrupted_uses(CLUSTER, overrides)  # none lost, none twice
+    assert not _gone(lan, 30)
+
+
+def _worker_of(lan: Lan, host: int) -> int:
+    """The pid of the process torchrun started on host ``host``: the node (``launch --from-env``)."""
+    for pid in map(
+        int,
+        subprocess.run(
+            ["ip", "netns", "pids", lan.names[host]], capture_output=True, text=True, timeout=30
+        ).stdout.split(),
+    ):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            agent = Path(f"/proc/{parent}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"--from-env" in argv and b"torch.distributed.run" in agent:
+            return pid
+    raise AssertionError(f"no torchrun worker on {lan.names[host]}")
+
+
+@pytest.mark.timeout(600)
+def test_torchrun_restarts_the_group_after_a_node_is_killed_and_it_resumes_from_the_last_checkpoint(
+    three_hosts: Lan, tmp_path: Path, nano_model_dir: Path
+) -> None:
+    """``torchrun --max-restarts=1`` on every host, the run given ``--resume=auto``: a node other
+    than the head killed mid-run fails the group, torchrun stops the others (SIGTERM: they end
+    in order) and starts the same command again, which resumes from the newest checkpoint; the
+    run ends complete, every row trained once."""
+    lan, steps = three_hosts, 16
+    run = [
+        f"train.steps={steps}",
+        "train.prompts_per_step=4",
+        "train.group_size=4",
+        "train.max_new_tokens=16",
+        "train.val_size=8",
+        "train.validate_every=100",
+        "train.checkpoint_every=2",
+    ]
+    env = dict(os.environ, **{SECRET_ENV: new_secret()})
+    addresses = [lan.ip(0), lan.ip(1), lan.ip(2)]
+    logs = [tmp_path / f"host-{i}.log" for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                name,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=3",
+                "--nproc-per-node=1",
+                "--max-restarts=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={lan.ip(0)}:29400",
+                f"--rdzv-conf=is_host={int(i == 0)}",
+                f"--local-addr={address}",
+                "-m",
+                "rlasync",
+                "launch",
+                "--from-env",
+                str(CLUSTER),
+                f"train.run_dir={tmp_path / 'run'}",
+                f"train.model_dir={nano_model_dir}",
+                *RUN,
+                *run,
+                "--resume=auto",
+            ],
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i, (name, address, log) in enumerate(zip(lan.names, addresses, logs))
+    ]
+
+    def everything() -> str:
+        return "\n".join(log.read_text()[-3000:] for log in logs)
+
+    try:
+        _wait_for_step(procs[0], tmp_path, logs[0], 3)
+        head = next(i for i, log in enumerate(logs) if "listening node=node-0" in log.read_text())
+        victim = (head + 1) % 3
+        os.kill(_worker_of(lan, victim), signal.SIGKILL)
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0, 0, 0], (codes, everything())
+    texts = [log.read_text() for log in logs]
+    resumed = [t.split("resumed from ", 1)[1].split(" ", 1)[0] for t in texts if "resumed from " in t]
+    assert len(resumed) == 1 and Path(resumed[0]).name.startswith("step_"), everything()
+    assert [r["step"] for r in _records(tmp_path)] == list(range(steps + 1))
+    overrides = [f"train.model_dir={nano_model_dir}", *run]
+    assert trained_uses(tmp_path / "run") == uninterrupted_uses(CLUSTER, overrides)  # none lost, none twice
     assert not _gone(lan, 30)

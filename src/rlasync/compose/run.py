@@ -127,6 +127,7 @@ class Run:
             await self.recorder.open(self._closers, resumed_at=metrics_upto)
             await self.fleet.start()
         except BaseException:
+            self.ended_early()
             await self.close()
             raise
         # What is alive now (modules, the dataset rows, the model: ~0.5 M objects) lives as long
@@ -301,6 +302,18 @@ class Run:
     def finish(self, result: TrainResult) -> None:
         """The run's result as its summary: ``<run_dir>/summary.json`` and every tracker's."""
         self.recorder.finish(result)
+
+    def ended_early(self) -> None:
+        """The run stops before its last step (an error, an interrupt): the nodes it stops exit
+        with ``EX_ENDED_EARLY``, not 0, so a launcher that restarts a failed group (``torchrun
+        --max-restarts``) starts every node again, and the same command resumes."""
+        from ..runtime.joining import EX_ENDED_EARLY
+
+        try:
+            head = self.fleet.cluster.head
+        except (AttributeError, RuntimeError):  # no cluster opened yet: no node to tell
+            return
+        head.nodes_exit_code = EX_ENDED_EARLY
 
     async def close(self) -> None:
         """In reverse order of making: metrics file, weight group, trainer ranks, workers,

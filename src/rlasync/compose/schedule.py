@@ -155,6 +155,9 @@ class Schedule:
         steps = Steps(run, state, on_step)
         try:
             await self.body(run, steps, resume_from)
+        except BaseException:
+            run.ended_early()
+            raise
         finally:
             await run.close()
         return steps.result()

@@ -2,22 +2,28 @@
 
 Node 0 picks a free port on its ``MASTER_ADDR`` address, listens there, and writes its address
 into the store at ``MASTER_ADDR:MASTER_PORT`` (``runtime.rendezvous``: torchrun's agent's, or
-one node 0 hosts); the other nodes read it from there. No second port to agree on in advance.
+one node 0 hosts), under a generation each head bumps; the other nodes read the newest from
+there. No second port to agree on in advance, and a restarted group never joins a stale head.
 """
 
 from __future__ import annotations
 
-import os
 import socket
+import time
 
 from ..runtime.address import tcp_address
 from ..runtime.rendezvous import master_store
+from ..runtime.worker import head_listens
 from .environment import Launched, LaunchEnvError
 
+GENERATION = "rlasync/head/generation"
+"""Bumped by each head that publishes: torchrun's agent store outlives a restart of its workers,
+and its agents count restarts each their own (a worker's failure counts, a group's membership
+change does not), so no per-round variable is the same on every machine."""
 
-def _key() -> str:
-    # torchrun's agent store outlives a restart of its workers: each round has its own key.
-    return f"rlasync/head/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+def _address_key(generation: int) -> str:
+    return f"rlasync/head/{generation}"
 
 
 def local_address(host: str) -> str:
@@ -43,7 +49,8 @@ def publish_head(me: Launched, timeout_s: float) -> str:
         ) from None
     address = tcp_address(addr, port)
     try:
-        master_store(timeout_s).set(_key(), address)
+        store = master_store(timeout_s)
+        store.set(_address_key(int(store.add(GENERATION, 1))), address)
     except RuntimeError as exc:
         raise LaunchEnvError(
             f"node 0 cannot reach the rendezvous store at {me.master_addr}:{me.master_port}: {exc}"
@@ -52,10 +59,28 @@ def publish_head(me: Launched, timeout_s: float) -> str:
 
 
 def find_head(me: Launched, timeout_s: float) -> str:
-    """Another node: the head's address, as node 0 published it (waits up to ``timeout_s``)."""
+    """Another node: the head's address, as node 0 published it (waits up to ``timeout_s``).
+
+    The newest generation's, once it listens or cannot be reached (the join then waits for it);
+    one refused is either a head of an earlier round, gone (a newer generation will come), or
+    this round's, not listening yet (it will): both are waited for."""
+    deadline = time.monotonic() + timeout_s
     try:
-        return bytes(master_store(timeout_s, host=False).get(_key())).decode()
-    except RuntimeError as exc:  # torch's DistStoreError and friends
+        store = master_store(timeout_s, host=False)
+        while True:
+            generation = int(store.add(GENERATION, 0))
+            if generation:
+                address = bytes(store.get(_address_key(generation))).decode()
+                if head_listens(address) is not False:
+                    return address
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"generation {generation}: nothing listens at {address}"
+                    if generation
+                    else "none published"
+                )
+            time.sleep(0.2)
+    except (RuntimeError, TimeoutError) as exc:  # torch's DistStoreError and friends
         raise LaunchEnvError(
             f"node {me.rank}: node 0 did not publish the head's address in the store at {me.master_addr}:{me.master_port} "
             f"within {timeout_s:g}s (launch.start_timeout_s): is node 0 running, and is MASTER_ADDR its address? ({exc})"

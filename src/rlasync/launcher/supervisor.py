@@ -36,6 +36,7 @@ import msgspec
 from ..config import Config, ConfigError
 from ..interrupts import HARD_STOP_AFTER_S
 from ..runtime.events import parse
+from ..runtime.joining import EX_ENDED_EARLY
 from ..runtime.types import VERSION
 from .hosts import Host, listen_addresses
 from .ticket import Ticket
@@ -279,7 +280,7 @@ class Launch:
                     hp = exits.pop(waiter)
                     if hp is head:
                         return hp.proc.returncode or 0
-                    if hp.proc.returncode:
+                    if hp.proc.returncode and hp.proc.returncode != EX_ENDED_EARLY:  # not the head's doing
                         self.write(
                             f"launch: {hp.label} ({hp.node_id}) failed with exit code {hp.proc.returncode}; stopping every host. Its last lines:\n{hp.tail()}"
                         )

@@ -27,7 +27,7 @@ from .address import child_address
 from .calls import Calls
 from .context import NodeView
 from .errors import JoinError, NodeLostError, RuntimeErrorBase
-from .joining import Roster
+from .joining import EX_ENDED_EARLY, Roster
 from .membership import SCRIPT_MODULE, Membership, service_at
 from .ref import ActorRef
 from .types import ActorInfo, NodeInfo, SpawnSpec
@@ -41,6 +41,7 @@ class ChildrenHost(NodeView, Protocol):
 
     address: str
     head_address: str | None
+    nodes_exit_code: int  # on the head: the exit code the nodes it stops take
 
     @property
     def is_head(self) -> bool: ...
@@ -128,7 +129,8 @@ class Children:
         if self._node.stopping:
             return
         log.log(
-            logging.DEBUG if code == 0 else logging.WARNING,  # 0: it left first ("left the cluster")
+            # 0 (or its head's run ended early): it was asked to, and left first ("left the cluster")
+            logging.DEBUG if code in (0, EX_ENDED_EARLY) else logging.WARNING,
             "%s (pid %d, started by %s) exited with code %s",
             child_id,
             proc.pid,
@@ -184,7 +186,7 @@ class Children:
             info = roster.members.get(node_id)
             if info is not None:
                 with contextlib.suppress(NodeLostError, zmq.ZMQError):
-                    self._calls.tell_service(info, "shutdown", [])
+                    self._calls.tell_service(info, "shutdown", [node.nodes_exit_code])
         deadline = node.loop.time() + node.config.shutdown_timeout_s
         while any(n in roster.members for n in node_ids) and node.loop.time() < deadline:
             await asyncio.sleep(0.05)
@@ -201,6 +203,8 @@ class Children:
         calls = []
         for info in others:
             with contextlib.suppress(NodeLostError, zmq.ZMQError):
-                calls.append(service_at(node, info).cluster_ends.options(timeout=timeout)())
+                calls.append(
+                    service_at(node, info).cluster_ends.options(timeout=timeout)(node.nodes_exit_code)
+                )
         if calls:
             await asyncio.gather(*calls, return_exceptions=True)

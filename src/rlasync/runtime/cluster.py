@@ -180,7 +180,7 @@ class LocalCluster(_Cluster):
             for node_id in list(self.processes):
                 info = head.live_member(node_id)  # None before the head started: none to tell
                 if info is not None:
-                    head.tell_service(info, "shutdown", [])
+                    head.tell_service(info, "shutdown", [head.nodes_exit_code])
         if running:
             _, pending = await asyncio.wait(
                 [asyncio.ensure_future(p.wait()) for p in running], timeout=timeout

@@ -27,6 +27,7 @@ from .types import JoinReply, NodeInfo, process_claim
 log = logging.getLogger(__name__)
 
 EX_TEMPFAIL = 75  # exit code of a node fenced or cut off from its head: a supervisor restarts it
+EX_ENDED_EARLY = 3  # of a node whose head ended its run before the last step: torchrun restarts the group
 
 
 class JoiningHost(NodeView, Protocol):

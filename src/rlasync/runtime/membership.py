@@ -43,6 +43,7 @@ class ServiceHost(Host, Protocol):
 
     stats_: NodeStats
     join_listeners: list[Any]  # on the head: called with each node that joins
+    exit_code: int  # its process's (``shutdown`` sets the head's ``nodes_exit_code``)
 
     def connected(self, info: NodeInfo) -> bool: ...
 
@@ -54,7 +55,7 @@ class ServiceHost(Host, Protocol):
 
     def tell_service(self, info: NodeInfo, method: str, args: list[Any]) -> None: ...
 
-    def on_cluster_end(self) -> None: ...
+    def on_cluster_end(self, code: int = 0) -> None: ...
 
     async def spawn_here(
         self, cls: type[Actor], args: list[Any], kwargs: dict[str, Any], name: str
@@ -354,18 +355,20 @@ class NodeService(Actor):
         return self.node.node_id
 
     @endpoint
-    async def shutdown(self) -> None:
-        """Stop this node (asked by the head, or by the node that started this one)."""
+    async def shutdown(self, code: int = 0) -> None:
+        """Stop this node (asked by the head, or by the node that started this one), exiting with
+        ``code`` (the head's ``nodes_exit_code``)."""
         parent = self.node.node_id.rsplit(".", 1)[0] if "." in self.node.node_id else HEAD
         self._only_from((HEAD, parent), "stop a node")
+        self.node.exit_code = code
         # Stop after this call has answered, so the caller is not left waiting on it.
         asyncio.get_running_loop().call_soon(self.node.request_stop)
 
     @endpoint
-    async def cluster_ends(self) -> None:
-        """The head stops the cluster: stop, and do not rejoin."""
+    async def cluster_ends(self, code: int = 0) -> None:
+        """The head stops the cluster: stop with ``code``, and do not rejoin."""
         self._only_from(HEAD, "end the cluster")
-        asyncio.get_running_loop().call_soon(self.node.on_cluster_end)
+        asyncio.get_running_loop().call_soon(self.node.on_cluster_end, code)
 
     def _only_from(self, node_ids: str | tuple[str, ...], action: str) -> None:
         allowed = (node_ids,) if isinstance(node_ids, str) else node_ids

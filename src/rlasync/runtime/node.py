@@ -124,6 +124,7 @@ class Node:
         self._context: NodeContext | None = None  # what the peers, the server and the refs see of it
         self._server: Server | None = None
         self.exit_code = 0  # for the process: 75 (EX_TEMPFAIL) when fenced or cut off from the head
+        self.nodes_exit_code = 0  # on the head: the exit code of the nodes it stops (EX_ENDED_EARLY)
         # On the head: called with each node that joins (a rejoining node is a new incarnation),
         # e.g. to place its roles on it again. Must not block.
         self.join_listeners: list[Any] = []
@@ -478,9 +479,9 @@ class Node:
         if self._server is not None:
             await self._server.stop(timeout)
 
-    def on_cluster_end(self) -> None:
-        """The head stops the cluster: stop too (exit code 0: nothing to rejoin)."""
-        self.exit_code = 0
+    def on_cluster_end(self, code: int = 0) -> None:
+        """The head stops the cluster: stop too, with the head's ``code`` (not 75: no rejoining)."""
+        self.exit_code = code
         self.request_stop()
 
     async def __aenter__(self) -> Node:
