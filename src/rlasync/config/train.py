@@ -159,12 +159,14 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     ``reward/errors`` in ``metrics.jsonl`` counts failed rewards either way."""
     checkpoint_every: NonNegativeInt = 0
     """Save a checkpoint every this many steps (and after the last); 0: only after the last.
-    ``rlasync train … --resume`` continues from the newest one in ``run_dir``."""
+    ``rlasync train … --resume`` continues from the newest one in ``run_dir`` (``--resume=auto``:
+    if there is one, else the run starts afresh)."""
     keep_checkpoints: PositiveInt = 2
     """Newest checkpoints kept; older ones are deleted once a newer one is complete."""
     checkpoint_on_interrupt: bool = False
-    """On Ctrl-C (SIGINT) or SIGTERM, finish the step in progress and save a checkpoint before
-    stopping (``--resume`` then loses nothing). A step that does not finish within
+    """On Ctrl-C (SIGINT) or SIGTERM, to the head or to any node of the run (a scheduler signals
+    them all at once), finish the step in progress and save a checkpoint before stopping
+    (``--resume`` then loses nothing); SIGUSR1 always does. A step that does not finish within
     ``interrupt_grace_s`` is cut, and the run stops without that checkpoint; a second Ctrl-C
     stops at once. Off: an interrupt stops the run at once (within seconds)."""
     interrupt_grace_s: PositiveFloat = 20.0
