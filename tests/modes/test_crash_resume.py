@@ -277,20 +277,23 @@ CLUSTER = [
 
 
 @pytest.mark.timeout(400)
-def test_sigterm_to_every_process_at_once_is_one_interrupt_with_a_checkpoint_and_resume_auto_goes_on(
-    tmp_path: Path, nano_model_dir: Path
+@pytest.mark.parametrize("sig, checkpoint_on_interrupt", [(signal.SIGTERM, True), (signal.SIGUSR1, False)])
+def test_a_signal_to_every_process_at_once_is_one_interrupt_with_a_checkpoint_and_resume_auto_goes_on(
+    tmp_path: Path, nano_model_dir: Path, sig: signal.Signals, checkpoint_on_interrupt: bool
 ) -> None:
-    """What Slurm's scancel, its time limit or a preemption does: SIGTERM to every process of a
-    run at once, the nodes' and trainer ranks' too. The nodes defer to the head, which ends its
-    step with a checkpoint; every process is gone within ``train.interrupt_grace_s`` + 5 s; the
-    same command with ``--resume=auto`` (which started the run afresh) trains on from there, and
-    the two parts train exactly the uninterrupted run's rows."""
+    """What Slurm's scancel or a preemption (SIGTERM), or its time-limit warning (SIGUSR1, which
+    checkpoints whatever ``train.checkpoint_on_interrupt`` says), does: the signal to every
+    process of a run at once, the nodes' and trainer ranks' too. The nodes defer to the head,
+    which ends its step with a checkpoint; every process is gone within
+    ``train.interrupt_grace_s`` + 5 s; the same command with ``--resume=auto`` (which started
+    the run afresh) trains on from there, and the two parts train exactly the uninterrupted
+    run's rows."""
     grace = 30.0
     overrides = [
         *_overrides(tmp_path, nano_model_dir, "fully_async"),
         *CLUSTER,
         "train.checkpoint_every=0",
-        "train.checkpoint_on_interrupt=true",
+        f"train.checkpoint_on_interrupt={str(checkpoint_on_interrupt).lower()}",
         f"train.interrupt_grace_s={grace}",
     ]
     # Started from nothing, not forked by the test's spawner: its whole process tree is its own.
@@ -313,7 +316,7 @@ def test_sigterm_to_every_process_at_once_is_one_interrupt_with_a_checkpoint_and
         sent = time.monotonic()
         for pid in family:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, sig)
         output, _ = proc.communicate(timeout=grace + 30)
         wait_until_sync(
             lambda: not _alive(family),

@@ -50,14 +50,11 @@ def checkpoint_to_resume(config: Config) -> tuple[Path, dict[str, Any]]:
 
 def checkpoint_due(config: Config, step: int, *, stopping: bool = False) -> bool:
     """Whether step ``step`` ends with a checkpoint: every ``train.checkpoint_every`` steps,
-    after the last (every mode ends with its model on disk), and when ``stopping`` with
-    ``train.checkpoint_on_interrupt``."""
+    after the last (every mode ends with its model on disk), and when ``stopping`` (the run was
+    asked to stop at a step's end: an interrupt under ``train.checkpoint_on_interrupt``, SIGUSR1,
+    a node's signal, or a script's ``stop``)."""
     cfg = config.train
-    return (
-        bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-        or step == cfg.steps
-        or (stopping and cfg.checkpoint_on_interrupt)
-    )
+    return bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps or stopping
 
 
 class Saver:

@@ -105,7 +105,7 @@ class Run:
         """Build and start everything (the warm-start first, if ``train.model_dir`` is empty).
         ``metrics_upto``: a resumed run's step (its records after it are dropped). ``fleet``:
         where the parts run (``Fleet``). ``stop``: set, the schedule stops at the end of its
-        step (``stopping``), with a checkpoint if ``train.checkpoint_on_interrupt``."""
+        step (``stopping``), with a checkpoint."""
         run = cls(config, stop=stop, fleet=fleet)
         await run.start(metrics_upto=metrics_upto)
         return run

@@ -54,8 +54,8 @@ async def train(
     in ``train.run_dir`` (every mode; the asynchronous ones with their samples in flight;
     ``"auto"``: if there is one, else the run starts afresh). ``on_step(record)`` gets each training step's line of ``metrics.jsonl``
     as it is written (``step``, ``reward``, ``val_accuracy`` when validated, ``train/*``, ...).
-    ``stop``: set it to end the run at the end of the step in progress (with a checkpoint if
-    ``train.checkpoint_on_interrupt``); ``train`` then raises ``RunInterrupted``.
+    ``stop``: set it to end the run at the end of the step in progress, with a checkpoint;
+    ``train`` then raises ``RunInterrupted``.
 
         result = rlasync.run(train(load_config("configs/quickstart.yaml"), on_step=print))
     """

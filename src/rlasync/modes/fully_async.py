@@ -130,7 +130,7 @@ async def train_fully_async(run: Run, steps: Steps, resume_from: Path | None) ->
             taken = queue.take_nowait() or await _first(queue.take(), rollouter.failed, run.stop)
             if taken is None:  # asked to stop while waiting for samples: the last step's end is saved
                 record = StepRecord(step=step - 1)
-                if cfg.checkpoint_on_interrupt and run.checkpoint_due(step - 1, stopping=True):
+                if run.checkpoint_due(step - 1, stopping=True):
                     await save(record, version, True)
                 raise run.stopped(record)
             waited = time.perf_counter() - t0
