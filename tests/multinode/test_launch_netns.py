@@ -45,6 +45,8 @@ SHORT_RUN = [
     "train.max_new_tokens=16",
     "train.val_size=8",
 ]
+# The runs that are stopped half-way and resumed: 16 such steps, validated at the end only.
+STOPPED_RUN = ["train.steps=16", *SHORT_RUN[1:], "train.validate_every=100"]
 
 
 def _hosts_file(lan: Lan, path: Path, *extra: str) -> Path:
@@ -192,6 +194,32 @@ def test_launch_trains_across_three_hosts_the_head_by_ipv6_and_status_lists_them
     assert not _gone(lan, 30)
 
 
+def _torchrun(lan: Lan, host: int, address: str, args: list[str], *options: str) -> list[str]:
+    """torchrun on ``host`` (its namespace) starting ``rlasync launch --from-env ARGS``: c10d
+    rendezvous at host 0, which hosts it; ``address``: the host's address the others reach."""
+    return [
+        "ip",
+        "netns",
+        "exec",
+        lan.names[host],
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=3",
+        "--nproc-per-node=1",
+        *options,
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={lan.ip(0)}:29400",
+        f"--rdzv-conf=is_host={int(host == 0)}",
+        f"--local-addr={address}",
+        "-m",
+        "rlasync",
+        "launch",
+        "--from-env",
+        *args,
+    ]
+
+
 @pytest.mark.timeout(500)
 def test_the_same_run_started_by_torchrun_in_each_namespace(
     three_hosts: Lan, tmp_path: Path, nano_model_dir: Path
@@ -201,33 +229,21 @@ def test_the_same_run_started_by_torchrun_in_each_namespace(
     addresses = [lan.ip(0), lan.ip(1), lan.ip6(2)]
     commands = [
         (
-            [
-                "ip",
-                "netns",
-                "exec",
-                name,
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=3",
-                "--nproc-per-node=1",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={lan.ip(0)}:29400",
-                f"--rdzv-conf=is_host={int(i == 0)}",
-                f"--local-addr={address}",
-                "-m",
-                "rlasync",
-                "launch",
-                "--from-env",
-                str(CLUSTER),
-                f"train.run_dir={tmp_path / 'run'}",
-                f"train.model_dir={nano_model_dir}",
-                *SHORT_RUN,
-                *RUN,
-            ],
+            _torchrun(
+                lan,
+                i,
+                address,
+                [
+                    str(CLUSTER),
+                    f"train.run_dir={tmp_path / 'run'}",
+                    f"train.model_dir={nano_model_dir}",
+                    *SHORT_RUN,
+                    *RUN,
+                ],
+            ),
             env,
         )
-        for i, (name, address) in enumerate(zip(lan.names, addresses))
+        for i, address in enumerate(addresses)
     ]
     logs = _run_on_every_host(tmp_path, commands, timeout=420)
     head_log = next(log for log in logs if '"final_accuracy"' in log)  # c10d picks which machine is rank 0
@@ -387,12 +403,7 @@ def test_sigterm_to_every_node_at_once_checkpoints_and_the_same_command_with_res
     lan, grace, steps = three_hosts, 30.0, 16
     run = [
         f"train.mode={mode}",
-        f"train.steps={steps}",
-        "train.prompts_per_step=4",
-        "train.group_size=4",
-        "train.max_new_tokens=16",
-        "train.val_size=8",
-        "train.validate_every=100",
+        *STOPPED_RUN,
         "train.checkpoint_every=0",
         "train.checkpoint_on_interrupt=true",
         f"train.interrupt_grace_s={grace}",
@@ -478,52 +489,26 @@ def test_torchrun_restarts_the_group_after_a_node_is_killed_and_it_resumes_from_
     in order) and starts the same command again, which resumes from the newest checkpoint; the
     run ends complete, every row trained once."""
     lan, steps = three_hosts, 16
-    run = [
-        f"train.steps={steps}",
-        "train.prompts_per_step=4",
-        "train.group_size=4",
-        "train.max_new_tokens=16",
-        "train.val_size=8",
-        "train.validate_every=100",
-        "train.checkpoint_every=2",
-    ]
+    run = [*STOPPED_RUN, "train.checkpoint_every=2"]
     env = dict(os.environ, **{SECRET_ENV: new_secret()})
-    addresses = [lan.ip(0), lan.ip(1), lan.ip(2)]
     logs = [tmp_path / f"host-{i}.log" for i in range(3)]
+    args = [
+        str(CLUSTER),
+        f"train.run_dir={tmp_path / 'run'}",
+        f"train.model_dir={nano_model_dir}",
+        *RUN,
+        *run,
+        "--resume=auto",
+    ]
     procs = [
         subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                name,
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=3",
-                "--nproc-per-node=1",
-                "--max-restarts=1",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={lan.ip(0)}:29400",
-                f"--rdzv-conf=is_host={int(i == 0)}",
-                f"--local-addr={address}",
-                "-m",
-                "rlasync",
-                "launch",
-                "--from-env",
-                str(CLUSTER),
-                f"train.run_dir={tmp_path / 'run'}",
-                f"train.model_dir={nano_model_dir}",
-                *RUN,
-                *run,
-                "--resume=auto",
-            ],
+            _torchrun(lan, i, lan.ip(i), args, "--max-restarts=1"),
             env=env,
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for i, (name, address, log) in enumerate(zip(lan.names, addresses, logs))
+        for i, log in enumerate(logs)
     ]
 
     def everything() -> str:

@@ -3,10 +3,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from rlasync.cli import app
+from rlasync.cli.common import bare_resume, parse_resume
+from rlasync.compose.checkpoints import resuming
+from rlasync.config import load_config
 
 
 def test_help_lists_commands_and_imports_no_torch() -> None:
@@ -46,3 +50,35 @@ def test_tcp_node_needs_a_secret() -> None:
 def test_secret_prints_a_usable_secret() -> None:
     result = CliRunner().invoke(app, ["secret"])
     assert result.exit_code == 0 and len(result.output.strip()) == 64
+
+
+def test_resume_takes_no_value_or_auto() -> None:
+    """``--resume`` alone (``rlasync.__main__`` spells it ``--resume=newest``: Typer cannot leave
+    an option's value optional) and ``--resume=auto``; anything else is an error naming both."""
+    assert bare_resume(["train", "c.yaml", "--resume", "x=1", "--resume=auto"]) == [
+        "train",
+        "c.yaml",
+        "--resume=newest",
+        "x=1",
+        "--resume=auto",
+    ]
+    assert [parse_resume(v, "rlasync train") for v in ("", "newest", "auto")] == [False, True, "auto"]
+    for command in (
+        ["train", "configs/quickstart.yaml"],
+        ["launch", "configs/quickstart.yaml", "--from-env"],
+    ):
+        result = CliRunner(env={"COLUMNS": "300"}).invoke(app, [*command, "--resume=sometimes"])
+        assert result.exit_code == 2 and "--resume takes no value, or =auto" in result.output, result.output
+
+
+def test_resume_auto_resumes_only_when_a_checkpoint_is_there(tmp_path: Path) -> None:
+    config = load_config(
+        Path(__file__).parents[2] / "configs" / "quickstart.yaml", [f"train.run_dir={tmp_path}"]
+    )
+    assert resuming(config, "auto") is False and resuming(config, True) and not resuming(config, False)
+    step = tmp_path / "checkpoints" / "step_000004"
+    step.mkdir(parents=True)
+    (step / "state.json").write_text("{}")  # a complete one (a torn one would be named by the resume)
+    assert resuming(config, "auto") is True
+    (tmp_path / "checkpoints" / "step_000006.partial").mkdir()  # one being written does not count
+    assert resuming(config, "auto") is True
