@@ -296,14 +296,17 @@ def test_ctrl_c_or_a_failed_node_stops_every_host_within_30_s(
         "train.group_size=4",
         "train.max_new_tokens=16",
         "train.val_size=8",
+        "train.checkpoint_on_interrupt=true",
     )
     try:
         _wait_for_step(proc, tmp_path, log, 2)
         assert len(lan.pids()) >= 5  # three nodes and the two trainer ranks' processes
         stopped = time.monotonic()
-        if stop == "ctrl_c":
+        if stop == "ctrl_c":  # the head ends its step with a checkpoint, then every host stops
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=40) == 130, log.read_text()[-3000:]
+            saved = list((tmp_path / "run" / "checkpoints").glob("step_*"))
+            assert len(saved) == 1 and not verify(saved[0]), log.read_text()[-3000:]
         else:  # node-2 (an engine's) dies: the run could go on, the launch stops every host
             node = [
                 int(p)
