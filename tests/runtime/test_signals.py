@@ -23,6 +23,21 @@ RUNTIME = '{"heartbeat_interval_s": 0.2, "node_dead_after_s": 30}'
 TRAIN = SimpleNamespace(checkpoint_on_interrupt=True, interrupt_grace_s=20.0)
 
 
+@pytest.fixture(autouse=True)
+def _handlers_kept():  # type: ignore[no-untyped-def]
+    """This process's own handlers for the signals, back after each test (removing the loop's
+    handlers leaves the default ones)."""
+    kept = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
+
+
+def _uninstall(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in SIGNALS:
+        loop.remove_signal_handler(sig)
+
+
 def _node_process(tmp_path, head: str) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
     env = dict(os.environ, RLASYNC_RUNTIME_CONFIG=RUNTIME)
     worker = [sys.executable, "-m", "rlasync.runtime.worker"]
@@ -83,8 +98,7 @@ async def test_a_node_defers_a_signal_to_a_head_that_stops_its_run_and_stops_on_
     finally:
         interrupts.disarm()  # its watchdog would end this process
         main.cancel()
-        for sig in SIGNALS:
-            loop.remove_signal_handler(sig)
+        _uninstall(loop)
 
 
 async def test_signals_to_every_process_at_once_are_one_interrupt_and_a_later_one_cancels(
@@ -112,8 +126,7 @@ async def test_signals_to_every_process_at_once_are_one_interrupt_and_a_later_on
     finally:
         interrupts.disarm()
         main.cancel()
-        for sig in SIGNALS:
-            loop.remove_signal_handler(sig)
+        _uninstall(loop)
 
 
 async def test_sigusr1_saves_a_checkpoint_even_without_checkpoint_on_interrupt() -> None:
@@ -129,5 +142,4 @@ async def test_sigusr1_saves_a_checkpoint_even_without_checkpoint_on_interrupt()
     finally:
         interrupts.disarm()
         main.cancel()
-        for sig in SIGNALS:
-            loop.remove_signal_handler(sig)
+        _uninstall(loop)

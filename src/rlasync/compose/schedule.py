@@ -141,8 +141,8 @@ class Schedule:
         stop: asyncio.Event | None = None,
     ) -> TrainResult:
         """Run the schedule; with ``resume``, continue from the newest checkpoint in
-        ``train.run_dir`` exactly as if the run had not stopped (``"auto"``: if there is one). ``on_step(record)``: each line of
-        ``metrics.jsonl`` as it is written. ``run``: parts made elsewhere (``Run.open``, e.g. the
+        ``train.run_dir`` exactly as if the run had not stopped (``"auto"``: if there is one).
+        ``on_step(record)``: each line of ``metrics.jsonl`` as it is written. ``run``: parts made elsewhere (``Run.open``, e.g. the
         simulation's), else they are built from ``config``; closed at the end either way.
         ``stop``: set, the run ends the step in progress and raises ``RunInterrupted``.
 

@@ -3,9 +3,8 @@
 The launcher writes one JSON line to each host's process, ``rlasync launch --from-stdin``: its
 rank, the head's address, where to listen, the cluster secret, the launcher's version and the
 run's whole config (overrides applied, so no host needs a copy of the file), and for the head,
-whether it resumes. The stdin then
-stays open: when it closes (the launcher stopped, or died and its ssh went with it) the process
-stops itself, so nothing is left running on any host.
+whether it resumes. The stdin then stays open: when it closes (the launcher stopped, or died and
+its ssh went with it) the process stops itself, so nothing is left running on any host.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..interrupts import SAME_DELIVERY_S, SIGNALS
-from .errors import RuntimeErrorBase
 
 if TYPE_CHECKING:
     from .node import Node
@@ -88,7 +87,7 @@ class Deferral:
             keep_s = float(
                 await node.membership.interrupted.options(timeout=ASK_TIMEOUT_S)(node.node_id, name)
             )
-        except RuntimeErrorBase as exc:
+        except Exception as exc:  # lost, timed out, refused: whatever it was, a signalled node stops
             log.warning("%s got %s and could not tell the head (%s): stopping", node.node_id, name, exc)
             self._stop()
             return

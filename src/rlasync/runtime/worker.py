@@ -2,10 +2,10 @@
 
 Used by ``LocalCluster``, by nodes for the child processes they supervise (``--node-id
 node-1.0``), and by ``rlasync node``. Runs one node on uvloop until it is told to shut down,
-loses the head, is released by its head after a SIGTERM/SIGINT/SIGUSR1 (``runtime.signals``), gets a
-second one, or (a child) loses its parent process. The cluster secret
-comes from the environment (``RLASYNC_CLUSTER_SECRET``), never from the command line, where
-``ps`` shows it; the runtime config comes as JSON in ``RLASYNC_RUNTIME_CONFIG``.
+loses the head, is released by its head after a SIGTERM, SIGINT or SIGUSR1 (``runtime.signals``),
+gets a second one, or (a child) loses its parent process. The cluster secret comes from the
+environment (``RLASYNC_CLUSTER_SECRET``), never from the command line, where ``ps`` shows it;
+the runtime config comes as JSON in ``RLASYNC_RUNTIME_CONFIG``.
 """
 
 from __future__ import annotations
