@@ -27,8 +27,9 @@ trap 'echo "step got TERM" >> "$LOG"; exit 0' TERM
 echo started >> "$LOG"
 while :; do sleep 0.05; done
 """
+# scontrol: a large job's host list (a reader that stops at the first line would fail it: SIGPIPE).
 SCONTROL = """#!/usr/bin/env bash
-if [ "$1" = show ]; then echo head-node; echo node-2; exit 0; fi
+if [ "$1" = show ]; then echo head-node; exec seq -f 'node-%g' 2 20000; fi
 echo "scontrol $*" >> "$LOG"
 """
 
