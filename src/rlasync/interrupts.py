@@ -90,7 +90,7 @@ class Interrupts:
             loop.add_signal_handler(sig, self._arrived, sig)
         _installed.append(self)
         if self.count:  # one came during start-up
-            self._begin("interrupted during start-up", checkpoint=self.checkpoint)
+            self._begin("a signal during start-up")
 
     def _arrived(self, sig: int = signal.SIGTERM) -> None:
         now = time.monotonic()
@@ -101,36 +101,38 @@ class Interrupts:
         if self._main is None:
             return
         if self.count == 1:  # the first to this process (a node's relay may have begun it already)
-            self._begin(signal.Signals(sig).name, checkpoint=self.checkpoint or sig == signal.SIGUSR1)
+            self._begin(signal.Signals(sig).name)
         else:
             self._cancel("interrupted")
 
     def relayed(self, node_id: str, signal_name: str) -> float:
-        """``from_node``: start the interrupt (if none has begun); the seconds left to the node."""
-        if self._main is not None and self._began is None:
+        """``from_node`` (installed: the run is on): start the interrupt if none has begun; the
+        seconds left to the node."""
+        if self._began is None:
             log.warning("%s got %s: the run stops", node_id, signal_name)
-            self._begin(signal_name, checkpoint=self.checkpoint or signal_name == "SIGUSR1")
-        if self._began is None:  # start-up: the run will not start (``count``)
-            self.count = max(self.count, 1)
-            return self.checkpoint_grace_s + NODES_STOP_AFTER_S
-        return max(0.0, self._began + self._grace_s + NODES_STOP_AFTER_S - time.monotonic())
+        began = self._begin(signal_name)
+        return max(0.0, began + self._grace_s + NODES_STOP_AFTER_S - time.monotonic())
 
-    def _begin(self, what: str, *, checkpoint: bool) -> None:
+    def _begin(self, signal_name: str) -> float:
+        """Begin the interrupt ``signal_name`` asks for, unless one has begun; when it began."""
         if self._began is not None:
-            return
+            return self._began
         self._began = time.monotonic()
+        checkpoint = self.checkpoint or signal_name == "SIGUSR1"  # a time limit ahead: always
         self._grace_s = self.checkpoint_grace_s if checkpoint else CANCEL_GRACE_S
         self._arm_watchdog()
         if checkpoint:
             log.warning(
-                "%s: finishing the step in progress to save a checkpoint (Ctrl-C again to stop at once)", what
+                "%s: finishing the step in progress to save a checkpoint (Ctrl-C again to stop at once)",
+                signal_name,
             )
             self.stop.set()
             asyncio.get_running_loop().call_later(
                 self._grace_s, self._cancel, "the step did not finish in train.interrupt_grace_s"
             )
-            return
-        self._cancel("interrupted")
+        else:
+            self._cancel("interrupted")
+        return self._began
 
     def _cancel(self, why: str) -> None:
         if self._main is not None and not self._main.done():

@@ -332,45 +332,23 @@ def test_a_slurm_job_one_task_per_host_node_zero_hosting_the_store(
     """What ``launch/slurm.sbatch``'s ``srun`` starts on each host: ``--from-env`` with Slurm's
     variables; node 0 hosts the store at MASTER_ADDR:MASTER_PORT (no torchrun agent here)."""
     lan = three_hosts
-    env = dict(
-        os.environ,
-        **{SECRET_ENV: new_secret()},
-        MASTER_ADDR=lan.ip(0),
-        MASTER_PORT="29450",
-        SLURM_NTASKS="3",
-        SLURM_NNODES="3",
-    )
-    commands = [
-        (
-            [
-                "ip",
-                "netns",
-                "exec",
-                name,
-                sys.executable,
-                "-m",
-                "rlasync",
-                "launch",
-                "--from-env",
-                str(CLUSTER),
-                f"train.run_dir={tmp_path / 'run'}",
-                f"train.model_dir={nano_model_dir}",
-                *SHORT_RUN,
-                *RUN,
-            ],
-            dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"),
-        )
-        for i, name in enumerate(lan.names)
+    args = [
+        str(CLUSTER),
+        f"train.run_dir={tmp_path / 'run'}",
+        f"train.model_dir={nano_model_dir}",
+        *SHORT_RUN,
+        *RUN,
     ]
+    commands = _slurm_commands(lan, args, 29450)
     head = _run_on_every_host(tmp_path, commands, timeout=240)[0]
     assert "cluster: 3 node(s)" in head and '"steps": 4' in head, head[-3000:]
     assert [r["step"] for r in _records(tmp_path)[1:]] == [1, 2, 3, 4]
     assert not _gone(lan, 30)
 
 
-def _slurm_tasks(lan: Lan, tmp_path: Path, args: list[str], port: int) -> list[subprocess.Popen[str]]:
-    """What ``launch/slurm.sbatch``'s ``srun`` starts: one ``--from-env`` task per host, with the
-    variables srun sets."""
+def _slurm_commands(lan: Lan, args: list[str], port: int) -> list[tuple[list[str], dict[str, str]]]:
+    """What ``launch/slurm.sbatch``'s ``srun`` starts: one ``--from-env`` task per host (with
+    ``args``), each with the variables srun sets; node 0 hosts the store at ``port``."""
     env = dict(
         os.environ,
         **{SECRET_ENV: new_secret()},
@@ -382,14 +360,25 @@ def _slurm_tasks(lan: Lan, tmp_path: Path, args: list[str], port: int) -> list[s
         SLURM_NNODES="3",
     )
     return [
-        subprocess.Popen(
+        (
             ["ip", "netns", "exec", name, sys.executable, "-m", "rlasync", "launch", "--from-env", *args],
-            env=dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"),
+            dict(env, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0"),
+        )
+        for i, name in enumerate(lan.names)
+    ]
+
+
+def _slurm_tasks(lan: Lan, tmp_path: Path, args: list[str], port: int) -> list[subprocess.Popen[str]]:
+    """``_slurm_commands`` started, each writing ``task-<i>.log``."""
+    return [
+        subprocess.Popen(
+            command,
+            env=env,
             stdout=(tmp_path / f"task-{i}.log").open("a"),
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for i, name in enumerate(lan.names)
+        for i, (command, env) in enumerate(_slurm_commands(lan, args, port))
     ]
 
 

@@ -103,6 +103,7 @@ class ClusterFleet:
     _prefer: bool  # whether a worker prefers its own node's engines
 
     def __init__(self) -> None:
+        self.cluster: Any = None  # the nodes, once opened (``open_cluster``)
         self.router: Any = None  # the head's Router over every engine in rotation, once started
         self.rejoins = 0  # lost nodes that joined again and got their roles back (cluster/rejoins)
 

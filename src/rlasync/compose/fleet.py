@@ -32,7 +32,7 @@ class Fleet(Protocol):
     validates: bool  # whether held-out validation means anything here
     model_dir: Path  # the model folder the engines and the trainer start from
     pad: int  # the tokenizer's pad id
-    cluster: Any  # the nodes: ``cluster.head`` is this process's
+    cluster: Any  # the nodes: ``cluster.head`` is this process's (None until opened)
     router: Any  # the head's Router over every engine in rotation (None until started)
     engine: EngineGroup  # over that router: pause and resume every engine at once
     rollouts: Any  # the AgentLoopManager: rows to trajectories, on the workers

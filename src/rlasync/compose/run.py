@@ -309,11 +309,8 @@ class Run:
         --max-restarts``) starts every node again, and the same command resumes."""
         from ..runtime.joining import EX_ENDED_EARLY
 
-        try:
-            head = self.fleet.cluster.head
-        except (AttributeError, RuntimeError):  # no cluster opened yet: no node to tell
-            return
-        head.nodes_exit_code = EX_ENDED_EARLY
+        if self.fleet.cluster is not None:  # None: no node was started, none to tell
+            self.fleet.cluster.head.nodes_exit_code = EX_ENDED_EARLY
 
     async def close(self) -> None:
         """In reverse order of making: metrics file, weight group, trainer ranks, workers,

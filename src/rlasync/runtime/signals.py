@@ -78,8 +78,10 @@ class Deferral:
             return "a second signal"
         if self._parent is not None and os.getppid() != self._parent:
             return "the process that started it is gone"
-        if node is None or node.is_head or not node.is_running:
-            return "no head to defer to" if node is None or node.is_head else "not running"
+        if node is None or node.is_head:
+            return "no head to defer to"
+        if not node.is_running:
+            return "not running"
         return ""
 
     async def _defer(self, node: Node, name: str) -> None:
