@@ -65,8 +65,9 @@ class Deferral:
         name = signal.Signals(sig).name
         node = self._node()
         why = self._stop_now(node)
-        if why:
-            log.warning("%s: %s (%s): stopping", node.node_id if node else "this node", name, why)
+        if why:  # only a second signal is news: the others come with a stop under way or due
+            level = logging.WARNING if self.count > 1 else logging.INFO
+            log.log(level, "%s: %s (%s): stopping", node.node_id if node else "this node", name, why)
             self._stop()
             return
         assert node is not None
