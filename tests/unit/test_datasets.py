@@ -186,7 +186,29 @@ def test_parquet_prompt_column_of_messages(tmp_path: Path) -> None:
     records = [{"prompt": [{"role": "user", "content": "2+2?"}], "reward_model": {"ground_truth": "4"}}]
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "v.parquet")
     (row,) = load_rows(tmp_path / "v.parquet")
-    assert row == {"messages": [{"role": "user", "content": "2+2?"}], "reward_model": {"ground_truth": "4"}}
+    assert row == {
+        "messages": [{"role": "user", "content": "2+2?"}],
+        "reward_model": {"ground_truth": "4"},
+        "ground_truth": "4",  # verl's answer is the row's ground truth
+    }
+
+
+@needs_pyarrow
+def test_verl_layout_needs_its_ground_truth_and_names_the_row_and_column(tmp_path: Path) -> None:
+    import pyarrow as pa  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    prompt = [{"role": "user", "content": "2+2?"}]
+    records = [
+        {"prompt": prompt, "reward_model": {"style": "rule", "ground_truth": "4"}, "agent_name": "tool_agent"},
+        {"prompt": prompt, "reward_model": {"style": "rule", "ground_truth": None}, "agent_name": "single_turn_agent"},
+    ]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "v.parquet")
+    with pytest.raises(DatasetError, match=r"v.parquet: row 1: field 'reward_model.ground_truth': missing"):
+        load_rows(tmp_path / "v.parquet")
+    pq.write_table(pa.Table.from_pylist(records[:1]), tmp_path / "ok.parquet")
+    (row,) = load_rows(tmp_path / "ok.parquet")
+    assert row["agent_name"] == "tool" and row["ground_truth"] == "4"  # verl's loop names are ours
 
 
 @needs_pyarrow

@@ -20,6 +20,7 @@ SRC = Path(rlasync.__file__).parent
 LAYERS: list[set[str]] = [
     {"config", "interrupts", "registry"},
     {"transport", "models", "algorithms", "tools", "rewards", "data", "metrics", "plugins"},
+    {"envs"},
     {"runtime"},
     {"weights"},
     {"engines", "agents", "trainer", "launcher"},
@@ -34,10 +35,12 @@ an engine's sink), so it sits under them rather than beside them; ``serving`` (t
 endpoint and its loop) speaks to the engines for the agents, so it sits on both; ``compose``
 (a run's parts, made from the config: where they run, the rows, checkpoints, records) sits on
 all the roles, and ``modes`` (the schedules, each only the order it drives those parts in) on
+it. ``envs`` (a task's rows and its scorer) is made of rows and rewards, and the agent loops run
 it."""
 
 SIDEWAYS: dict[tuple[str, str], str] = {
     ("data", "rlasync.tools.calculator"): "the calc task's prompts offer the calculator's schema",
+    ("rewards", "rlasync.plugins"): "a verl reward function's file is imported as a plugin file is",
     (
         "agents",
         "rlasync.engines.types",

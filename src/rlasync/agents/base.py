@@ -15,13 +15,16 @@ import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config.agent import AgentConfig
 from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
 from ..registry import Registry
 from .template import ChatTurns
 from .trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from ..rewards import RewardFn as ScoreFn
 
 RewardFn = Callable[[dict[str, Any], Trajectory], "float | Awaitable[float]"]
 """A loop's reward: ``reward_fn(row, trajectory)`` scores a finished trajectory given its
@@ -138,8 +141,9 @@ def check_reward_fn(fn: RewardFn) -> RewardFn:
     return fn
 
 
-def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> RewardFn:
-    """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards`` by name.
+def registered_reward(name: str | ScoreFn, *, ground_truth_key: str = "ground_truth") -> RewardFn:
+    """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards``: by name, or the
+    function itself (a ``RewardInput`` in: an environment's ``score``, a verl ``compute_score``).
 
     The reward reads the last assistant message, the whole conversation, the row's
     ``ground_truth_key`` field and the tool counts, and in ``extra`` the row's other fields
@@ -149,7 +153,8 @@ def registered_reward(name: str, *, ground_truth_key: str = "ground_truth") -> R
     """
     from ..rewards import RewardInput, compute_reward, get_reward
 
-    get_reward(name)
+    if isinstance(name, str):
+        get_reward(name)
 
     async def score(row: dict[str, Any], trajectory: Trajectory) -> float:
         answers = [m for m in trajectory.messages if m.get("role") == "assistant"]

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from ..config.agent import AgentConfig
+from ..config.data import CustomRewardFunctionConfig
 from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
@@ -57,6 +58,12 @@ class AgentWorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     task: str = ""
     """A synthetic task (``rlasync.data``) whose own reward scores the rows (they carry its
     ``problem``); overrides ``reward``."""
+    source: str | dict[str, Any] = ""
+    """An environment (``data.source``, ``rlasync.envs``) whose own score is the reward of the
+    rows it made; overrides ``reward``. Built here from its options and ``seed``."""
+    seed: int = 0
+    custom_reward: CustomRewardFunctionConfig | None = None
+    """A verl reward function (``custom_reward_function``); overrides ``reward``."""
     ground_truth_key: str = "ground_truth"
 
 
@@ -89,7 +96,6 @@ class AgentLoopWorker(Actor):
         self._shared_lock = asyncio.Lock()
 
     async def on_start(self) -> None:
-        from ..data.synthetic import loop_reward
         from ..tools.tool_config import build_agent_tools
 
         if self.tokenizer is None:
@@ -108,15 +114,31 @@ class AgentLoopWorker(Actor):
             if not self.spec.engines:
                 raise ValueError("AgentLoopWorker needs engines: AgentWorkerSpec(engines=[engine refs])")
             self._engine = Router(self.spec.engines, self.spec.router, prefer=self.spec.local)
-        if self._reward_fn is None and self.spec.task:
-            self._reward_fn = loop_reward(self.spec.task)
-        elif self._reward_fn is None and self.spec.reward:
-            self._reward_fn = registered_reward(self.spec.reward, ground_truth_key=self.spec.ground_truth_key)
+        if self._reward_fn is None:
+            self._reward_fn = await asyncio.to_thread(self._spec_reward)  # may import a package, generate
         self._interaction = interaction_factory(
             self.spec.agent.interaction, conversation_score(self._reward_fn)
         )
         if self.node.metrics is not None:
             self._unexport = self.node.metrics.add(self._metric_families)
+
+    def _spec_reward(self) -> RewardFn | None:
+        """The reward the spec names: a synthetic task's, an environment's, a verl function, a
+        registered reward, or none."""
+        from ..data.synthetic import loop_reward
+        from ..envs import make_environment
+        from ..rewards import load_compute_score
+
+        spec = self.spec
+        if spec.task:
+            return loop_reward(spec.task)
+        if spec.source:
+            environment = make_environment(spec.source, seed=spec.seed)
+            return None if environment is None else registered_reward(environment.score)
+        if spec.custom_reward is not None:
+            custom = spec.custom_reward
+            return registered_reward(load_compute_score(custom.path, custom.name, custom.reward_kwargs))
+        return registered_reward(spec.reward, ground_truth_key=spec.ground_truth_key) if spec.reward else None
 
     def _metric_families(self) -> list[Any]:
         from ..engines.telemetry import router_families

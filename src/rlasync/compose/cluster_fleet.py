@@ -236,7 +236,9 @@ class ClusterFleet:
     def _worker_spec(self, local: list[str]) -> Any:
         from ..agents import AgentWorkerSpec
 
-        config, synthetic = self.config, not self.config.data.train_files
+        config = self.config
+        data, custom = config.data, config.custom_reward_function
+        synthetic = not data.train_files and not data.source
         return AgentWorkerSpec(
             model=str(self.model_dir),
             engines=self.engines,
@@ -244,7 +246,15 @@ class ClusterFleet:
             agent=config.agent,
             router=config.router,
             task=config.train.task if synthetic else "",
-            reward="" if synthetic else config.data.reward,
+            source=data.source,
+            seed=config.train.seed,
+            # A file path as the head resolves it: a node's working directory may differ.
+            custom_reward=(
+                msgspec.structs.replace(custom, path=plugins.resolved([custom.path])[0])
+                if custom.path and not synthetic
+                else None
+            ),
+            reward="" if synthetic else data.reward,
         )
 
     def _engine_config(self, replica: int) -> EngineConfig:

@@ -15,6 +15,7 @@ import msgspec
 from ..config import Config, ConfigError
 from ..data import DataGenerator, Row, RowResult, Sampler, load_rows, make_sampler, synthetic_rows
 from ..engines import SamplingParams
+from ..envs import make_environment
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,16 @@ def tool_loop(config: Config) -> str:
 
 
 def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
-    """Training and validation rows: the data files, or the synthetic task's two splits."""
+    """Training and validation rows: the data files, the environment's (``data.source``), or
+    the synthetic task's two splits."""
     cfg, data = config.train, config.data
+    if data.source:
+        environment = make_environment(data.source, seed=cfg.seed)
+        assert environment is not None
+        train, val = environment.rows("train"), environment.rows("val", cfg.val_size)
+        if not train or not val:
+            raise ConfigError(f"data.source made no {'training' if not train else 'held-out'} rows")
+        return train, val
     if not data.train_files:
         loop = tool_loop(config)
         train = synthetic_rows(

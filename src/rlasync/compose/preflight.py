@@ -21,6 +21,7 @@ from ..config import Config, ConfigError
 from ..data import DataGenerator, Row, make_generator, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..metrics.trackers import tracker_names
+from ..rewards import CustomRewardError, load_compute_score
 from ..serving import OpenAIAgentLoop, load_agent
 from ..tools import SandboxUnavailable, build_agent_tools
 from .feed import read_rows, tool_loop
@@ -42,12 +43,8 @@ def preflight(config: Config) -> Checked:
     cfg = config.train
     plugins.load_all(config.plugins)  # first: the names below may be theirs
     placement = Placement.of(config)  # every placement mistake before anything starts
-    if config.data.val_files and not config.data.train_files:  # else ignored for the task's split
-        raise ConfigError(
-            "data.val_files is set but data.train_files is not: without training files the rows, "
-            f"held-out ones too, come from the synthetic train.task ({cfg.task}); give data.train_files as well"
-        )
-    files = read_rows(config) if config.data.train_files else None
+    check_sources(config)
+    files = read_rows(config) if config.data.train_files or config.data.source else None
     if files is None and cfg.val_size > synthetic_capacity(cfg.task, "val"):
         raise ConfigError(
             f"train.val_size={cfg.val_size}: the {cfg.task} task has {synthetic_capacity(cfg.task, 'val')} distinct held-out problems; ask for at most that"
@@ -74,6 +71,31 @@ def preflight(config: Config) -> Checked:
     return Checked(
         placement=placement, files=files, generator=generator, sample_rows=sample_rows, tools=tools
     )
+
+
+def check_sources(config: Config) -> None:
+    """Where the rows come from (files, ``data.source``, the synthetic task) and what scores
+    them (``data.reward``, ``custom_reward_function``, the environment) agree; a verl reward
+    function is loaded now, so a wrong path or name fails here."""
+    data, custom = config.data, config.custom_reward_function
+    if data.val_files and not data.train_files:  # else ignored for the task's split
+        raise ConfigError(
+            "data.val_files is set but data.train_files is not: without training files the rows, "
+            f"held-out ones too, come from the synthetic train.task ({config.train.task}) or data.source; "
+            "give data.train_files as well"
+        )
+    if data.source and data.train_files:
+        raise ConfigError("data.source and data.train_files both give the rows: keep one")
+    if custom.path:
+        if not data.train_files:
+            raise ConfigError(
+                "custom_reward_function scores the rows of data.train_files (a synthetic task or data.source "
+                "scores its own): give data.train_files"
+            )
+        try:
+            load_compute_score(custom.path, custom.name, custom.reward_kwargs)
+        except CustomRewardError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:

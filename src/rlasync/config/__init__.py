@@ -3,7 +3,7 @@
 from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
-from .data import DataConfig
+from .data import CustomRewardFunctionConfig, DataConfig
 from .endpoint import EndpointConfig
 from .engine import (
     AnyEngineConfig,
@@ -26,6 +26,7 @@ __all__ = [
     "AsyncTrainingConfig",
     "ClusterConfig",
     "Config",
+    "CustomRewardFunctionConfig",
     "DataConfig",
     "ConfigError",
     "EndpointConfig",

@@ -28,7 +28,9 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     """Put first in every prompt that has no system message."""
     reward: str = "exact_match"
     """The reward of file rows, by name from ``rlasync.rewards`` (``exact_match``,
-    ``exact_numeric``, ``boxed_math``, ``tool_format``, or one you register)."""
+    ``exact_numeric``, ``boxed_math``, ``math_verify``, ``tool_format``, ``verl_default`` (verl's
+    scorer of each row's ``data_source``), or one you register); ``custom_reward_function``
+    replaces it with a verl reward function."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by ``train.seed``; resumable)."""
     sampler: str | dict[str, Any] = "uniform"
@@ -44,7 +46,26 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     over ``window`` rows reaches ``threshold``; options ``batch``, ``start_length``,
     ``max_length``), or one registered with ``rlasync.data.register_generator``. The rows it made
     and its state are saved in checkpoints. "": none."""
+    source: str | dict[str, Any] = ""
+    """An environment the rows come from, which also scores them (``rlasync.envs``), instead of
+    files: ``{reasoning_gym: {task: chain_sum, size: 2000}}``, or one registered with
+    ``rlasync.envs.register_environment``. Its options go to it; ``seed`` defaults to
+    ``train.seed``. "": none."""
     synthetic_train_size: PositiveInt = 20000
     """Training rows drawn from the synthetic task when there are no files: the first this many
     problems its training split draws, repeats kept, so training sees every kind of problem as
     often as the task (and its held-out split) does."""
+
+
+class CustomRewardFunctionConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A verl reward function, named as verl names it (``custom_reward_function.*``): the
+    rows' reward instead of ``data.reward``. ``compute_score(data_source, solution_str,
+    ground_truth, extra_info, **reward_kwargs)`` returns a score, or a dict with ``score`` and
+    other values (kept as the trajectory's reward metrics); sync or async."""
+
+    path: str = ""
+    """The Python file defining it ("": none). On other hosts it must lie at the same path."""
+    name: str = "compute_score"
+    """The function's name in that file."""
+    reward_kwargs: dict[str, Any] = {}
+    """Keyword arguments passed on every call."""

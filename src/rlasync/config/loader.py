@@ -19,7 +19,7 @@ import yaml
 from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
-from .data import DataConfig
+from .data import CustomRewardFunctionConfig, DataConfig
 from .engine import AnyEngineConfig, EngineConfig, RouterConfig, engine_message, with_backend
 from .errors import ConfigError
 from .launch import LaunchConfig
@@ -46,6 +46,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
+    custom_reward_function: CustomRewardFunctionConfig = msgspec.field(
+        default_factory=CustomRewardFunctionConfig
+    )
+    """A verl reward function as the rows' reward (verl's key, at the top as in verl's config)."""
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)

@@ -17,7 +17,12 @@ A row is a plain dict, passed as keyword arguments to an agent loop and to the r
 ``load_rows`` normalises what it reads: a string prompt (``prompt_key``) becomes a user message
 after an optional system message; a row that has ``messages`` (or whose prompt is already a
 list of messages) keeps them. The prompt field is then dropped (it *is* ``messages`` now), and
-``answer_key``, when given, is renamed ``ground_truth``. A malformed row raises ``DatasetError``
+``answer_key``, when given, is renamed ``ground_truth``.
+
+verl's layout is read as it is: ``prompt`` as chat messages, ``reward_model: {style,
+ground_truth}`` (its ``ground_truth`` is the row's, and required), ``data_source``, ``ability``
+and ``extra_info`` kept for the reward (verl's ``compute_score`` reads them), and its loop names
+in ``agent_name`` (``single_turn_agent``, ``tool_agent``) as ours. A malformed row raises ``DatasetError``
 naming the file, the line (JSONL, from 1) or row (Parquet and ``datasets``, from 0), and the field.
 
 Columnar formats (Parquet, ``datasets``) store every key of a struct column in every row, with
@@ -47,6 +52,9 @@ Row = dict[str, Any]
 """One dataset row (see the module docstring for its fields)."""
 
 _OPTIONAL_NON_NULL = ("agent_name", "tools", "uid")
+
+VERL_LOOPS = {"single_turn_agent": "single_turn", "tool_agent": "tool"}
+"""verl's names of its agent loops (a row's ``agent_name``) -> ours."""
 
 
 class DatasetError(ValueError):
@@ -239,6 +247,15 @@ def _normalise(
         if row.get(answer_key) is None:
             raise fail(answer_key, "missing: answer_key names it as the ground truth")
         row["ground_truth"] = row.pop(answer_key)
+    elif row.get("reward_model") is not None:  # verl's layout: {style: rule, ground_truth: ...}
+        reward_model = row["reward_model"]
+        if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+            raise fail(
+                "reward_model.ground_truth",
+                "missing: a row in verl's layout keeps its answer here "
+                "(reward_model: {style: rule, ground_truth: ...}); give it, or name another column with data.answer_key",
+            )
+        row["ground_truth"] = reward_model["ground_truth"]
     elif "ground_truth" in row and row["ground_truth"] is None:
         del row["ground_truth"]  # a null in a column: no ground truth for this row
     for key in _OPTIONAL_NON_NULL:
@@ -246,6 +263,8 @@ def _normalise(
             del row[key]
     if "agent_name" in row and (not isinstance(row["agent_name"], str) or not row["agent_name"]):
         raise fail("agent_name", f"expected the name of an agent loop, got {row['agent_name']!r}")
+    if row.get("agent_name") in VERL_LOOPS:
+        row["agent_name"] = VERL_LOOPS[row["agent_name"]]
     if "tools" in row:
         row["tools"] = _tools(row["tools"], fail, columnar)
     if "uid" in row and (isinstance(row["uid"], bool) or not isinstance(row["uid"], str | int)):

@@ -7,7 +7,6 @@ Add your own with ``@register_reward("name")`` in a module you import before tra
 
 from .builtin import (  # importing it registers the built-ins
     ToolFormat,
-    boxed_math,
     exact_match,
     exact_numeric,
     extract_boxed,
@@ -16,6 +15,7 @@ from .builtin import (  # importing it registers the built-ins
     parse_last_number,
     tool_format,
 )
+from .math_grader import answers_equal, boxed_math, math_verify, math_verify_installed
 from .registry import (
     DEFAULT_TIMEOUT_S,
     RewardError,
@@ -27,24 +27,31 @@ from .registry import (
     register_reward,
     registered_rewards,
 )
+from .verl import CustomRewardError, load_compute_score, verl_default
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "CustomRewardError",
     "RewardError",
     "RewardFn",
     "RewardInput",
     "RewardOutput",
     "ToolFormat",
+    "answers_equal",
     "boxed_math",
     "compute_reward",
     "exact_match",
     "exact_numeric",
     "extract_boxed",
     "get_reward",
+    "load_compute_score",
     "math_answers_equal",
+    "math_verify",
+    "math_verify_installed",
     "normalize_math_answer",
     "parse_last_number",
     "register_reward",
     "registered_rewards",
     "tool_format",
+    "verl_default",
 ]

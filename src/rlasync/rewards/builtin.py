@@ -1,4 +1,5 @@
-"""Built-in rewards: ``exact_numeric``, ``boxed_math``, ``tool_format``, ``exact_match``.
+"""Built-in rewards: ``exact_numeric``, ``tool_format``, ``exact_match`` (the math rewards,
+``boxed_math`` and ``math_verify``, are in ``math_grader``), and the answer parsing they share.
 
 Answer rewards score 1.0 or 0.0 and report ``answer_found`` (whether an answer could be
 extracted at all), which separates "wrong" from "badly formatted" on a dashboard. A missing
@@ -192,16 +193,6 @@ def math_answers_equal(a: str, b: str) -> bool:
     a, b = normalize_math_answer(a), normalize_math_answer(b)
     x, y = _as_number(a), _as_number(b)
     return x == y if x is not None and y is not None else a == b
-
-
-@register_reward("boxed_math")
-def boxed_math(inp: RewardInput) -> RewardOutput:
-    """1.0 when the last ``\\boxed{}`` of the response matches the ground truth (itself boxed or not)."""
-    truth = _truth(inp, "boxed_math")
-    truth = extract_boxed(truth) or truth
-    answer = extract_boxed(inp.response_text)
-    score = float(answer is not None and math_answers_equal(answer, truth))
-    return RewardOutput(score=score, metrics={"answer_found": float(answer is not None)})
 
 
 # -- tool use format --------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""The protocol every task source of a run speaks: an ``Environment`` yields rows and scores
+what the model answered to them.
+
+    data:
+      source: {reasoning_gym: {task: basic_arithmetic, size: 2000}}   # which environment, its options
+
+An environment is a class registered by name and built from its options
+(``cls(seed=train.seed, **options)``) in every process that needs it: on the head, which draws
+its rows (``rows``), and on each node that runs agent loops, which scores their trajectories
+(``score``: sync or async, a ``RewardInput`` in, a score or a ``RewardOutput`` out, called
+through ``compute_reward``, so a failure is a recorded 0.0, never a lost step). A row carries
+what its score needs back (an index, a seed) as plain data: rows cross the wire.
+
+    @register_environment("countdown_words")
+    class CountdownWords(Environment):
+        def __init__(self, *, seed: int, words: int = 3) -> None: ...
+        def rows(self, split, n): ...
+        def score(self, inp): ...
+
+A package an environment needs and lacks is a ``MissingExtraError`` naming the extra that
+installs it. Environments live above ``data`` and ``rewards`` (rows, and the reward contract)
+and below the agent loops that run them.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from ..config.loader import ConfigError, registry_choice
+from ..data import Row
+from ..registry import Registry
+from ..rewards import RewardInput, RewardOutput
+
+Split = Literal["train", "val"]
+"""Which rows: training rows, or held-out rows that validation scores (never trained on)."""
+
+
+class EnvironmentError(ConfigError):  # noqa: A001  (ours: a ConfigError, not the OSError alias)
+    """``data.source`` names no registered environment, or options it does not take."""
+
+
+class MissingExtraError(EnvironmentError):
+    """An environment needs a package that is not installed: the message names the extra."""
+
+
+class Environment(abc.ABC):
+    """A source of rows and their scorer (see the module docstring). ``seed`` is the run's
+    ``train.seed`` unless the options give their own."""
+
+    @abc.abstractmethod
+    def rows(self, split: Split, n: int | None = None) -> list[Row]:
+        """``n`` rows of ``split`` (None: all the environment has of it), the same ones for the
+        same options; held-out rows are never training rows. Each has ``messages`` and a unique
+        ``uid``. Blocking (may generate)."""
+
+    @abc.abstractmethod
+    def score(self, inp: RewardInput) -> float | RewardOutput | Awaitable[float | RewardOutput]:
+        """The reward of one finished trajectory of a row: ``inp.extra`` holds the row's other
+        fields, ``inp.ground_truth`` its ``ground_truth``. May raise: the caller records a 0.0."""
+
+
+_ENVIRONMENTS = Registry[type[Environment]](
+    "environment",
+    taken="an environment named {name!r} is already registered ({old.__module__}.{old.__qualname__})",
+)
+_BUILT_IN = {"reasoning_gym": "rlasync.envs.reasoning_gym"}
+"""Adapters registered when first named: their module imports nothing heavy until built."""
+
+
+def register_environment(name: str) -> Callable[[type[Environment]], type[Environment]]:
+    """Class decorator: make the environment available as ``data.source: {<name>: {...}}``."""
+    return _ENVIRONMENTS.decorator(name)
+
+
+def registered_environments() -> list[str]:
+    return sorted({*_ENVIRONMENTS.names(), *_BUILT_IN})
+
+
+def source_options(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """``data.source`` as ``{name: ..., option: value}``: it may be written ``name``,
+    ``{name: {options}}`` (one key) or ``{name: ..., option: value}``; ``{}`` when empty."""
+    if isinstance(spec, dict) and len(spec) == 1 and "name" not in spec:
+        ((name, options),) = spec.items()
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise EnvironmentError(
+                f"data.source.{name}: expected the environment's options as a mapping, got {type(options).__name__}"
+            )
+        return {"name": name, **options}
+    return dict(spec) if isinstance(spec, dict) else {"name": spec} if spec else {}
+
+
+def make_environment(spec: str | dict[str, Any], *, seed: int) -> Environment | None:
+    """The environment ``data.source`` names, built (None when it names none). Options it does
+    not take are an ``EnvironmentError`` naming them."""
+    options = source_options(spec)
+    if not options:
+        return None
+    if options.get("name") in _BUILT_IN and options["name"] not in _ENVIRONMENTS:
+        importlib.import_module(_BUILT_IN[options["name"]])
+    choice = registry_choice(
+        options, "data.source", _ENVIRONMENTS.view(), "@rlasync.envs.register_environment", EnvironmentError
+    )
+    assert choice is not None
+    name, cls, options = choice
+    options.setdefault("seed", seed)
+    try:
+        return cls(**options)
+    except EnvironmentError:
+        raise
+    except TypeError as exc:  # an option it does not take, or one it needs
+        raise EnvironmentError(f"data.source.{name}: {exc}") from None
