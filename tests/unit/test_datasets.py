@@ -200,8 +200,16 @@ def test_verl_layout_needs_its_ground_truth_and_names_the_row_and_column(tmp_pat
 
     prompt = [{"role": "user", "content": "2+2?"}]
     records = [
-        {"prompt": prompt, "reward_model": {"style": "rule", "ground_truth": "4"}, "agent_name": "tool_agent"},
-        {"prompt": prompt, "reward_model": {"style": "rule", "ground_truth": None}, "agent_name": "single_turn_agent"},
+        {
+            "prompt": prompt,
+            "reward_model": {"style": "rule", "ground_truth": "4"},
+            "agent_name": "tool_agent",
+        },
+        {
+            "prompt": prompt,
+            "reward_model": {"style": "rule", "ground_truth": None},
+            "agent_name": "single_turn_agent",
+        },
     ]
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "v.parquet")
     with pytest.raises(DatasetError, match=r"v.parquet: row 1: field 'reward_model.ground_truth': missing"):

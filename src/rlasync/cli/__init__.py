@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from . import launch, node, plan, serve, status, train
+from . import eval, launch, node, plan, serve, status, train
 
 app = typer.Typer(
     help="rlasync: asynchronous RL post-training without Ray.",
@@ -28,5 +28,8 @@ for command in (
     status.plot,
 ):
     app.command()(command)
+app.command("eval")(
+    eval.evaluate
+)  # after plan in `--help`; `eval` is Python's builtin, so not the function's name
 
 __all__ = ["app"]

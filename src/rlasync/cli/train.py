@@ -53,13 +53,13 @@ def run_train(cfg: Config, *, resume: Resume = False, watch_stdin: bool = False)
     # it before it starts anything.
     interrupts = Interrupts(cfg.train)
     interrupts.hold()
-    code = _set_up(cfg, watch_stdin=watch_stdin)
+    code = set_up(cfg, watch_stdin=watch_stdin)
     if code is None and interrupts.count:
         code = said(WHO, "interrupted before the run started", INTERRUPTED)
     return _run(cfg, interrupts, resume=resume) if code is None else code
 
 
-def _set_up(cfg: Config, *, watch_stdin: bool) -> int | None:
+def set_up(cfg: Config, *, watch_stdin: bool) -> int | None:
     """Load the run's plugins and fork what this process will start; None, or the exit code of
     a run that cannot start."""
     from ..config.cluster import with_node_modules
