@@ -34,7 +34,7 @@ def test_rows_are_the_package_items_and_held_out_rows_ask_no_training_question()
     env = _env(size=300, val_pool=300)
     train, val = env.rows("train"), env.rows("val", 20)
     assert len(train) == 300 and len(val) == 20
-    dataset = rg.create_dataset("chain_sum", size=600, seed=5, **SMALL)
+    dataset = rg.create_dataset("chain_sum", size=12000, seed=5, **SMALL)
     for row in train[:5] + val[:5]:
         item = dataset[row["reasoning_gym_index"]]
         assert row["messages"][-1] == {"role": "user", "content": item["question"]}
@@ -42,8 +42,10 @@ def test_rows_are_the_package_items_and_held_out_rows_ask_no_training_question()
         assert row["ground_truth"] == item["answer"] and row["data_source"] == "chain_sum"
     asked = {r["messages"][-1]["content"] for r in train}
     assert not asked & {r["messages"][-1]["content"] for r in val}
-    assert all(r["reasoning_gym_index"] >= 300 for r in val)
     assert len({r["uid"] for r in train + val}) == 320
+    # Split by question, not by what training happened to ask (which would hold out mostly the
+    # rarer, harder questions): held-out items come from the same stretch of the stream.
+    assert min(r["reasoning_gym_index"] for r in val) < 100 and max(r["reasoning_gym_index"] for r in train) > 300
     again = _env(size=300, val_pool=300)
     assert again.rows("val", 20) == val  # the same options: the same rows, on any process
 
@@ -51,7 +53,8 @@ def test_rows_are_the_package_items_and_held_out_rows_ask_no_training_question()
 async def test_the_score_is_the_package_own_score_of_the_tagged_answer() -> None:
     env = _env(size=50)
     row = env.rows("train")[7]
-    item = rg.create_dataset("chain_sum", size=2050, seed=5, **SMALL)[7]
+    dataset = rg.create_dataset("chain_sum", size=10, seed=5, **SMALL)
+    item = dataset[row["reasoning_gym_index"]]
     extra = {k: v for k, v in row.items() if k not in ("messages", "ground_truth")}
 
     async def score(text: str) -> tuple[float, float]:
@@ -70,6 +73,11 @@ async def test_the_score_is_the_package_own_score_of_the_tagged_answer() -> None
     assert await score(item["answer"]) == (0.0, 0.0)  # untagged: no answer found
     text_env = _env(size=50, answer_format="text")
     out = await compute_reward(text_env.score, RewardInput(response_text=f" {item['answer']}\n", extra=extra))
+    assert out.score == 1.0
+    number_env = _env(size=50, answer_format="last_number")
+    out = await compute_reward(
+        number_env.score, RewardInput(response_text=f"so 1 and {item['answer']}.", extra=extra)
+    )
     assert out.score == 1.0
     # A row that did not come from it is a recorded error, never a raise into the loop.
     out = await compute_reward(env.score, RewardInput(response_text="<answer>1</answer>", extra={}))
@@ -116,9 +124,12 @@ def test_a_wrong_option_is_an_error_naming_the_setting(options: dict[str, Any], 
         make_environment({"reasoning_gym": options}, seed=0)
 
 
-def test_too_few_held_out_questions_say_which_setting_to_change() -> None:
-    with pytest.raises(EnvironmentError, match=r"raise val_pool, or lower train.val_size"):
-        _env(size=2000, val_pool=50).rows("val", 40)  # 2000 training rows ask nearly every question
+def test_too_few_held_out_rows_or_questions_say_which_setting_to_change() -> None:
+    with pytest.raises(EnvironmentError, match=r"raise val_pool or lower train.val_size"):
+        _env(size=100, val_pool=50).rows("val", 60)
+    # 1 % of the questions held out, from the first 20 x (5 + 5) items: fewer than 5 of them.
+    with pytest.raises(EnvironmentError, match=r"too few distinct questions"):
+        _env(size=5, val_pool=5, val_percent=1).rows("val", 5)
 
 
 def test_an_unknown_environment_and_a_missing_package_are_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,28 +9,37 @@
     # ... or several, each with a weight (and its own config):
     #     tasks: {chain_sum: 2.0, basic_arithmetic: {weight: 1.0, config: {max_terms: 3}}}
 
-reasoning-gym makes item ``i`` of a dataset from the seed ``seed + i`` alone, so one dataset of
-``size + val_pool`` items holds both splits: training rows are items ``0 .. size-1``, held-out
-rows the items after them whose question no training row asks (small task spaces repeat). A row
+reasoning-gym makes item ``i`` of a dataset from the seed ``seed + i`` alone, so one dataset
+holds both splits. An item is held out when a hash of its question falls in ``val_percent``
+(10 %) of the hash space: a held-out question is never a training question (small task spaces
+repeat questions), and both splits follow the task's distribution. Training rows are the first
+``size`` training items, held-out rows the first held-out ones (``val_pool`` at most). A row
 carries its item's index; the scorer on an agent-loop node makes the same dataset from the same
 options and scores against that item, so nothing but plain data crosses the wire.
 
-The model is asked (``system_prompt``, reasoning-gym's ``default`` unless set) to put its final
-answer in ``<answer>...</answer>``; with ``answer_format: text`` the whole reply is the answer
-(for small models prompted to answer at once). Needs ``pip install 'rlasync[envs]'``.
+What reaches the scorer is the reply's answer, as ``answer_format`` finds it: ``tag`` (the
+default, as reasoning-gym's own evaluations do) the last ``<answer>...</answer>``, which the
+system prompt (``system_prompt``: reasoning-gym's ``default`` unless set; a key of its
+``SYSTEM_PROMPTS`` or your text) asks for; ``text`` the whole reply; ``last_number`` the reply's
+last number as written (commas dropped), for numeric tasks and models too small to keep to tags.
+Needs ``pip install 'rlasync[envs]'``.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import functools
 import importlib.util
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from ..data import Row
 from ..rewards import RewardInput, RewardOutput
 from .base import Environment, EnvironmentError, MissingExtraError, Split, register_environment
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 INDEX = "reasoning_gym_index"
 """The row field holding its item's index in the environment's dataset."""
@@ -60,8 +69,9 @@ class ReasoningGym(Environment):
         tasks: dict[str, float | dict[str, Any]] | None = None,
         size: int = 10000,
         val_pool: int = 2000,
+        val_percent: int = 10,
         system_prompt: str = "default",
-        answer_format: Literal["tag", "text"] = "tag",
+        answer_format: Literal["tag", "text", "last_number"] = "tag",
     ) -> None:
         where = "data.source.reasoning_gym"
         if bool(task) == bool(tasks):
@@ -76,10 +86,15 @@ class ReasoningGym(Environment):
             raise EnvironmentError(
                 f"{where}: size and val_pool must be at least 1, got {size} and {val_pool}"
             )
-        if answer_format not in ("tag", "text"):
-            raise EnvironmentError(f"{where}.answer_format: expected tag or text, got {answer_format!r}")
+        if answer_format not in ("tag", "text", "last_number"):
+            raise EnvironmentError(
+                f"{where}.answer_format: expected tag, text or last_number, got {answer_format!r}"
+            )
         rg = _package()
         self.seed, self.size, self.val_pool, self.answer_format = int(seed), size, val_pool, answer_format
+        self.val_percent = val_percent
+        # Items scanned for each split's rows (a bound: a task of few questions may not fill one).
+        self.items = 20 * (size + val_pool)
         self.system_prompt = rg.utils.SYSTEM_PROMPTS.get(system_prompt, system_prompt)
         self.label = task or "+".join(sorted(tasks or {}))
         self.dataset = self._build(rg, where, task, dict(config or {}), dict(tasks or {}))
@@ -108,14 +123,16 @@ class ReasoningGym(Environment):
                 )
             weight, task_config = spec.get("weight", 1.0), spec.get("config") or {}
             specs.append((name, float(weight), dict(task_config)))
-        total = self.size + self.val_pool
         try:
             if task:
-                return rg.create_dataset(task, size=total, seed=self.seed, **config)
+                return rg.create_dataset(task, size=self.items, seed=self.seed, **config)
             from reasoning_gym.composite import DatasetSpec
 
             return rg.create_dataset(
-                "composite", size=total, seed=self.seed, datasets=[DatasetSpec(n, w, c) for n, w, c in specs]
+                "composite",
+                size=self.items,
+                seed=self.seed,
+                datasets=[DatasetSpec(n, w, c) for n, w, c in specs],
             )
         except (TypeError, ValueError, AssertionError) as exc:  # its config classes check with assert
             raise EnvironmentError(
@@ -123,24 +140,32 @@ class ReasoningGym(Environment):
             ) from None
 
     def rows(self, split: Split, n: int | None = None) -> list[Row]:
-        indices: Sequence[int]
-        if split == "train":
-            indices = range(self.size if n is None else min(n, self.size))
+        want = (self.size if split == "train" else self.val_pool) if n is None else n
+        if split == "val" and want > self.val_pool:
+            raise EnvironmentError(
+                f"data.source.reasoning_gym: {want} held-out rows wanted (train.val_size), val_pool is {self.val_pool}: "
+                "raise val_pool or lower train.val_size"
+            )
+        indices: list[int] = []
+        for index in range(self.items):
+            if len(indices) == want:
+                break
+            if self._split(index) == split:
+                indices.append(index)
         else:
-            n = self.val_pool if n is None else n
-            asked = {self._item(i)["question"] for i in range(self.size)}
-            indices = [
-                i
-                for i in range(self.size, self.size + self.val_pool)
-                if self._item(i)["question"] not in asked
-            ][:n]
-            if len(indices) < n:
-                raise EnvironmentError(
-                    f"data.source.reasoning_gym: only {len(indices)} of the {self.val_pool} held-out candidates "
-                    f"(val_pool) ask a question no training row asks; {n} are wanted (train.val_size): "
-                    "raise val_pool, or lower train.val_size or size"
-                )
+            raise EnvironmentError(
+                f"data.source.reasoning_gym: only {len(indices)} of its first {self.items} items ask a question of "
+                f"the {split} split, {want} wanted: the task has too few distinct questions for this size and "
+                "val_percent"
+            )
         return [self._row(i, split) for i in indices]
+
+    def _split(self, index: int) -> Split:
+        """The split of item ``index``, by a hash of its question: a question is held out or not
+        wherever it comes up, and each split follows the task's own distribution (holding out the
+        questions training happened not to ask would keep mostly the rarer, harder ones)."""
+        digest = hashlib.blake2b(self._item(index)["question"].encode(), digest_size=8).digest()
+        return "val" if int.from_bytes(digest, "big") % 100 < self.val_percent else "train"
 
     def _row(self, index: int, split: Split) -> Row:
         item = self._item(index)
@@ -160,7 +185,7 @@ class ReasoningGym(Environment):
 
     def score(self, inp: RewardInput) -> RewardOutput:
         index = inp.extra.get(INDEX)
-        if not isinstance(index, int) or not 0 <= index < self.size + self.val_pool:
+        if not isinstance(index, int) or not 0 <= index < self.items:
             raise ValueError(
                 f"the row has no {INDEX} of this environment (got {index!r}): it did not come from it"
             )
@@ -168,6 +193,9 @@ class ReasoningGym(Environment):
             from reasoning_gym.utils import extract_answer
 
             answer = extract_answer(inp.response_text)
+        elif self.answer_format == "last_number":
+            numbers = _NUMBER.findall(inp.response_text.replace(",", ""))
+            answer = numbers[-1] if numbers else None
         else:
             answer = inp.response_text.strip() or None
         score = float(self.dataset.score_answer(answer, self._item(index)))
