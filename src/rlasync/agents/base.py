@@ -58,6 +58,9 @@ class Interaction(abc.ABC):
 class AgentLoop(abc.ABC):
     shared: Any = None
     """What the loops of this class on one worker share (``shared_resource``); set by the worker."""
+    environment: Any = None
+    """The run's environment (``data.source``, an ``rlasync.envs.Environment``), opened on the
+    worker; set by the worker (None: the rows come from files or the synthetic task)."""
 
     def __init__(
         self,

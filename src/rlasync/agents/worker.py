@@ -85,6 +85,7 @@ class AgentLoopWorker(Actor):
         self._reward_fn = reward_fn
         # Each loop's simulated user (agent.interaction), made by this.
         self._interaction: Callable[[], Interaction] | None = None
+        self._environment: Any = None  # data.source, built and opened on start (rlasync.envs)
         self._mcp: Any = None  # agent.mcp_servers, started (rlasync.tools.mcp.MCPServers)
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
@@ -114,8 +115,15 @@ class AgentLoopWorker(Actor):
             if not self.spec.engines:
                 raise ValueError("AgentLoopWorker needs engines: AgentWorkerSpec(engines=[engine refs])")
             self._engine = Router(self.spec.engines, self.spec.router, prefer=self.spec.local)
+        if self.spec.source:  # may import a package, load a dataset: off the loop
+            from ..envs import make_environment
+
+            self._environment = await asyncio.to_thread(
+                make_environment, self.spec.source, seed=self.spec.seed
+            )
+            await self._environment.open()
         if self._reward_fn is None:
-            self._reward_fn = await asyncio.to_thread(self._spec_reward)  # may import a package, generate
+            self._reward_fn = await asyncio.to_thread(self._spec_reward)
         self._interaction = interaction_factory(
             self.spec.agent.interaction, conversation_score(self._reward_fn)
         )
@@ -126,15 +134,13 @@ class AgentLoopWorker(Actor):
         """The reward the spec names: a synthetic task's, an environment's, a verl function, a
         registered reward, or none."""
         from ..data.synthetic import loop_reward
-        from ..envs import make_environment
         from ..rewards import load_compute_score
 
         spec = self.spec
         if spec.task:
             return loop_reward(spec.task)
-        if spec.source:
-            environment = make_environment(spec.source, seed=spec.seed)
-            return None if environment is None else registered_reward(environment.score)
+        if self._environment is not None:
+            return registered_reward(self._environment.score)
         if spec.custom_reward is not None:
             custom = spec.custom_reward
             return registered_reward(load_compute_score(custom.path, custom.name, custom.reward_kwargs))
@@ -162,6 +168,8 @@ class AgentLoopWorker(Actor):
         await self._shared_stack.aclose()
         if self._mcp is not None:
             await self._mcp.close()
+        if self._environment is not None:
+            await self._environment.close()
 
     @endpoint
     async def generate(
@@ -219,6 +227,7 @@ class AgentLoopWorker(Actor):
             trajectory_id=trajectory_id,
         )
         loop.shared = self._shared.get(cls)
+        loop.environment = self._environment
         if state is not None and isinstance(loop, ResumableLoop):
             loop.resume_from(state, row)
         return loop

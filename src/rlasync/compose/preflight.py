@@ -116,8 +116,9 @@ def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:
             loop = get_loop(str(row.get("agent_name") or config.agent.default_loop))
         except KeyError as exc:
             raise ConfigError(f"agent.default_loop or a row's agent_name: {exc.args[0]}") from None
-        if issubclass(loop, OpenAIAgentLoop):
-            load_agent(config.agent.openai_agent)
+        if issubclass(loop, OpenAIAgentLoop):  # an agent (or an environment) of its own brings its tools
+            if loop.uses_openai_agent:
+                load_agent(config.agent.openai_agent)
         else:
             offering.append(row)
     if not config.agent.mcp_servers:

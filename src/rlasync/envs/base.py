@@ -14,8 +14,8 @@ what its score needs back (an index, a seed) as plain data: rows cross the wire.
     @register_environment("countdown_words")
     class CountdownWords(Environment):
         def __init__(self, *, seed: int, words: int = 3) -> None: ...
-        def rows(self, split, n): ...
-        def score(self, inp): ...
+        def rows(self, split, n=None): ...
+        def score(self, inp): ...            # or: async def converse(self, client, row): ...
 
 A package an environment needs and lacks is a ``MissingExtraError`` naming the extra that
 installs it. Environments live above ``data`` and ``rewards`` (rows, and the reward contract)
@@ -48,7 +48,20 @@ class MissingExtraError(EnvironmentError):
 
 class Environment(abc.ABC):
     """A source of rows and their scorer (see the module docstring). ``seed`` is the run's
-    ``train.seed`` unless the options give their own."""
+    ``train.seed`` unless the options give their own.
+
+    Two kinds: one whose rows our agent loops answer (``agent.default_loop``, or a row's
+    ``agent_name``), scored by ``score``; and one that holds each trajectory's conversation itself
+    (a game, a tool-using environment of another framework): its rows name the ``environment``
+    loop, which hands ``converse`` an OpenAI client whose every call is recorded with its tokens,
+    so the environment sees messages while the trajectory keeps the model's tokens exactly."""
+
+    async def open(self) -> None:  # noqa: B027  (optional: most environments hold nothing)
+        """Start what its conversations need on the node where they run (a server, a pool),
+        before the first; ``close`` stops it."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Stop what ``open`` started (the agent-loop worker's end)."""
 
     @abc.abstractmethod
     def rows(self, split: Split, n: int | None = None) -> list[Row]:
@@ -56,17 +69,30 @@ class Environment(abc.ABC):
         same options; held-out rows are never training rows. Each has ``messages`` and a unique
         ``uid``. Blocking (may generate)."""
 
-    @abc.abstractmethod
     def score(self, inp: RewardInput) -> float | RewardOutput | Awaitable[float | RewardOutput]:
-        """The reward of one finished trajectory of a row: ``inp.extra`` holds the row's other
-        fields, ``inp.ground_truth`` its ``ground_truth``. May raise: the caller records a 0.0."""
+        """The reward of one finished trajectory of a row answered by our loops: ``inp.extra``
+        holds the row's other fields, ``inp.ground_truth`` its ``ground_truth``. May raise: the
+        caller records a 0.0."""
+        raise NotImplementedError(f"{type(self).__name__} scores its conversations in converse, not here")
+
+    async def converse(self, client: Any, row: Row) -> float | RewardOutput:
+        """Hold one trajectory of ``row`` (whose ``agent_name`` is ``environment``) through
+        ``client``, an ``openai.AsyncOpenAI``: each model turn is a call, the environment's turns
+        are its own messages between them; its reward is returned. May raise: the trajectory
+        then ends with termination ``error`` and reward 0."""
+        raise NotImplementedError(f"{type(self).__name__} has rows our loops answer: it has no converse")
 
 
 _ENVIRONMENTS = Registry[type[Environment]](
     "environment",
     taken="an environment named {name!r} is already registered ({old.__module__}.{old.__qualname__})",
 )
-_BUILT_IN = {"reasoning_gym": "rlasync.envs.reasoning_gym"}
+_BUILT_IN = {
+    "reasoning_gym": "rlasync.envs.reasoning_gym_env",
+    "verifiers": "rlasync.envs.verifiers_env",
+    "textarena": "rlasync.envs.textarena_env",
+    "openenv": "rlasync.envs.openenv_env",
+}
 """Adapters registered when first named: their module imports nothing heavy until built."""
 
 
@@ -107,6 +133,8 @@ def make_environment(spec: str | dict[str, Any], *, seed: int) -> Environment | 
     )
     assert choice is not None
     name, cls, options = choice
+    if cls.score is Environment.score and cls.converse is Environment.converse:
+        raise EnvironmentError(f"data.source.{name}: {cls.__qualname__} defines neither score nor converse")
     options.setdefault("seed", seed)
     try:
         return cls(**options)

@@ -10,7 +10,7 @@ openai``, ``agent.openai_agent: module:function``) starts one on each agent-loop
 """
 
 from .endpoint import Endpoint
-from .loop import AgentCallError, OpenAIAgentLoop, load_agent
+from .loop import AgentCallError, EnvironmentLoop, OpenAIAgentLoop, load_agent
 from .recording import Call, Recording, samples, trajectory_of
 from .schema import APIError
 from .server import EndpointError
@@ -21,6 +21,7 @@ __all__ = [
     "Call",
     "Endpoint",
     "EndpointError",
+    "EnvironmentLoop",
     "OpenAIAgentLoop",
     "Recording",
     "load_agent",

@@ -36,6 +36,7 @@ from ..agents.trajectory import Trajectory
 from ..config.agent import AgentConfig
 from ..config.loader import ConfigError, import_object
 from ..engines.types import SamplingParams
+from ..rewards import RewardOutput
 from .endpoint import Endpoint
 from .recording import samples, trajectory_of
 
@@ -43,7 +44,7 @@ from .recording import samples, trajectory_of
 for _name in ("httpx", "httpx2", "openai"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-Agent = Callable[[Any, dict[str, Any]], Awaitable["float | None"]]
+Agent = Callable[[Any, dict[str, Any]], Awaitable["float | RewardOutput | None"]]
 
 
 @functools.cache
@@ -76,6 +77,8 @@ def load_agent(path: str) -> Agent:
 @register("openai")
 class OpenAIAgentLoop(AgentLoop):
     shared: Endpoint | None
+    uses_openai_agent = True
+    """Its agent is ``agent.openai_agent`` (checked at start-up)."""
 
     @classmethod
     def shared_resource(
@@ -91,7 +94,7 @@ class OpenAIAgentLoop(AgentLoop):
                 "the openai loop runs on an agent-loop worker, which starts its endpoint; alone, set "
                 "`loop.shared = endpoint` (an rlasync.serving.Endpoint with recording=True)"
             )
-        agent = load_agent(self.config.openai_agent)
+        agent = self.agent()
         key = endpoint.record(params, self.trajectory_id)
         client = endpoint.client(key, max_retries=2)  # a 429 from a full endpoint is retried with back-off
         try:
@@ -99,17 +102,43 @@ class OpenAIAgentLoop(AgentLoop):
         finally:  # an agent that raised ends its trajectory with termination "error" (the worker's)
             calls = endpoint.recorded(key)
         if not calls:
-            raise AgentCallError(f"the agent {self.config.openai_agent} made no call to the endpoint")
+            raise AgentCallError(
+                f"the agent {getattr(agent, '__qualname__', agent)} made no call to the endpoint"
+            )
         groups = samples(calls)
         made = [trajectory_of(group, response_length=self.config.response_length) for group in groups]
         # The sample holding the last call is the trajectory; the others ride along.
         main = next(i for i, group in enumerate(groups) if group[-1] is calls[-1])
         trajectory = made.pop(main)
         trajectory.samples = made
+        if isinstance(reward, RewardOutput):  # an environment's, with its error if it failed
+            if "error" in reward.metrics:
+                trajectory.metrics.reward_error = str(reward.metrics["error"])
+            reward = reward.score
         trajectory.reward = float(await self._reward(row, trajectory) if reward is None else reward)
         for sample in made:
             sample.reward = trajectory.reward
         return trajectory
+
+    def agent(self) -> Agent:
+        """What holds the conversation: ``agent.openai_agent``."""
+        return load_agent(self.config.openai_agent)
+
+
+@register("environment")
+class EnvironmentLoop(OpenAIAgentLoop):
+    """The rows of an environment that holds each conversation itself (``data.source``:
+    verifiers, TextArena, OpenEnv): its ``converse`` is the agent, its return the reward."""
+
+    uses_openai_agent = False
+
+    def agent(self) -> Agent:
+        if self.environment is None:
+            raise RuntimeError(
+                "the environment loop runs the rows of data.source's environment, which this loop was not given "
+                "(a row with agent_name: environment in a run without data.source?)"
+            )
+        return self.environment.converse
 
 
 class AgentCallError(RuntimeError):

@@ -28,11 +28,10 @@ Needs ``pip install 'rlasync[envs]'``.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import functools
+import hashlib
 import importlib.util
 import re
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from ..data import Row

@@ -1,0 +1,175 @@
+"""TextArena's games as environments: a game is one trajectory's conversation, its outcome the reward.
+
+    data:
+      source:
+        textarena:
+          game: TicTacToe-v0               # any id of TextArena's registry
+          players: 2
+          opponent: my_bots:first_free     # a function (observation, player id) -> move ...
+          # opponent: {url: http://judge-host:8000/v1, model: frozen}   # ... or a second policy
+
+Each row is one game, played from its own seed. Our policy plays ``player`` (0: it moves first):
+every time it is to move, the game's new observation (what appeared since its last turn) is a
+user message and its reply the move, so a game is one multi-turn sample whose game turns are
+masked. The other seats are played by ``opponent``: a Python function by import path (scripted;
+sync or async), or a model behind an OpenAI-compatible URL (a frozen copy, another model), whose
+calls are not the trajectory's. The reward is TextArena's for our player at the game's end (a
+win 1, a loss -1, a draw 0, or the game's own scale); a game cut at ``max_turns`` scores
+``unfinished``. Needs ``pip install 'rlasync[envs-frameworks]'``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import inspect
+from typing import Any
+
+from ..data import Row
+from ..rewards import RewardOutput
+from .base import Environment, EnvironmentError, MissingExtraError, Split, register_environment
+
+MODEL = "policy"
+VAL_SEEDS = 1_000_000_007
+"""Held-out games start from this seed (training games from 0): no training game is a held-out one."""
+
+
+def _package() -> Any:
+    if importlib.util.find_spec("textarena") is None:
+        raise MissingExtraError(
+            "data.source.textarena needs the textarena package: pip install 'rlasync[envs-frameworks]'"
+        )
+    import textarena
+
+    return textarena
+
+
+@register_environment("textarena")
+class TextArena(Environment):
+    """A TextArena game (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        game: str,
+        players: int = 1,
+        player: int = 0,
+        opponent: str | dict[str, Any] = "",
+        size: int = 10000,
+        max_turns: int = 30,
+        unfinished: float = 0.0,
+        system_prompt: str = "",
+    ) -> None:
+        where = "data.source.textarena"
+        ta = _package()
+        from textarena.envs.registration import ENV_REGISTRY
+
+        if game not in ENV_REGISTRY:
+            close = difflib.get_close_matches(game, list(ENV_REGISTRY), n=3)
+            raise EnvironmentError(
+                f"{where}.game: TextArena has no game {game!r}"
+                + (f" (did you mean {', '.join(close)}?)" if close else "")
+            )
+        if not 0 <= player < players:
+            raise EnvironmentError(f"{where}.player: {player} is not a seat of a {players}-player game")
+        if players > 1 and not opponent:
+            raise EnvironmentError(
+                f"{where}.opponent: {game} with {players} players needs an opponent: a function by import path "
+                "(my_bots:first_free) or {url: ..., model: ...}"
+            )
+        self.ta, self.game, self.players, self.player = ta, game, players, player
+        self.seed, self.size, self.max_turns, self.unfinished = int(seed), size, max_turns, unfinished
+        self.system_prompt = system_prompt
+        self._opponent = _opponent(opponent, where) if opponent else None
+        self._opponent_client: Any = None
+
+    async def open(self) -> None:
+        if isinstance(self._opponent, dict):
+            import openai
+
+            self._opponent_client = openai.AsyncOpenAI(
+                base_url=self._opponent["url"], api_key=self._opponent.get("api_key", "-")
+            )
+
+    async def close(self) -> None:
+        if self._opponent_client is not None:
+            await self._opponent_client.close()
+
+    def rows(self, split: Split, n: int | None = None) -> list[Row]:
+        n = self.size if n is None else n
+        first = self.seed * 1_000_003 + (VAL_SEEDS if split == "val" else 0)
+        return [
+            {
+                "messages": [{"role": "user", "content": f"TextArena {self.game}, game {first + i}"}],
+                "uid": f"{self.game}:{split}:{i}",
+                "agent_name": "environment",
+                "textarena_seed": first + i,
+                "kind": split,
+            }
+            for i in range(n)
+        ]
+
+    async def converse(self, client: Any, row: Row) -> RewardOutput:
+        env = self.ta.make(self.game)
+        env.reset(num_players=self.players, seed=int(row["textarena_seed"]))
+        messages: list[dict[str, Any]] = (
+            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        )
+        seen, turns, done = "", 0, False
+        while not done and turns < self.max_turns:
+            player, observation = env.get_observation()
+            if player == self.player:
+                new = observation[len(seen) :] if observation.startswith(seen) else observation
+                seen = observation
+                messages.append({"role": "user", "content": new.strip()})
+                reply = await client.chat.completions.create(model=MODEL, messages=messages)
+                move = reply.choices[0].message.content or ""
+                messages.append({"role": "assistant", "content": move})
+                turns += 1
+            else:
+                move = await self._move(observation, player)
+            done, _ = env.step(move)
+        rewards, _ = env.close()
+        if not done or rewards is None:
+            return RewardOutput(score=self.unfinished, metrics={"game_turns": float(turns), "finished": 0.0})
+        return RewardOutput(
+            score=float(rewards[self.player]), metrics={"game_turns": float(turns), "finished": 1.0}
+        )
+
+    async def _move(self, observation: str, player: int) -> str:
+        opponent = self._opponent
+        if callable(opponent):
+            move = opponent(observation, player)
+            return str(await move if inspect.isawaitable(move) else move)
+        assert isinstance(opponent, dict) and self._opponent_client is not None
+        reply = await self._opponent_client.chat.completions.create(
+            model=opponent.get("model", "policy"), messages=[{"role": "user", "content": observation}]
+        )
+        return reply.choices[0].message.content or ""
+
+
+def _opponent(spec: str | dict[str, Any], where: str) -> Any:
+    """A scripted opponent (a function by import path) or a model's address."""
+    from .. import plugins
+    from ..config.loader import ConfigError, import_object
+
+    if isinstance(spec, dict):
+        unknown = set(spec) - {"url", "model", "api_key"}
+        if "url" not in spec or unknown:
+            raise EnvironmentError(
+                f"{where}.opponent: a model is {{url: ..., model: ..., api_key: ...}} (url required)"
+                + (f"; unknown keys {sorted(unknown)}" if unknown else "")
+            )
+        return dict(spec)
+    file, sep, name = spec.rpartition(":")
+    try:
+        if sep and plugins.is_file(file):  # path/to/bots.py:first_free, imported as a plugin file is
+            found = getattr(plugins.load(file), name, None)
+        else:
+            found = import_object(spec, f"{where}.opponent", ConfigError)
+    except ConfigError as exc:  # a PluginError too
+        raise EnvironmentError(f"{where}.opponent: {exc}") from None
+    if not callable(found):
+        raise EnvironmentError(f"{where}.opponent={spec} is not a function of (observation, player id)")
+    return found
