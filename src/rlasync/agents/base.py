@@ -144,9 +144,12 @@ def check_reward_fn(fn: RewardFn) -> RewardFn:
     return fn
 
 
-def registered_reward(name: str | ScoreFn, *, ground_truth_key: str = "ground_truth") -> RewardFn:
-    """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards``: by name, or the
-    function itself (a ``RewardInput`` in: an environment's ``score``, a verl ``compute_score``).
+def registered_reward(
+    name: str | dict[str, Any] | ScoreFn, *, ground_truth_key: str = "ground_truth"
+) -> RewardFn:
+    """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards``: by name, built
+    from a factory's options (``{llm_judge: {url: ...}}``, ``make_reward``), or the function
+    itself (a ``RewardInput`` in: an environment's ``score``, a verl ``compute_score``).
 
     The reward reads the last assistant message, the whole conversation, the row's
     ``ground_truth_key`` field and the tool counts, and in ``extra`` the row's other fields
@@ -154,16 +157,18 @@ def registered_reward(name: str | ScoreFn, *, ground_truth_key: str = "ground_tr
     ``trajectory.extra`` over them; a reward that fails is a recorded zero. The name is checked
     now, so a typo fails at start-up instead of zeroing every reward.
     """
-    from ..rewards import RewardInput, compute_reward, get_reward
+    from ..rewards import DEFAULT_TIMEOUT_S, RewardInput, compute_reward, make_reward
 
-    if isinstance(name, str):
-        get_reward(name)
+    reward = make_reward(name) if isinstance(name, str | dict) else name
+    # A reward with a deadline of its own (a judge's) gets it, and a little more to report it.
+    timeout_s = max(DEFAULT_TIMEOUT_S, float(getattr(reward, "timeout_s", 0.0)) + 5.0)
 
     async def score(row: dict[str, Any], trajectory: Trajectory) -> float:
         answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
         inp = RewardInput(
             response_text=str(answers[-1]["content"]) if answers else "",
             full_text="\n".join(str(m.get("content", "")) for m in trajectory.messages),
+            messages=list(trajectory.messages),
             ground_truth=None if row.get(ground_truth_key) is None else str(row[ground_truth_key]),
             num_tool_calls=trajectory.metrics.tool_calls,
             tool_errors=trajectory.metrics.tool_errors,
@@ -172,7 +177,7 @@ def registered_reward(name: str | ScoreFn, *, ground_truth_key: str = "ground_tr
                 **trajectory.extra,
             },
         )
-        out = await compute_reward(name, inp)
+        out = await compute_reward(reward, inp, timeout_s=timeout_s)
         if "error" in out.metrics:
             trajectory.metrics.reward_error = str(out.metrics["error"])
         return out.score

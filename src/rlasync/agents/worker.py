@@ -53,8 +53,9 @@ class AgentWorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     rotation, the others only after that (empty: all alike)."""
     agent: AgentConfig = AgentConfig()
     router: RouterConfig = RouterConfig()
-    reward: str = ""
-    """A reward from ``rlasync.rewards`` by name ("" for none: reward 0)."""
+    reward: str | dict[str, Any] = ""
+    """A reward from ``rlasync.rewards`` by name, or a factory's options (``{llm_judge: {...}}``);
+    "" for none: reward 0."""
     task: str = ""
     """A synthetic task (``rlasync.data``) whose own reward scores the rows (they carry its
     ``problem``); overrides ``reward``."""

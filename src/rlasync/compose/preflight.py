@@ -21,7 +21,7 @@ from ..config import Config, ConfigError
 from ..data import DataGenerator, Row, make_generator, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..metrics.trackers import tracker_names
-from ..rewards import CustomRewardError, load_compute_score
+from ..rewards import CustomRewardError, load_compute_score, make_reward
 from ..serving import OpenAIAgentLoop, load_agent
 from ..tools import SandboxUnavailable, build_agent_tools
 from .feed import read_rows, tool_loop
@@ -86,6 +86,12 @@ def check_sources(config: Config) -> None:
         )
     if data.source and data.train_files:
         raise ConfigError("data.source and data.train_files both give the rows: keep one")
+    if data.train_files and not custom.path:
+        try:
+            make_reward(data.reward)
+        except ValueError as exc:
+            message = str(exc)
+            raise ConfigError(message if message.startswith("data.reward") else f"data.reward: {message}") from None
     if custom.path:
         if not data.train_files:
             raise ConfigError(

@@ -26,11 +26,12 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     have ``ground_truth``, or the reward needs none."""
     system_prompt: str | None = None
     """Put first in every prompt that has no system message."""
-    reward: str = "exact_match"
+    reward: str | dict[str, Any] = "exact_match"
     """The reward of file rows, by name from ``rlasync.rewards`` (``exact_match``,
     ``exact_numeric``, ``boxed_math``, ``math_verify``, ``tool_format``, ``verl_default`` (verl's
-    scorer of each row's ``data_source``), or one you register); ``custom_reward_function``
-    replaces it with a verl reward function."""
+    scorer of each row's ``data_source``), or one you register), or one built from options:
+    ``{llm_judge: {url: http://host:8000/v1, verdict: score, timeout_s: 20}}`` (an LLM judge,
+    ``rlasync.rewards.judge``); ``custom_reward_function`` replaces it with a verl reward function."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by ``train.seed``; resumable)."""
     sampler: str | dict[str, Any] = "uniform"

@@ -15,6 +15,7 @@ from .builtin import (  # importing it registers the built-ins
     parse_last_number,
     tool_format,
 )
+from .judge import JudgeError, LLMJudge
 from .math_grader import answers_equal, boxed_math, math_verify, math_verify_installed
 from .registry import (
     DEFAULT_TIMEOUT_S,
@@ -24,14 +25,20 @@ from .registry import (
     RewardOutput,
     compute_reward,
     get_reward,
+    make_reward,
     register_reward,
+    register_reward_factory,
     registered_rewards,
 )
 from .verl import CustomRewardError, load_compute_score, verl_default
 
+register_reward_factory("llm_judge")(LLMJudge)
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "CustomRewardError",
+    "JudgeError",
+    "LLMJudge",
     "RewardError",
     "RewardFn",
     "RewardInput",
@@ -45,12 +52,14 @@ __all__ = [
     "extract_boxed",
     "get_reward",
     "load_compute_score",
+    "make_reward",
     "math_answers_equal",
     "math_verify",
     "math_verify_installed",
     "normalize_math_answer",
     "parse_last_number",
     "register_reward",
+    "register_reward_factory",
     "registered_rewards",
     "tool_format",
     "verl_default",

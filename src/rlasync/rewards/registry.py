@@ -44,6 +44,8 @@ class RewardInput(msgspec.Struct, frozen=True, kw_only=True):
     """The final assistant answer text (the last assistant turn's content)."""
     full_text: str = ""
     """The whole generated conversation as text (every turn), for format rewards."""
+    messages: list[dict[str, Any]] = []
+    """The conversation as chat messages, the prompt's included (a judge reads the question)."""
     ground_truth: str | None = None
     """The expected answer, when the task has one."""
     num_tool_calls: int = 0
@@ -124,6 +126,39 @@ def _check_signature(name: str, fn: Callable[..., Any]) -> None:
 def get_reward(name: str) -> RewardFn:
     """The reward function registered under ``name``."""
     return _REGISTRY.get(name)
+
+
+RewardFactory = Callable[..., RewardFn]
+"""What builds a reward from options: ``factory(**options)`` (the ``llm_judge``'s class)."""
+
+_FACTORIES = Registry[RewardFactory]("reward factory")
+
+
+def register_reward_factory(name: str) -> Callable[[RewardFactory], RewardFactory]:
+    """Decorator: a reward built from the config's options, ``data.reward: {<name>: {...}}``."""
+    return _FACTORIES.decorator(name)
+
+
+def make_reward(spec: str | dict[str, Any]) -> RewardFn:
+    """The reward a setting names: a registered reward by name, or ``{name: {options}}`` (or
+    ``{name: ..., option: ...}``) of a reward factory, built. A wrong name or option is a
+    ``ValueError`` naming it."""
+    if isinstance(spec, str):
+        return get_reward(spec)
+    options = dict(spec)
+    if len(options) == 1 and "name" not in options and isinstance(next(iter(options.values())), dict | None):
+        ((name, given),) = options.items()
+        options = {"name": name, **(given or {})}
+    name = options.pop("name", None)
+    if not isinstance(name, str) or name not in _FACTORIES:
+        raise ValueError(
+            f"data.reward: no reward factory named {name!r} (factories: {', '.join(_FACTORIES.names()) or 'none'}; "
+            f"rewards by name: {', '.join(registered_rewards())})"
+        )
+    try:
+        return _FACTORIES.get(name)(**options)
+    except TypeError as exc:
+        raise ValueError(f"data.reward.{name}: {exc}") from None
 
 
 def registered_rewards() -> list[str]:
