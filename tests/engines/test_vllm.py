@@ -223,3 +223,38 @@ async def test_engine_settings_are_accepted_by_vllm(calc_model: Path) -> None:
         vllm_config.scheduler_config.max_num_seqs == 24
         and vllm_config.scheduler_config.max_num_batched_tokens == 2048
     )
+
+
+@pytest.mark.timeout(600)
+async def test_structured_outputs_on_vllm_sample_within_the_grammar(calc_model: Path) -> None:
+    """The serving layer's grammar (llguidance's Lark) reaches vLLM's guidance backend as it is:
+    every reply parses and fits the schema."""
+    from rlasync.agents.template import ChatTurns
+    from rlasync.engines import SamplingParams
+    from rlasync.engines.types import GenerateRequest
+    from rlasync.engines.vllm import VLLMEngine
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "ok": {"type": "boolean"}},
+        "required": ["n", "ok"],
+        "additionalProperties": False,
+    }
+    _, tokenizer = load_pretrained_dir(calc_model)
+    engine = await VLLMEngine.create(VLLMEngineConfig(model=str(calc_model), max_seq_len=512))
+    try:
+        prompt = ChatTurns(tokenizer).prompt_ids([{"role": "user", "content": "What is 2+2?"}])
+        params = SamplingParams(
+            temperature=1.0, max_new_tokens=64, seed=0, grammar="start: %json " + json.dumps(schema)
+        )
+        outs = await asyncio.gather(
+            *[
+                engine.generate(GenerateRequest(request_id=f"r{i}", prompt_ids=list(prompt), params=params))
+                for i in range(4)
+            ]
+        )
+    finally:
+        await engine.close()
+    for out in outs:
+        value = json.loads(tokenizer.decode(out.token_ids, skip_special_tokens=True))
+        assert set(value) == {"n", "ok"} and isinstance(value["ok"], bool) and 0 <= value["n"] <= 999

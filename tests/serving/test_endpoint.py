@@ -115,11 +115,24 @@ async def test_a_stop_string_ends_the_reply_before_it(served: Any, nano: Any) ->
         ({"model": "nano", "messages": HI, "n": 9}, 400, "n"),
         ({"model": "nano", "messages": []}, 400, "messages"),
         ({"model": "nano", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+        ({"model": "nano", "messages": HI, "tool_choice": "required"}, 400, "tool_choice"),  # and no tools
         (
-            {"model": "nano", "messages": HI, "tool_choice": "required", "tools": [CALCULATOR]},
+            {
+                "model": "nano",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is in it?"},
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                        ],
+                    }
+                ],
+            },
             400,
-            "tool_choice",
+            "messages[0].content[1]",
         ),
+        ({"model": "nano", "messages": HI, "response_format": {"type": "yaml"}}, 400, "response_format"),
         ({"model": "nano", "messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty"),
         ({"model": "nano", "messages": HI, "max_tokens": 0}, 400, "max_tokens"),
         ({"model": "nano", "messages": HI, "seed": -1}, 400, "seed"),

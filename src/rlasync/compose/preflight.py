@@ -91,7 +91,9 @@ def check_sources(config: Config) -> None:
             make_reward(data.reward)
         except ValueError as exc:
             message = str(exc)
-            raise ConfigError(message if message.startswith("data.reward") else f"data.reward: {message}") from None
+            raise ConfigError(
+                message if message.startswith("data.reward") else f"data.reward: {message}"
+            ) from None
     if custom.path:
         if not data.train_files:
             raise ConfigError(

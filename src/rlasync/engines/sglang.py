@@ -206,6 +206,11 @@ class SGLangEngine:
     def _submit(self, request: GenerateRequest, stream: bool) -> _Request:
         if self._closed:
             raise EngineError("the engine is closed")
+        if request.params.grammar:  # SGLang's grammar backends read the tokenizer, which it runs without here
+            raise EngineError(
+                "structured outputs (response_format, a forced tool_choice) are not supported on the sglang "
+                "backend yet: use the torch or vllm backend"
+            )
         rid, ids = request.request_id, request.prompt_ids
         if not ids:
             raise EngineError(f"request {rid!r} has an empty prompt")

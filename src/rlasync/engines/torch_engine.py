@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .batch import KVBatch
+from .grammar import Grammars
 from .meter import TokenRate
 from .protocol import EngineError, check_request, until_finished, wait_until_idle
 from .sampling import sample, uniforms
@@ -54,8 +55,11 @@ class TorchEngine:
         max_seq_len: int | None = None,
         seed: int = 0,
         cpu_threads: int = 1,
+        tokenizer: Any = None,
     ) -> None:
         self.model = model.eval()
+        # Constrained sampling (SamplingParams.grammar) reads the vocabulary through the tokenizer.
+        self._grammars = Grammars(tokenizer, int(model.config.vocab_size))
         self.cpu_threads = cpu_threads
         self.max_batch = max_batch
         self.admit_min = max(1, max_batch // 4)
@@ -94,8 +98,8 @@ class TorchEngine:
     ) -> TorchEngine:
         from ..models import load_pretrained_dir
 
-        model, _ = load_pretrained_dir(path, dtype=dtype, device=device)
-        return cls(model, **kwargs)
+        model, tokenizer = load_pretrained_dir(path, dtype=dtype, device=device)
+        return cls(model, tokenizer=tokenizer, **kwargs)
 
     # -- requests ---------------------------------------------------------------------------
     def _submit(self, request: GenerateRequest, stream: bool = False) -> TorchSequence:
@@ -107,8 +111,10 @@ class TorchEngine:
             max_seq_len=self.max_seq_len,
             running=self._by_id,
         )
+        matcher = self._grammars.matcher(request.params.grammar) if request.params.grammar else None
         self._start()
         seq = TorchSequence(request, self.eos, stream)
+        seq.matcher = matcher
         self._by_id[request.request_id] = seq
         with self._lock:
             self._waiting.append(seq)
@@ -425,11 +431,13 @@ class TorchEngine:
         picked: list[tuple[TorchSequence, int, float]] = []
         if rows:
             logits = self._batch.decode(self.model)
+            self._grammars.mask(logits, [s.matcher for s in rows])
             tokens, logprobs = sample(logits, [s.request.params for s in rows], self._uniforms(rows))
             self._batch.last = tokens.cpu()
             picked += zip(rows, tokens.tolist(), logprobs.tolist())
         if admit:
             logits = self._batch.prefill(self.model, [list(s.request.prompt_ids) for s in admit])
+            self._grammars.mask(logits, [s.matcher for s in admit])
             tokens, logprobs = sample(logits, [s.request.params for s in admit], self._uniforms(admit))
             self._batch.last[len(rows) :] = tokens.cpu()
             picked += zip(admit, tokens.tolist(), logprobs.tolist())
@@ -443,7 +451,7 @@ class TorchEngine:
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
             seq.versions.append(version)
-            if token in seq.stop_ids:
+            if token in seq.stop_ids or (seq.matcher is not None and not Grammars.accept(seq.matcher, token)):
                 events.append(seq.end("stop", version))
             elif len(seq.tokens) >= seq.request.params.max_new_tokens or positions[i] + 1 >= self.max_seq_len:
                 events.append(seq.end("length", version))

@@ -23,7 +23,7 @@ class TorchSequence(RequestProgress):
     worker thread only, and never again once it has ended; ``finish`` is set by the event
     loop when the caller is told it ended."""
 
-    __slots__ = ("stream", "queue", "stop_ids")
+    __slots__ = ("stream", "queue", "stop_ids", "matcher")
 
     def __init__(self, request: GenerateRequest, eos: int | None, stream: bool) -> None:
         super().__init__(request)
@@ -33,6 +33,7 @@ class TorchSequence(RequestProgress):
         if eos is not None and not request.params.ignore_eos:
             stop.add(eos)
         self.stop_ids = stop
+        self.matcher: Any = None  # the grammar's state, a constrained request's (engines.grammar)
 
     def token(self, token: int, logprob: float, version: int) -> SequenceEvent:
         """(worker) A streaming caller's chunk of one new token that does not end the request."""

@@ -30,6 +30,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Do not stop at the model's end-of-sequence token."""
     seed: int | None = None
     """Seed of this request's own random generator (reproducible sampling)."""
+    grammar: str = ""
+    """A Lark grammar (llguidance's dialect) the sampled tokens must follow: structured outputs
+    (``rlasync.engines.grammar``); "" for none."""
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -100,6 +100,9 @@ def engine_args(config: VLLMEngineConfig) -> dict[str, Any]:
         "enable_chunked_prefill": not cpu,
         "logprobs_mode": "processed_logprobs",
         "worker_extension_cls": "rlasync.engines.vllm_worker.WeightLoader",
+        # Structured outputs arrive as llguidance grammars (SamplingParams.grammar, the grammar the
+        # serving layer writes for every engine): vLLM's guidance backend reads them as they are.
+        "structured_outputs_config": {"backend": "guidance"},
     }
     return {**args, **config.engine_kwargs}
 
@@ -184,7 +187,13 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         p = request.params
+        constrained: dict[str, Any] = {}
+        if p.grammar:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            constrained["structured_outputs"] = StructuredOutputsParams(grammar=p.grammar)
         return SamplingParams(
+            **constrained,
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..agents.template import ChatTurns, TemplateError
+from .constrained import grammar_of
 from .generation import Choice, Generation, Job
 from .recording import Recording, text_of
 from .responses import DONE, event_stream, json_response, sse
@@ -25,17 +26,21 @@ from .schema import APIError, ChatRequest, envelope, usage
 
 
 class ChatRoute:
-    def __init__(self, generation: Generation, turns: ChatTurns, parser: Any) -> None:
+    def __init__(
+        self, generation: Generation, turns: ChatTurns, parser: Any, tool_format: str = "hermes"
+    ) -> None:
         self.generation = generation
         self.turns = turns
         self.parser = parser
+        self.tool_format = tool_format
 
     async def __call__(self, req: ChatRequest, rec: Recording | None) -> Any:
         """The reply to ``req`` (decoded and checked by the server), or its stream."""
         messages = [message_in(m) for m in req.messages]
         tools = req.tools or None
         prompt = self._prompt(rec, messages, tools)
-        job = self.generation.prepare(req, rec, prompt, req.new_tokens)
+        grammar = grammar_of(req, self.generation.tokenizer, self.tool_format)  # structured outputs
+        job = self.generation.prepare(req, rec, prompt, req.new_tokens, grammar=grammar)
         if req.stream:
             return event_stream(self._stream(req, job, messages))
         choices = await self.generation.all(job)

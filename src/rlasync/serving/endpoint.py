@@ -72,7 +72,10 @@ class Endpoint:
         self._http: Any = None  # the connection pool of ``client``'s clients
         self.generation = Generation(generator, tokenizer, turns, self.config)
         self.server = Server(self.config, self.model_name, self._recordings if recording else None)
-        chat, completions = ChatRoute(self.generation, turns, parser), CompletionsRoute(self.generation)
+        chat, completions = (
+            ChatRoute(self.generation, turns, parser, tool_parser),
+            CompletionsRoute(self.generation),
+        )
         self.server.route("POST", "/v1/chat/completions", chat, ChatRequest)
         self.server.route("POST", "/v1/completions", completions, CompletionRequest)
 

@@ -110,10 +110,12 @@ class Generation:
         self.completion_tokens = 0
         self.continued = 0
 
-    def prepare(self, req: Any, rec: Recording | None, prompt: list[int], max_tokens: int | None) -> Job:
-        """``req`` (a chat or completion request) as a job for ``prompt``: its sampling, stop
-        strings and id (a recording's next)."""
-        params = self._params(req, rec, max_tokens)
+    def prepare(
+        self, req: Any, rec: Recording | None, prompt: list[int], max_tokens: int | None, *, grammar: str = ""
+    ) -> Job:
+        """``req`` (a chat or completion request) as a job for ``prompt``: its sampling (within
+        ``grammar``, when it asks for structured output), stop strings and id (a recording's next)."""
+        params = msgspec.structs.replace(self._params(req, rec, max_tokens), grammar=grammar)
         stops = req.stops()
         rid = self._request_id(rec)
         session_id = rec.key if rec is not None else rid

@@ -103,6 +103,18 @@ class ChatRequest(_Sampling, kw_only=True):
                     f"messages[{i}].role must be system, developer, user, assistant or tool, got {message.get('role')!r}",
                     param=f"messages[{i}].role",
                 )
+            content = message.get("content")
+            for j, part in enumerate(content if isinstance(content, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in (
+                    None,
+                    "text",
+                ):  # an image dropped in silence would train on a question never asked
+                    raise APIError(
+                        400,
+                        f"messages[{i}].content[{j}] is a {kind} part: the served model reads text only",
+                        param=f"messages[{i}].content[{j}]",
+                    )
         if self.top_logprobs:
             raise APIError(
                 400,
@@ -110,18 +122,25 @@ class ChatRequest(_Sampling, kw_only=True):
                 "(logprobs: true gives it)",
                 param="top_logprobs",
             )
-        if self.tool_choice not in (None, "auto", "none"):
+        choice = self.tool_choice
+        if not (choice in (None, "auto", "none", "required") or _named_function(choice)):
             raise APIError(
                 400,
-                "tool_choice takes auto or none: forcing a call (required, or a named function) needs constrained "
-                "decoding, which the engines do not do",
+                "tool_choice takes auto, none, required or {type: function, function: {name: ...}}",
                 param="tool_choice",
             )
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
+        if (choice == "required" or _named_function(choice)) and not self.tools:
             raise APIError(
-                400,
-                "response_format other than text needs constrained decoding, which the engines do not do",
-                param="response_format",
+                400, "tool_choice forces a tool call, but the request offers no tools", param="tool_choice"
+            )
+        if self.response_format and self.response_format.get("type") not in (
+            None,
+            "text",
+            "json_object",
+            "json_schema",
+        ):
+            raise APIError(
+                400, "response_format takes text, json_object or json_schema", param="response_format"
             )
         for i, tool in enumerate(self.tools or []):
             function = tool.get("function")
@@ -140,6 +159,14 @@ class ChatRequest(_Sampling, kw_only=True):
     def parses_tools(self) -> bool:
         """Whether the model's text is read for tool calls."""
         return bool(self.tools) and self.tool_choice != "none"
+
+
+def _named_function(choice: Any) -> bool:
+    return (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+    )
 
 
 class CompletionRequest(_Sampling, kw_only=True):

@@ -1,0 +1,72 @@
+"""Agent frameworks' structured outputs against the endpoint (``rlasync serve``'s, in front of a
+real torch engine): LangChain's ``with_structured_output`` in its three methods and pydantic-ai's
+output modes return parsed output, because the engine samples within the grammar the request
+asks for (a JSON schema, a JSON object, a forced tool call). The model is an untrained one: what
+it writes parses only because it is constrained to."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+langchain_openai = pytest.importorskip(
+    "langchain_openai", reason="needs langchain-openai: the envs tier, `make test-envs`"
+)
+pydantic_ai = pytest.importorskip("pydantic_ai", reason="needs pydantic-ai: the envs tier, `make test-envs`")
+
+from rlasync.config import EndpointConfig  # noqa: E402
+from rlasync.engines import TorchEngine  # noqa: E402
+from rlasync.models import TinyLMConfig, build_tiny_lm  # noqa: E402
+from rlasync.serving import Endpoint  # noqa: E402
+
+pytestmark = [pytest.mark.asyncio(loop_factories=["asyncio"]), pytest.mark.timeout(300)]
+
+
+class Pet(BaseModel):
+    """A pet."""
+
+    name: str = Field(max_length=6)
+    age: int = Field(ge=0, le=30)
+    kind: Literal["cat", "dog"]
+
+
+@pytest.fixture
+async def url() -> AsyncIterator[str]:
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
+    engine = TorchEngine(model, max_batch=8, tokenizer=tok)
+    async with Endpoint(engine, tok, EndpointConfig(default_max_tokens=160), model_name="nano") as endpoint:
+        yield endpoint.url + "/v1"
+    await engine.close()
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+async def test_langchain_with_structured_output(url: str, method: str) -> None:
+    chat = langchain_openai.ChatOpenAI(
+        base_url=url, api_key="-", model="nano", temperature=1.0, max_retries=0
+    )
+    # json_mode asks for any JSON object (the schema only reaches the model through the prompt),
+    # so LangChain parses it against a schema given as a dict: any object passes.
+    schema: Any = {"title": "Anything", "type": "object"} if method == "json_mode" else Pet
+    structured = chat.with_structured_output(schema, method=method)
+    for _ in range(3):
+        out = await structured.ainvoke("Describe a pet as JSON.")
+        assert isinstance(out, dict) if method == "json_mode" else isinstance(out, Pet), out
+
+
+@pytest.mark.parametrize("mode", ["tool", "native"])
+async def test_pydantic_ai_output_modes(url: str, mode: str) -> None:
+    from pydantic_ai import Agent, NativeOutput, ToolOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles.openai import OpenAIModelProfile
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    profile = OpenAIModelProfile(supports_json_schema_output=True, supports_json_object_output=True)
+    model = OpenAIChatModel("nano", provider=OpenAIProvider(base_url=url, api_key="-"), profile=profile)
+    output = ToolOutput(Pet) if mode == "tool" else NativeOutput(Pet)
+    agent = Agent(model, output_type=output, model_settings={"temperature": 1.0})
+    for _ in range(3):
+        result = await agent.run("Describe a pet.")
+        assert isinstance(result.output, Pet), result.output
