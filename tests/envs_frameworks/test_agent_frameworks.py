@@ -70,3 +70,24 @@ async def test_pydantic_ai_output_modes(url: str, mode: str) -> None:
     for _ in range(3):
         result = await agent.run("Describe a pet.")
         assert isinstance(result.output, Pet), result.output
+
+
+async def test_openai_agents_sdk_default_responses_model_and_output_type(url: str) -> None:
+    """The Agents SDK's default model speaks the Responses API; ``output_type`` asks for a JSON
+    schema through ``text.format``, which the engine's grammar meets (an untrained model's free
+    text would run to its token limit: the SDK takes that as a failure, rightly)."""
+    agents = pytest.importorskip("agents", reason="needs openai-agents: the envs tier, `make test-envs`")
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+    agents.set_tracing_disabled(True)
+    agents.set_default_openai_client(client, use_for_tracing=False)
+    agents.set_default_openai_api("responses")
+    settings = agents.ModelSettings(temperature=1.0, max_tokens=64)
+    shaped = agents.Agent(
+        name="shaped", instructions="Describe a pet.", model="nano", output_type=Pet, model_settings=settings
+    )
+    for _ in range(3):
+        result = await agents.Runner.run(shaped, "A pet, please.")
+        assert isinstance(result.final_output, Pet), result.final_output
+    await client.close()

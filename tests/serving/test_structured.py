@@ -37,8 +37,7 @@ ADD = {
         "parameters": {
             "type": "object",
             "properties": {"a": {"type": "integer", "maximum": 99}, "b": {"type": "integer", "maximum": 99}},
-            "required": ["a", "b"],
-            "additionalProperties": False,
+            "required": ["a", "b"],  # no additionalProperties: closed all the same, as OpenAI's strict mode takes it
         },
     },
 }
@@ -109,8 +108,8 @@ async def test_a_json_object_reply_is_an_object(client: openai.AsyncOpenAI) -> N
     )
     finished = [c for c in reply.choices if c.finish_reason == "stop"]
     assert finished  # an untrained model may write a long object; most end within 400 tokens
-    for choice in finished:
-        assert isinstance(json.loads(choice.message.content or ""), dict)
+    objects = [json.loads(choice.message.content or "") for choice in finished]
+    assert all(isinstance(o, dict) for o in objects) and any(o for o in objects)  # any keys, not only {}
 
 
 async def test_tool_choice_required_and_named_force_a_call_with_valid_arguments(

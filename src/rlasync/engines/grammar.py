@@ -7,8 +7,8 @@ schema; ``<[id]>`` is a token by id), so the serving layer writes one grammar fo
 Each request gets its own matcher at submission; the worker masks the disallowed tokens of the
 constrained rows before sampling (their logits -inf), so a token's logprob is under the
 distribution it was actually drawn from, and feeds the matcher each sampled token. When the
-grammar is complete only the end-of-sequence token remains allowed: the model ends its turn as
-it would have. A request that is resumed from its partial output (a longer prompt) starts its
+grammar is complete only the end-of-sequence token remains allowed: the turn ends as any turn
+does (a chat call continued later goes on from that token). A request that is resumed from its partial output (a longer prompt) starts its
 grammar again: constrained turns should not be cut (``async_training.interrupt: keep``).
 """
 
@@ -31,8 +31,8 @@ class Grammars:
     """The grammar machinery of one engine: its tokenizer as llguidance sees it (made at the
     first constrained request), a matcher per constrained request, the masking of a batch."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+    def __init__(self, tokenizer: Any, vocab_size: int, eos: int | None) -> None:
+        self.tokenizer, self.vocab_size, self.eos = tokenizer, vocab_size, eos
         self._lltokenizer: Any = None
 
     def matcher(self, grammar: str) -> Any:
@@ -61,17 +61,24 @@ class Grammars:
         # TorchScript when imported (the first constrained request stalled ~10 s).
         bitmask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
         for j, i in enumerate(rows):
-            matchers[i].unsafe_compute_mask_ptr(bitmask[j].data_ptr(), bitmask.shape[1] * 4)
+            if matchers[i].is_stopped():  # the grammar is done: the turn ends as any turn does
+                bitmask[j] = 0
+                if self.eos is not None:
+                    bitmask[j, self.eos // 32] = 1 << (self.eos % 32)
+            else:
+                matchers[i].unsafe_compute_mask_ptr(bitmask[j].data_ptr(), bitmask.shape[1] * 4)
         allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(1)[:, : logits.shape[-1]]
         index = torch.tensor(rows)
         logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
 
     @staticmethod
     def accept(matcher: Any, token: int) -> bool:
-        """(worker) Feed the matcher the sampled token; False when it cannot take it (the grammar
-        is done, or the token was not masked: the request ends)."""
+        """(worker) Feed the matcher the sampled token; False when the request must end (the
+        grammar was done, or refuses the token)."""
+        if matcher.is_stopped():  # done before this token (which was forced to end-of-sequence)
+            return False
         if matcher.consume_token(token):
-            return not matcher.is_stopped()
+            return True  # done now or not: once done, the next token is forced to end the turn
         log.warning(
             "a constrained request's token %d was refused by its grammar: %s", token, matcher.get_error()
         )

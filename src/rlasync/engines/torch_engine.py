@@ -58,14 +58,14 @@ class TorchEngine:
         tokenizer: Any = None,
     ) -> None:
         self.model = model.eval()
-        # Constrained sampling (SamplingParams.grammar) reads the vocabulary through the tokenizer.
-        self._grammars = Grammars(tokenizer, int(model.config.vocab_size))
         self.cpu_threads = cpu_threads
         self.max_batch = max_batch
         self.admit_min = max(1, max_batch // 4)
         self.max_seq_len = max_seq_len or int(getattr(model.config, "max_position_embeddings", 4096))
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos: int | None = eos[0] if isinstance(eos, list) else eos
+        # Constrained sampling (SamplingParams.grammar) reads the vocabulary through the tokenizer.
+        self._grammars = Grammars(tokenizer, int(model.config.vocab_size), self.eos)
         self._generator = torch.Generator().manual_seed(seed)
         self._batch = KVBatch(model.config)
         # Shared between the loop and the worker, under _lock.

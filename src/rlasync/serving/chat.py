@@ -39,8 +39,7 @@ class ChatRoute:
         messages = [message_in(m) for m in req.messages]
         tools = req.tools or None
         prompt = self._prompt(rec, messages, tools)
-        grammar = grammar_of(req, self.generation.tokenizer, self.tool_format)  # structured outputs
-        job = self.generation.prepare(req, rec, prompt, req.new_tokens, grammar=grammar)
+        job = self.generation.prepare(req, rec, prompt, req.new_tokens, grammar=self.grammar(req))
         if req.stream:
             return event_stream(self._stream(req, job, messages))
         choices = await self.generation.all(job)
@@ -60,6 +59,10 @@ class ChatRoute:
             self._record(job, messages, tools, c, message, finish, calls)
         counted = usage(len(prompt), sum(len(c.ids) for c in choices))
         return json_response(envelope("chat.completion", job.rid, req.model, out, usage=counted))
+
+    def grammar(self, req: ChatRequest) -> str:
+        """What ``req``'s response_format or forced tool_choice constrains the reply to ("": nothing)."""
+        return grammar_of(req, self.generation.tokenizer, self.tool_format)
 
     def _prompt(self, rec: Recording | None, messages: list[dict[str, Any]], tools: Any) -> list[int]:
         """The conversation's tokens: an answered conversation's own, when these messages go on

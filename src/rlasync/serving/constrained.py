@@ -31,8 +31,11 @@ def grammar_of(req: ChatRequest, tokenizer: Any, tool_format: str) -> str:
         return _tool_call(req, tokenizer, tool_format)
     response_format = req.response_format or {}
     kind = response_format.get("type")
-    if kind == "json_object":
-        return _json({"type": "object"}, "response_format")
+    if kind == "json_object":  # any object: left open
+        return _checked(
+            "start: %json " + json.dumps({"type": "object", "x-guidance": {"whitespace_flexible": False}}),
+            "response_format",
+        )
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -51,10 +54,38 @@ def _json(schema: dict[str, Any], param: str) -> str:
 
 
 def _compact(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with JSON written compactly (``, `` and ``: ``, no other whitespace): a model,
-    an untrained one above all, could otherwise fill its token budget with spaces between
-    two tokens of a valid document."""
-    return {**schema, "x-guidance": {"whitespace_flexible": False, **schema.get("x-guidance", {})}}
+    """``schema`` as the grammar follows it: JSON written compactly (``, `` and ``: ``, no other
+    whitespace), and objects closed unless they say otherwise (``additionalProperties: false``,
+    as xgrammar's strict mode and OpenAI's structured outputs take them). A model, an untrained
+    one above all, could otherwise fill its token budget with spaces between two tokens of a
+    valid document, or with properties nobody asked for (LangChain's and pydantic's schemas
+    leave ``additionalProperties`` out)."""
+    closed = _closed(schema)
+    return {**closed, "x-guidance": {"whitespace_flexible": False, **schema.get("x-guidance", {})}}
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMAS = ("items", "not", "if", "then", "else", "additionalProperties", "contains")
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with every object schema that does not say otherwise closed."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(s) for name, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _tool_call(req: ChatRequest, tokenizer: Any, tool_format: str) -> str:

@@ -46,6 +46,7 @@ from .chat import ChatRoute
 from .completions import CompletionsRoute
 from .generation import Generation
 from .recording import Call, Recording
+from .responses_api import ResponsesRequest, ResponsesRoute
 from .schema import ChatRequest, CompletionRequest
 from .server import Server
 
@@ -78,6 +79,7 @@ class Endpoint:
         )
         self.server.route("POST", "/v1/chat/completions", chat, ChatRequest)
         self.server.route("POST", "/v1/completions", completions, CompletionRequest)
+        self.server.route("POST", "/v1/responses", ResponsesRoute(chat), ResponsesRequest)
 
     @property
     def url(self) -> str:

@@ -1,0 +1,256 @@
+"""``POST /v1/responses`` (OpenAI's Responses API) on the same generation as the chat route: the
+request's input items become chat messages, the reply becomes output items, and the call is
+recorded with its tokens as a chat call is (an agent's Responses calls continue one another token
+for token, and train exactly).
+
+Taken: ``input`` (a string, or items: messages with ``input_text``/``output_text`` parts,
+``function_call`` and ``function_call_output`` items; ``reasoning`` items are skipped),
+``instructions``, function ``tools``, ``tool_choice``, ``text.format`` (text, json_object,
+json_schema: structured outputs), ``temperature``, ``top_p``, ``max_output_tokens``, ``stream``.
+A stream is the whole reply's events, sent when it is done (``response.created`` to
+``response.completed``). Refused with a 400 naming them: ``previous_response_id`` (nothing is
+stored: send the conversation), tools other than functions, non-text input parts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from .chat import ChatRoute, message_in
+from .recording import Recording
+from .responses import event_stream, json_response
+from .schema import APIError, ChatRequest, MaxTokens, Temperature, TopP
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/responses``. Fields that do not change what is generated (``store``,
+    ``metadata``, ``include``, ``user``, ``truncation``, ``reasoning``...) are read and ignored."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    max_output_tokens: MaxTokens | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    include: list[str] | None = None
+    user: str | None = None
+    truncation: str | None = None
+    reasoning: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        if self.previous_response_id:
+            raise APIError(
+                400,
+                "previous_response_id: responses are not stored; send the whole conversation as input",
+                param="previous_response_id",
+            )
+        self.chat().check()
+
+    def chat(self) -> ChatRequest:
+        """The same request as the chat route takes it."""
+        tools = []
+        for i, tool in enumerate(self.tools or []):
+            if tool.get("type") != "function" or not tool.get("name"):
+                raise APIError(
+                    400,
+                    f"tools[{i}]: only function tools are served, got {tool.get('type')!r}",
+                    param=f"tools[{i}]",
+                )
+            function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+            tools.append({"type": "function", "function": function})
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        fmt = (self.text or {}).get("format") or {"type": "text"}
+        response_format: dict[str, Any] | None = None
+        if fmt.get("type") == "json_schema":
+            response_format = {
+                "type": "json_schema",
+                "json_schema": {"name": fmt.get("name", "output"), "schema": fmt.get("schema")},
+            }
+        elif fmt.get("type") == "json_object":
+            response_format = {"type": "json_object"}
+        elif fmt.get("type") != "text":
+            raise APIError(
+                400,
+                f"text.format: text, json_object or json_schema, got {fmt.get('type')!r}",
+                param="text.format",
+            )
+        return ChatRequest(
+            model=self.model,
+            messages=messages_of(self.input, self.instructions),
+            tools=tools or None,
+            tool_choice=choice,
+            response_format=response_format,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_output_tokens,
+        )
+
+
+def messages_of(items: str | list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+    """Chat messages of a Responses ``input``: an assistant's text and its function calls are one
+    assistant message (as the chat route answered it), a call's output a tool message."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            text = content if isinstance(content, str) else _text(content, f"input[{i}].content")
+            if item.get("role") == "assistant" and messages and _open_assistant(messages[-1]):
+                messages[-1]["content"] = (messages[-1]["content"] or "") + text
+            else:
+                messages.append({"role": item.get("role", "user"), "content": text})
+        elif kind == "function_call":
+            if not (messages and _open_assistant(messages[-1])):
+                messages.append({"role": "assistant", "content": None})
+            messages[-1].setdefault("tool_calls", []).append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                }
+            )
+        elif kind == "function_call_output":
+            output = item.get("output")
+            content = output if isinstance(output, str) else _text(output, f"input[{i}].output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
+        elif kind != "reasoning":
+            raise APIError(400, f"input[{i}]: items of type {kind!r} are not served", param=f"input[{i}]")
+    return messages
+
+
+def _open_assistant(message: dict[str, Any]) -> bool:
+    return message.get("role") == "assistant"
+
+
+def _text(parts: Any, param: str) -> str:
+    texts = []
+    for j, part in enumerate(parts or []):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise APIError(
+                400, f"{param}[{j}] is a {kind} part: the served model reads text only", param=f"{param}[{j}]"
+            )
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
+
+
+class ResponsesRoute:
+    """``POST /v1/responses`` through a ``ChatRoute`` (its prompt, grammar, generation and recording)."""
+
+    def __init__(self, chat: ChatRoute) -> None:
+        self.chat = chat
+
+    async def __call__(self, req: ResponsesRequest, rec: Recording | None) -> Any:
+        chat_req = req.chat()
+        chat = self.chat
+        messages = [message_in(m) for m in chat_req.messages]
+        tools = chat_req.tools or None
+        prompt = chat._prompt(rec, messages, tools)
+        grammar = chat.grammar(chat_req)
+        job = chat.generation.prepare(chat_req, rec, prompt, chat_req.new_tokens, grammar=grammar)
+        (c,) = await chat.generation.all(job)
+        message, finish, calls = chat._reply(chat_req, c, job.rid, 0)
+        chat._record(job, messages, tools, c, message, finish, calls)
+        response = _response(req, job.rid, message, finish, len(prompt), len(c.ids))
+        return event_stream(_events(response)) if req.stream else json_response(response)
+
+
+def _response(
+    req: ResponsesRequest, rid: str, message: dict[str, Any], finish: str, prompt: int, completion: int
+) -> dict[str, Any]:
+    output: list[dict[str, Any]] = []
+    if message.get("content"):
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{rid}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
+    for call in message.get("tool_calls") or []:
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{call['id']}",
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    incomplete = finish == "length"
+    return {
+        "id": f"resp_{rid}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": req.model,
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "instructions": req.instructions,
+        "output": output,
+        "parallel_tool_calls": bool(req.parallel_tool_calls),
+        "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [],
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "max_output_tokens": req.max_output_tokens,
+        "text": req.text or {"format": {"type": "text"}},
+        "metadata": req.metadata or {},
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+async def _events(response: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The events of a finished response, in the order the Responses API streams them."""
+    number = 0
+
+    def event(kind: str, **data: Any) -> bytes:
+        nonlocal number
+        number += 1
+        body = msgspec.json.encode({"type": kind, "sequence_number": number, **data})
+        return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
+
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    for index, item in enumerate(response["output"]):
+        yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            yield event("response.content_part.added", **ids, part=part)
+            yield event("response.output_text.delta", **ids, delta=text, logprobs=[])
+            yield event("response.output_text.done", **ids, text=text, logprobs=[])
+            yield event("response.content_part.done", **ids, part={**part, "text": text})
+        else:
+            ids = {"item_id": item["id"], "output_index": index}
+            yield event("response.function_call_arguments.delta", **ids, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+        yield event("response.output_item.done", output_index=index, item=item)
+    yield event("response.completed", response=response)
