@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rlasync.envs import EnvironmentError, MissingExtraError, make_environment
+from rlasync.envs import EnvError, MissingExtraError, make_environment
 from rlasync.rewards import RewardInput, compute_reward
 
 rg = pytest.importorskip("reasoning_gym", reason="needs reasoning-gym: pip install 'rlasync[envs]'")
@@ -123,20 +123,20 @@ def test_a_composite_of_weighted_tasks_scores_each_row_by_its_own_task() -> None
     ],
 )
 def test_a_wrong_option_is_an_error_naming_the_setting(options: dict[str, Any], message: str) -> None:
-    with pytest.raises(EnvironmentError, match=message):
+    with pytest.raises(EnvError, match=message):
         make_environment({"reasoning_gym": options}, seed=0)
 
 
 def test_too_few_held_out_rows_or_questions_say_which_setting_to_change() -> None:
-    with pytest.raises(EnvironmentError, match=r"raise val_pool or lower train.val_size"):
+    with pytest.raises(EnvError, match=r"raise val_pool or lower train.val_size"):
         _env(size=100, val_pool=50).rows("val", 60)
     # 1 % of the questions held out, from the first 20 x (5 + 5) items: fewer than 5 of them.
-    with pytest.raises(EnvironmentError, match=r"too few distinct questions"):
+    with pytest.raises(EnvError, match=r"too few distinct questions"):
         _env(size=5, val_pool=5, val_percent=1).rows("val", 5)
 
 
 def test_an_unknown_environment_and_a_missing_package_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(EnvironmentError, match=r"data.source: no entry named 'gym'.*reasoning_gym"):
+    with pytest.raises(EnvError, match=r"data.source: no entry named 'gym'.*reasoning_gym"):
         make_environment({"gym": {}}, seed=0)
     import importlib.util
 

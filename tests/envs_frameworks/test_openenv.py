@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlasync.envs import EnvironmentError, make_environment
+from rlasync.envs import EnvError, make_environment
 
 pytest.importorskip("openenv", reason="needs openenv-core: the envs tier, `make test-envs`")
 
@@ -117,7 +117,7 @@ def test_a_running_server_is_used_by_its_url_and_bad_settings_are_named(
     finally:
         server.terminate()
         server.wait(timeout=30)
-    with pytest.raises(EnvironmentError, match=r"give the server's url, or the app to start"):
+    with pytest.raises(EnvError, match=r"give the server's url, or the app to start"):
         make_environment({"openenv": {}}, seed=0)
-    with pytest.raises(EnvironmentError, match=r"is not module:attr"):
+    with pytest.raises(EnvError, match=r"is not module:attr"):
         make_environment({"openenv": {"app": "echo_server"}}, seed=0)

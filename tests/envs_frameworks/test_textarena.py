@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlasync.envs import EnvironmentError, make_environment
+from rlasync.envs import EnvError, make_environment
 
 ta = pytest.importorskip("textarena", reason="needs textarena: the envs tier, `make test-envs`")
 
@@ -64,15 +64,15 @@ def test_a_game_against_a_scripted_opponent_is_rewarded_by_its_outcome(
 
 
 def test_a_wrong_game_or_a_missing_opponent_is_named(tmp_path: Path) -> None:
-    with pytest.raises(EnvironmentError, match=r"no game 'TicTacToe-v9' \(did you mean TicTacToe-v0"):
+    with pytest.raises(EnvError, match=r"no game 'TicTacToe-v9' \(did you mean TicTacToe-v0"):
         make_environment({"textarena": {"game": "TicTacToe-v9"}}, seed=0)
-    with pytest.raises(EnvironmentError, match=r"needs an opponent"):
+    with pytest.raises(EnvError, match=r"needs an opponent"):
         make_environment({"textarena": {"game": "TicTacToe-v0", "players": 2}}, seed=0)
-    with pytest.raises(EnvironmentError, match=r"opponent: .*cannot import"):
+    with pytest.raises(EnvError, match=r"opponent: .*cannot import"):
         make_environment(
             {"textarena": {"game": "TicTacToe-v0", "players": 2, "opponent": "no_module:bot"}}, seed=0
         )
-    with pytest.raises(EnvironmentError, match=r"url required"):
+    with pytest.raises(EnvError, match=r"url required"):
         make_environment(
             {"textarena": {"game": "TicTacToe-v0", "players": 2, "opponent": {"model": "m"}}}, seed=0
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlasync.envs import EnvironmentError, make_environment
+from rlasync.envs import EnvError, make_environment
 
 vf = pytest.importorskip("verifiers", reason="needs verifiers 0.3.x: the envs tier, `make test-envs`")
 if not hasattr(vf, "SingleTurnEnv"):
@@ -147,10 +147,10 @@ def test_a_rubric_of_group_functions_and_a_wrong_env_are_refused(tmp_path: Path)
         "    rows = Dataset.from_list([{'question': 'q', 'answer': 'a'}])\n"
         "    return vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[best_of_group]))\n"
     )
-    with pytest.raises(EnvironmentError, match=r"group-level reward functions \['best_of_group'\]"):
+    with pytest.raises(EnvError, match=r"group-level reward functions \['best_of_group'\]"):
         make_environment({"verifiers": {"env": str(tmp_path / "vf_group.py")}}, seed=0)
-    with pytest.raises(EnvironmentError, match=r"data.source.verifiers.env='no_such_env'"):
+    with pytest.raises(EnvError, match=r"data.source.verifiers.env='no_such_env'"):
         make_environment({"verifiers": {"env": "no_such_env"}}, seed=0)
     (tmp_path / "vf_none.py").write_text("def other():\n    pass\n")
-    with pytest.raises(EnvironmentError, match=r"defines no load_environment"):
+    with pytest.raises(EnvError, match=r"defines no load_environment"):
         make_environment({"verifiers": {"env": str(tmp_path / "vf_none.py")}}, seed=0)

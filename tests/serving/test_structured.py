@@ -37,7 +37,10 @@ ADD = {
         "parameters": {
             "type": "object",
             "properties": {"a": {"type": "integer", "maximum": 99}, "b": {"type": "integer", "maximum": 99}},
-            "required": ["a", "b"],  # no additionalProperties: closed all the same, as OpenAI's strict mode takes it
+            "required": [
+                "a",
+                "b",
+            ],  # no additionalProperties: closed all the same, as OpenAI's strict mode takes it
         },
     },
 }

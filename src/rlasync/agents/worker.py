@@ -124,7 +124,7 @@ class AgentLoopWorker(Actor):
             )
             await self._environment.open()
         if self._reward_fn is None:
-            self._reward_fn = await asyncio.to_thread(self._spec_reward)
+            self._reward_fn = self._spec_reward()
         self._interaction = interaction_factory(
             self.spec.agent.interaction, conversation_score(self._reward_fn)
         )

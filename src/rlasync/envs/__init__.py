@@ -5,8 +5,8 @@ procedural tasks. Register your own with ``@register_environment(name)`` in a pl
 """
 
 from .base import (
+    EnvError,
     Environment,
-    EnvironmentError,
     MissingExtraError,
     Split,
     make_environment,
@@ -17,7 +17,7 @@ from .base import (
 
 __all__ = [
     "Environment",
-    "EnvironmentError",
+    "EnvError",
     "MissingExtraError",
     "Split",
     "make_environment",

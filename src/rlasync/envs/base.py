@@ -38,11 +38,11 @@ Split = Literal["train", "val"]
 """Which rows: training rows, or held-out rows that validation scores (never trained on)."""
 
 
-class EnvironmentError(ConfigError):  # noqa: A001  (ours: a ConfigError, not the OSError alias)
+class EnvError(ConfigError):
     """``data.source`` names no registered environment, or options it does not take."""
 
 
-class MissingExtraError(EnvironmentError):
+class MissingExtraError(EnvError):
     """An environment needs a package that is not installed: the message names the extra."""
 
 
@@ -113,7 +113,7 @@ def source_options(spec: str | dict[str, Any]) -> dict[str, Any]:
         if options is None:
             options = {}
         if not isinstance(options, dict):
-            raise EnvironmentError(
+            raise EnvError(
                 f"data.source.{name}: expected the environment's options as a mapping, got {type(options).__name__}"
             )
         return {"name": name, **options}
@@ -122,23 +122,23 @@ def source_options(spec: str | dict[str, Any]) -> dict[str, Any]:
 
 def make_environment(spec: str | dict[str, Any], *, seed: int) -> Environment | None:
     """The environment ``data.source`` names, built (None when it names none). Options it does
-    not take are an ``EnvironmentError`` naming them."""
+    not take are an ``EnvError`` naming them."""
     options = source_options(spec)
     if not options:
         return None
     if options.get("name") in _BUILT_IN and options["name"] not in _ENVIRONMENTS:
         importlib.import_module(_BUILT_IN[options["name"]])
     choice = registry_choice(
-        options, "data.source", _ENVIRONMENTS.view(), "@rlasync.envs.register_environment", EnvironmentError
+        options, "data.source", _ENVIRONMENTS.view(), "@rlasync.envs.register_environment", EnvError
     )
     assert choice is not None
     name, cls, options = choice
     if cls.score is Environment.score and cls.converse is Environment.converse:
-        raise EnvironmentError(f"data.source.{name}: {cls.__qualname__} defines neither score nor converse")
+        raise EnvError(f"data.source.{name}: {cls.__qualname__} defines neither score nor converse")
     options.setdefault("seed", seed)
     try:
         return cls(**options)
-    except EnvironmentError:
+    except EnvError:
         raise
     except TypeError as exc:  # an option it does not take, or one it needs
-        raise EnvironmentError(f"data.source.{name}: {exc}") from None
+        raise EnvError(f"data.source.{name}: {exc}") from None

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from ..data import Row
 from ..rewards import RewardOutput
-from .base import Environment, EnvironmentError, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, MissingExtraError, Split, register_environment
 
 MODEL = "policy"
 VAL_EPISODES = 1_000_000_007
@@ -78,13 +78,11 @@ class OpenEnv(Environment):
     ) -> None:
         where = "data.source.openenv"
         if bool(url) == bool(app):
-            raise EnvironmentError(
-                f"{where}: give the server's url, or the app to start (module:attr), one of them"
-            )
+            raise EnvError(f"{where}: give the server's url, or the app to start (module:attr), one of them")
         if reward not in ("sum", "last"):
-            raise EnvironmentError(f"{where}.reward: sum or last, got {reward!r}")
+            raise EnvError(f"{where}.reward: sum or last, got {reward!r}")
         if app and ":" not in app:
-            raise EnvironmentError(f"{where}.app: {app!r} is not module:attr (e.g. my_env.server.app:app)")
+            raise EnvError(f"{where}.app: {app!r} is not module:attr (e.g. my_env.server.app:app)")
         self.openenv = _package()
         self.url, self.app, self.cwd = url.rstrip("/"), app, cwd or os.getcwd()
         self.pythonpath = [os.path.abspath(os.path.join(self.cwd, p)) for p in pythonpath or []]
@@ -128,7 +126,7 @@ class OpenEnv(Environment):
         while loop.time() < deadline:
             assert self._server is not None
             if self._server.poll() is not None:
-                raise EnvironmentError(
+                raise EnvError(
                     f"data.source.openenv.app={self.app}: the server exited with {self._server.returncode} while "
                     "starting (its output is above)"
                 )
@@ -138,7 +136,7 @@ class OpenEnv(Environment):
                 return
             await asyncio.sleep(0.1)
         await self.close()
-        raise EnvironmentError(
+        raise EnvError(
             f"data.source.openenv.app={self.app}: not listening after start_timeout_s={self.start_timeout_s} s"
         )
 

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from ..data import Row
 from ..rewards import RewardInput, RewardOutput
-from .base import Environment, EnvironmentError, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, MissingExtraError, Split, register_environment
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -74,21 +74,13 @@ class ReasoningGym(Environment):
     ) -> None:
         where = "data.source.reasoning_gym"
         if bool(task) == bool(tasks):
-            raise EnvironmentError(
-                f"{where}: give one task (task: chain_sum) or several (tasks: {{name: weight}})"
-            )
+            raise EnvError(f"{where}: give one task (task: chain_sum) or several (tasks: {{name: weight}})")
         if tasks and config:
-            raise EnvironmentError(
-                f"{where}: config is the single task's; with tasks, give each its own config"
-            )
+            raise EnvError(f"{where}: config is the single task's; with tasks, give each its own config")
         if size < 1 or val_pool < 1:
-            raise EnvironmentError(
-                f"{where}: size and val_pool must be at least 1, got {size} and {val_pool}"
-            )
+            raise EnvError(f"{where}: size and val_pool must be at least 1, got {size} and {val_pool}")
         if answer_format not in ("tag", "text", "last_number"):
-            raise EnvironmentError(
-                f"{where}.answer_format: expected tag, text or last_number, got {answer_format!r}"
-            )
+            raise EnvError(f"{where}.answer_format: expected tag, text or last_number, got {answer_format!r}")
         rg = _package()
         self.seed, self.size, self.val_pool, self.answer_format = int(seed), size, val_pool, answer_format
         self.val_percent = val_percent
@@ -106,7 +98,7 @@ class ReasoningGym(Environment):
         for name, value in ({task: {"config": config}} if task else tasks).items():
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=3)
-                raise EnvironmentError(
+                raise EnvError(
                     f"{where}: no reasoning-gym task {name!r}"
                     + (
                         f" (did you mean {', '.join(close)}?)"
@@ -117,7 +109,7 @@ class ReasoningGym(Environment):
             spec: dict[str, Any] = value if isinstance(value, dict) else {"weight": value}
             unknown = set(spec) - {"weight", "config"}
             if unknown:
-                raise EnvironmentError(
+                raise EnvError(
                     f"{where}.tasks.{name}: unknown keys {sorted(unknown)} (a task takes weight and config)"
                 )
             weight, task_config = spec.get("weight", 1.0), spec.get("config") or {}
@@ -134,14 +126,14 @@ class ReasoningGym(Environment):
                 datasets=[DatasetSpec(n, w, c) for n, w, c in specs],
             )
         except (TypeError, ValueError, AssertionError) as exc:  # its config classes check with assert
-            raise EnvironmentError(
+            raise EnvError(
                 f"{where}: reasoning-gym refused the config: {exc or type(exc).__name__}"
             ) from None
 
     def rows(self, split: Split, n: int | None = None) -> list[Row]:
         want = (self.size if split == "train" else self.val_pool) if n is None else n
         if split == "val" and want > self.val_pool:
-            raise EnvironmentError(
+            raise EnvError(
                 f"data.source.reasoning_gym: {want} held-out rows wanted (train.val_size), val_pool is {self.val_pool}: "
                 "raise val_pool or lower train.val_size"
             )
@@ -152,7 +144,7 @@ class ReasoningGym(Environment):
             if self._split(index) == split:
                 indices.append(index)
         else:
-            raise EnvironmentError(
+            raise EnvError(
                 f"data.source.reasoning_gym: only {len(indices)} of its first {self.items} items ask a question of "
                 f"the {split} split, {want} wanted: the task has too few distinct questions for this size and "
                 "val_percent"

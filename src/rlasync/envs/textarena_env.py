@@ -27,7 +27,7 @@ from typing import Any
 
 from ..data import Row
 from ..rewards import RewardOutput
-from .base import Environment, EnvironmentError, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, MissingExtraError, Split, register_environment
 
 MODEL = "policy"
 VAL_SEEDS = 1_000_000_007
@@ -67,14 +67,14 @@ class TextArena(Environment):
 
         if game not in ENV_REGISTRY:
             close = difflib.get_close_matches(game, list(ENV_REGISTRY), n=3)
-            raise EnvironmentError(
+            raise EnvError(
                 f"{where}.game: TextArena has no game {game!r}"
                 + (f" (did you mean {', '.join(close)}?)" if close else "")
             )
         if not 0 <= player < players:
-            raise EnvironmentError(f"{where}.player: {player} is not a seat of a {players}-player game")
+            raise EnvError(f"{where}.player: {player} is not a seat of a {players}-player game")
         if players > 1 and not opponent:
-            raise EnvironmentError(
+            raise EnvError(
                 f"{where}.opponent: {game} with {players} players needs an opponent: a function by import path "
                 "(my_bots:first_free) or {url: ..., model: ...}"
             )
@@ -157,7 +157,7 @@ def _opponent(spec: str | dict[str, Any], where: str) -> Any:
     if isinstance(spec, dict):
         unknown = set(spec) - {"url", "model", "api_key"}
         if "url" not in spec or unknown:
-            raise EnvironmentError(
+            raise EnvError(
                 f"{where}.opponent: a model is {{url: ..., model: ..., api_key: ...}} (url required)"
                 + (f"; unknown keys {sorted(unknown)}" if unknown else "")
             )
@@ -169,7 +169,7 @@ def _opponent(spec: str | dict[str, Any], where: str) -> Any:
         else:
             found = import_object(spec, f"{where}.opponent", ConfigError)
     except ConfigError as exc:  # a PluginError too
-        raise EnvironmentError(f"{where}.opponent: {exc}") from None
+        raise EnvError(f"{where}.opponent: {exc}") from None
     if not callable(found):
-        raise EnvironmentError(f"{where}.opponent={spec} is not a function of (observation, player id)")
+        raise EnvError(f"{where}.opponent={spec} is not a function of (observation, player id)")
     return found

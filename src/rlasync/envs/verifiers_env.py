@@ -26,7 +26,7 @@ from typing import Any
 
 from ..data import Row
 from ..rewards import RewardOutput
-from .base import Environment, EnvironmentError, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, MissingExtraError, Split, register_environment
 
 MODEL = "policy"
 """The model name the environment's calls carry (the run's endpoint serves its policy under any)."""
@@ -83,7 +83,7 @@ class Verifiers(Environment):
         self.env = _load(vf, env, dict(args or {}))
         group_funcs = _group_functions(self.env.rubric)
         if group_funcs:
-            raise EnvironmentError(
+            raise EnvError(
                 f"data.source.verifiers ({env}): its rubric has group-level reward functions {group_funcs}; "
                 "rlasync scores each trajectory on its own, so only individual reward functions are supported"
             )
@@ -144,18 +144,18 @@ def _load(vf: Any, env: str, args: dict[str, Any]) -> Any:
         try:
             module = plugins.load(env)
         except plugins.PluginError as exc:
-            raise EnvironmentError(f"{where}: {exc}") from None
+            raise EnvError(f"{where}: {exc}") from None
         load = getattr(module, "load_environment", None)
         if load is None:
-            raise EnvironmentError(f"{where}: the file defines no load_environment(**kwargs)")
+            raise EnvError(f"{where}: the file defines no load_environment(**kwargs)")
         built = load(**args)
     else:
         try:
             built = vf.load_environment(env, **args)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise EnvironmentError(f"{where}: {exc}") from None
+            raise EnvError(f"{where}: {exc}") from None
     if not isinstance(built, vf.Environment):
-        raise EnvironmentError(
+        raise EnvError(
             f"{where}: load_environment returned {type(built).__name__}, not a verifiers Environment"
         )
     return built

@@ -30,9 +30,11 @@ from .registry import (
     register_reward_factory,
     registered_rewards,
 )
+from .reward_model import RewardModel
 from .verl import CustomRewardError, load_compute_score, verl_default
 
 register_reward_factory("llm_judge")(LLMJudge)
+register_reward_factory("reward_model")(RewardModel)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -42,6 +44,7 @@ __all__ = [
     "RewardError",
     "RewardFn",
     "RewardInput",
+    "RewardModel",
     "RewardOutput",
     "ToolFormat",
     "answers_equal",
