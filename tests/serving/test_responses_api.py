@@ -86,6 +86,10 @@ async def test_a_stream_says_what_the_whole_reply_says(client: openai.AsyncOpenA
             "input[0].content[0]",
         ),
         ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objec"}}}},
+            "text.format",
+        ),
     ],
 )
 async def test_what_cannot_be_served_is_refused_by_name(

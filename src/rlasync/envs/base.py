@@ -93,7 +93,8 @@ _BUILT_IN = {
     "textarena": "rlasync.envs.textarena_env",
     "openenv": "rlasync.envs.openenv_env",
 }
-"""Adapters registered when first named: their module imports nothing heavy until built."""
+"""The adapters' modules, imported when an environment not yet registered is named (each imports
+its package only when built)."""
 
 
 def register_environment(name: str) -> Callable[[type[Environment]], type[Environment]]:
@@ -126,8 +127,9 @@ def make_environment(spec: str | dict[str, Any], *, seed: int) -> Environment | 
     options = source_options(spec)
     if not options:
         return None
-    if options.get("name") in _BUILT_IN and options["name"] not in _ENVIRONMENTS:
-        importlib.import_module(_BUILT_IN[options["name"]])
+    if options.get("name") not in _ENVIRONMENTS:  # the adapters: cheap to import (packages load when built)
+        for module in _BUILT_IN.values():
+            importlib.import_module(module)
     choice = registry_choice(
         options, "data.source", _ENVIRONMENTS.view(), "@rlasync.envs.register_environment", EnvError
     )

@@ -14,8 +14,9 @@ stored: send the conversation), tools other than functions, non-text input parts
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
@@ -56,7 +57,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
                 "previous_response_id: responses are not stored; send the whole conversation as input",
                 param="previous_response_id",
             )
-        self.chat().check()
+        with _named_as_responses():
+            self.chat().check()
 
     def chat(self) -> ChatRequest:
         """The same request as the chat route takes it."""
@@ -98,6 +100,18 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
             top_p=self.top_p,
             max_tokens=self.max_output_tokens,
         )
+
+
+@contextlib.contextmanager
+def _named_as_responses() -> Iterator[None]:
+    """A chat request's 400 with the Responses API's name of the parameter at fault."""
+    try:
+        yield
+    except APIError as exc:
+        exc.param = {"response_format": "text.format", "max_tokens": "max_output_tokens"}.get(
+            exc.param or "", exc.param
+        )
+        raise
 
 
 def messages_of(items: str | list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
@@ -162,7 +176,8 @@ class ResponsesRoute:
         messages = [message_in(m) for m in chat_req.messages]
         tools = chat_req.tools or None
         prompt = chat._prompt(rec, messages, tools)
-        grammar = chat.grammar(chat_req)
+        with _named_as_responses():
+            grammar = chat.grammar(chat_req)
         job = chat.generation.prepare(chat_req, rec, prompt, chat_req.new_tokens, grammar=grammar)
         (c,) = await chat.generation.all(job)
         message, finish, calls = chat._reply(chat_req, c, job.rid, 0)
