@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import importlib.util
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -44,6 +45,14 @@ class EnvError(ConfigError):
 
 class MissingExtraError(EnvError):
     """An environment needs a package that is not installed: the message names the extra."""
+
+
+def import_extra(module: str, *, setting: str, package: str, extra: str) -> Any:
+    """``module`` imported, or a ``MissingExtraError`` saying which setting needs which package,
+    and the extra that installs it."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtraError(f"{setting} needs the {package} package: pip install 'rlasync[{extra}]'")
+    return importlib.import_module(module)
 
 
 class Environment(abc.ABC):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -36,21 +35,11 @@ from typing import Any, Literal
 
 from ..data import Row
 from ..rewards import RewardOutput
-from .base import EnvError, Environment, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, Split, import_extra, register_environment
 
 MODEL = "policy"
 VAL_EPISODES = 1_000_000_007
 """Held-out episodes are numbered from here (their ``reset`` gets ``seed`` when ``seeded``)."""
-
-
-def _package() -> Any:
-    if importlib.util.find_spec("openenv") is None:
-        raise MissingExtraError(
-            "data.source.openenv needs openenv-core: pip install 'rlasync[envs-frameworks]'"
-        )
-    import openenv
-
-    return openenv
 
 
 @register_environment("openenv")
@@ -83,7 +72,9 @@ class OpenEnv(Environment):
             raise EnvError(f"{where}.reward: sum or last, got {reward!r}")
         if app and ":" not in app:
             raise EnvError(f"{where}.app: {app!r} is not module:attr (e.g. my_env.server.app:app)")
-        self.openenv = _package()
+        self.openenv = import_extra(
+            "openenv", setting="data.source.openenv", package="openenv-core", extra="envs-frameworks"
+        )
         self.url, self.app, self.cwd = url.rstrip("/"), app, cwd or os.getcwd()
         self.pythonpath = [os.path.abspath(os.path.join(self.cwd, p)) for p in pythonpath or []]
         self.action_field, self.observation_field = action_field, observation_field

@@ -30,28 +30,17 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import importlib.util
 import re
 from typing import Any, Literal
 
 from ..data import Row
 from ..rewards import RewardInput, RewardOutput
-from .base import EnvError, Environment, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, Split, import_extra, register_environment
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 INDEX = "reasoning_gym_index"
 """The row field holding its item's index in the environment's dataset."""
-
-
-def _package() -> Any:
-    if importlib.util.find_spec("reasoning_gym") is None:
-        raise MissingExtraError(
-            "data.source.reasoning_gym needs the reasoning-gym package: pip install 'rlasync[envs]'"
-        )
-    import reasoning_gym
-
-    return reasoning_gym
 
 
 @register_environment("reasoning_gym")
@@ -81,7 +70,9 @@ class ReasoningGym(Environment):
             raise EnvError(f"{where}: size and val_pool must be at least 1, got {size} and {val_pool}")
         if answer_format not in ("tag", "text", "last_number"):
             raise EnvError(f"{where}.answer_format: expected tag, text or last_number, got {answer_format!r}")
-        rg = _package()
+        rg = import_extra(
+            "reasoning_gym", setting="data.source.reasoning_gym", package="reasoning-gym", extra="envs"
+        )
         self.seed, self.size, self.val_pool, self.answer_format = int(seed), size, val_pool, answer_format
         self.val_percent = val_percent
         # Items scanned for each split's rows (a bound: a task of few questions may not fill one).

@@ -21,27 +21,16 @@ win 1, a loss -1, a draw 0, or the game's own scale); a game cut at ``max_turns`
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import inspect
 from typing import Any
 
 from ..data import Row
 from ..rewards import RewardOutput
-from .base import EnvError, Environment, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, Split, import_extra, register_environment
 
 MODEL = "policy"
 VAL_SEEDS = 1_000_000_007
 """Held-out games start from this seed (training games from 0): no training game is a held-out one."""
-
-
-def _package() -> Any:
-    if importlib.util.find_spec("textarena") is None:
-        raise MissingExtraError(
-            "data.source.textarena needs the textarena package: pip install 'rlasync[envs-frameworks]'"
-        )
-    import textarena
-
-    return textarena
 
 
 @register_environment("textarena")
@@ -62,7 +51,9 @@ class TextArena(Environment):
         system_prompt: str = "",
     ) -> None:
         where = "data.source.textarena"
-        ta = _package()
+        ta = import_extra(
+            "textarena", setting="data.source.textarena", package="textarena", extra="envs-frameworks"
+        )
         from textarena.envs.registration import ENV_REGISTRY
 
         if game not in ENV_REGISTRY:

@@ -21,24 +21,20 @@ are refused: a trajectory here is scored on its own. Needs ``pip install 'rlasyn
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from ..data import Row
 from ..rewards import RewardOutput
-from .base import EnvError, Environment, MissingExtraError, Split, register_environment
+from .base import EnvError, Environment, MissingExtraError, Split, import_extra, register_environment
 
 MODEL = "policy"
 """The model name the environment's calls carry (the run's endpoint serves its policy under any)."""
 
 
 def _package() -> Any:
-    if importlib.util.find_spec("verifiers") is None:
-        raise MissingExtraError(
-            "data.source.verifiers needs the verifiers package (0.3.x): pip install 'rlasync[envs-frameworks]'"
-        )
-    import verifiers
-
+    verifiers = import_extra(
+        "verifiers", setting="data.source.verifiers", package="verifiers (0.3.x)", extra="envs-frameworks"
+    )
     if not hasattr(verifiers, "SingleTurnEnv"):
         raise MissingExtraError(
             f"data.source.verifiers needs verifiers' classic environment API (0.3.x); {verifiers.__version__} "
