@@ -4,6 +4,7 @@ whose ``env_response`` turns are the environment's turns of one trajectory, and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -98,16 +99,14 @@ def test_a_multi_turn_env_answers_between_the_model_turns(
 
 
 TOOL_ENV = '''\
-"""Arithmetic with a calculator tool (the environment runs it); the rubric grades the final answer."""
+"""Arithmetic with a tool the environment runs; the rubric grades the final answer and counts calls."""
 import verifiers as vf
 from datasets import Dataset
 
 
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression."""
-    if not set(expression) <= set("0123456789+-*/() "):
-        raise ValueError(f"not arithmetic: {expression!r}")
-    return str(eval(expression))
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
 
 
 def correct(completion, answer, **kwargs) -> float:
@@ -116,15 +115,18 @@ def correct(completion, answer, **kwargs) -> float:
 
 def load_environment():
     rows = [{"question": f"What is {a}*{b}?", "answer": str(a * b)} for a in range(11, 19) for b in range(21, 23)]
+    # Its author forces a call each turn (structured outputs make even an untrained model's call
+    # valid), so the environment runs its tool between the model's turns, max_turns of them.
     return vf.ToolEnv(
         dataset=Dataset.from_list(rows[:12]), eval_dataset=Dataset.from_list(rows[12:]),
-        tools=[calculator], rubric=vf.Rubric(funcs=[correct]), max_turns=3,
+        tools=[multiply], rubric=vf.Rubric(funcs=[correct]), max_turns=3,
+        sampling_args={"tool_choice": "required"},
     )
 '''
 
 
 @pytest.mark.parametrize("mode", ["sync", "fully_async"])
-def test_a_tool_env_trains_with_its_tools_offered_and_its_rubric(
+def test_a_tool_env_runs_its_tools_between_the_model_turns(
     tmp_path: Path, nano_model_dir: Path, mode: str
 ) -> None:
     (tmp_path / "vf_calc.py").write_text(TOOL_ENV)
@@ -133,10 +135,21 @@ def test_a_tool_env_trains_with_its_tools_offered_and_its_rubric(
         "data:\n  source:\n    verifiers: {env: ./vf_calc.py}\n",
         model=nano_model_dir,
         mode=mode,
-        tokens=16,
+        tokens=96,
     )
     assert all(r["reward"] == 0.0 for r in run["steps"])  # an untrained model answers no product
-    assert all(t["messages"][0]["content"].startswith("What is") for t in run["traces"])
+    for trace in run["traces"]:
+        messages = trace["messages"]
+        assert [m["role"] for m in messages] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+        ], messages
+        # The environment ran its tool on each call's (integer) arguments: a product each time.
+        assert all(re.fullmatch(r"-?\d+", m["content"]) for m in messages if m["role"] == "tool"), messages
 
 
 def test_a_rubric_of_group_functions_and_a_wrong_env_are_refused(tmp_path: Path) -> None:

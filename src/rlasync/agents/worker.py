@@ -63,6 +63,7 @@ class AgentWorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """An environment (``data.source``, ``rlasync.envs``) whose own score is the reward of the
     rows it made; overrides ``reward``. Built here from its options and ``seed``."""
     seed: int = 0
+    """The environment's seed unless its options give one (``train.seed``)."""
     custom_reward: CustomRewardFunctionConfig | None = None
     """A verl reward function (``custom_reward_function``); overrides ``reward``."""
     ground_truth_key: str = "ground_truth"

@@ -90,7 +90,8 @@ def scores(groups: Sequence[Sequence[tuple[str, float]]], *, correct: float = 1.
 
 def model_to_evaluate(config: Config, checkpoint: str) -> Path:
     """The model folder: a checkpoint's ``model/`` (checked against its manifest; ``newest``:
-    the newest sound one in ``train.run_dir``), or "" for the one the run starts from."""
+    the newest sound one in ``train.run_dir``), or with ``checkpoint`` "" the one the run
+    starts from."""
     from ..trainer.checkpoint import CheckpointError, Checkpoints, verify
     from .model_dir import starting_model_dir
 

@@ -112,7 +112,10 @@ class Verifiers(Environment):
 
     async def converse(self, client: Any, row: Row) -> RewardOutput:
         vf_input = dict(row["verifiers_input"], prompt=row["messages"])
-        state = await self.env.rollout(vf_input, self._client_of(client), MODEL, {})
+        # Its author's sampling settings (a forced tool_choice, say), as verifiers' own runs use them;
+        # what they leave out is the run's (the endpoint's recording fills it in).
+        sampling = dict(getattr(self.env, "sampling_args", None) or {})
+        state = await self.env.rollout(vf_input, self._client_of(client), MODEL, sampling)
         if state.get("error") is not None:  # the rollout caught it (a vf.Error): not a score
             raise RuntimeError(f"the verifiers rollout failed: {state['error']!r}")
         await self.env.rubric.score_rollout(state)
