@@ -96,10 +96,13 @@ def _launch(
 
 
 def _records(tmp_path: Path) -> list[dict[str, object]]:
+    """The run's records so far; a last line still being written (no newline yet) is left for later."""
     path = tmp_path / "run" / "metrics.jsonl"
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    )
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    whole = text[: text.rfind("\n") + 1]  # up to the last complete line
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 def _wait_for_step(
