@@ -104,6 +104,7 @@ def test_a_reward_file_verl_could_not_call_is_refused_by_name(
         ("openai/gsm8k", "so 3+5 = 8\n#### 8", "8", 1.0),
         ("openai/gsm8k", "#### 1,000", "1000", 1.0),
         ("openai/gsm8k", "the answer is 8", "8", 0.0),  # verl's strict rule: no ####, no score
+        ("openai/gsm8k", "#### 8" + " and so on" * 40, "8", 0.0),  # verl reads the last 300 characters only
         ("lighteval/MATH", r"so $x = \boxed{\frac{1}{2}}$", "0.5", 1.0),
         ("HuggingFaceH4/MATH-500", r"\boxed{\sqrt{8}}", r"2\sqrt{2}", 1.0),
     ],

@@ -14,8 +14,9 @@ user message and its reply the move, so a game is one multi-turn sample whose ga
 masked. The other seats are played by ``opponent``: a Python function by import path (scripted;
 sync or async), or a model behind an OpenAI-compatible URL (a frozen copy, another model), whose
 calls are not the trajectory's. The reward is TextArena's for our player at the game's end (a
-win 1, a loss -1, a draw 0, or the game's own scale); a game cut at ``max_turns`` scores
-``unfinished``. Needs ``pip install 'rlasync[envs-frameworks]'``.
+win 1, a loss -1, a draw 0, or the game's own scale); a game cut at ``max_turns`` of ours (or
+4 x ``max_turns`` x ``players`` moves in all) scores ``unfinished``. Needs
+``pip install 'rlasync[envs-frameworks]'``.
 """
 
 from __future__ import annotations
@@ -107,8 +108,11 @@ class TextArena(Environment):
         messages: list[dict[str, Any]] = (
             [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         )
-        seen, turns, done = "", 0, False
-        while not done and turns < self.max_turns:
+        seen, turns, steps, done = "", 0, 0, False
+        # The policy's turns are bounded by max_turns, everyone's moves (invalid ones retried,
+        # other seats' included) by a multiple of it: no game holds its trajectory forever.
+        while not done and turns < self.max_turns and steps < 4 * self.max_turns * self.players:
+            steps += 1
             player, observation = env.get_observation()
             if player == self.player:
                 new = observation[len(seen) :] if observation.startswith(seen) else observation

@@ -108,9 +108,9 @@ _GSM8K = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
 def gsm8k_score(solution: str, truth: str) -> tuple[float, bool]:
-    """verl's GSM8K rule (its ``strict`` method): the number after the last ``#### ``, commas
-    dropped, equal to the ground truth as text."""
-    found = _GSM8K.findall(solution)
+    """verl's GSM8K rule (its ``strict`` method): in the solution's last 300 characters, the
+    number after the last ``#### ``, commas dropped, equal to the ground truth as text."""
+    found = _GSM8K.findall(solution[-300:])
     return float(bool(found) and found[-1].replace(",", "") == str(truth)), bool(found)
 
 
