@@ -6,6 +6,8 @@ it writes parses only because it is constrained to."""
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -17,7 +19,10 @@ langchain_openai = pytest.importorskip(
 )
 pydantic_ai = pytest.importorskip("pydantic_ai", reason="needs pydantic-ai: the envs tier, `make test-envs`")
 
+from rlasync.agents import ChatTurns  # noqa: E402
+from rlasync.compose.warmstart import encode_sft  # noqa: E402
 from rlasync.config import EndpointConfig  # noqa: E402
+from rlasync.data.synthetic import Problem  # noqa: E402
 from rlasync.engines import TorchEngine  # noqa: E402
 from rlasync.models import TinyLMConfig, build_tiny_lm  # noqa: E402
 from rlasync.serving import Endpoint  # noqa: E402
@@ -81,6 +86,68 @@ async def test_pydantic_ai_output_modes(url: str, mode: str) -> None:
     for _ in range(3):
         result = await agent.run("Describe a pet.")
         assert isinstance(result.output, Pet), result.output
+
+
+def _warm_start_on_pets(model: Any, tokenizer: Any, steps: int = 100) -> None:
+    """Supervised steps on chats whose replies are pets as JSON, written as the ``json_object``
+    grammar writes JSON (``json.dumps``' separators): a model that has seen the task, as a
+    prompted output needs. The grammar guarantees an object; only training puts the schema's
+    keys in it (a model this small does not read a schema from its prompt)."""
+    import torch
+    import torch.nn.functional as F
+
+    rng = random.Random(0)
+    turns = ChatTurns(tokenizer)
+    asks = ["Describe a pet.", "A pet, please.", "Tell me about a pet.", "Name an animal you like."]
+    schema_note = "Always respond with a JSON object that's compatible with this schema:\n\n"
+    rows = []
+    for i in range(256):
+        pet = {"name": rng.choice(["Rex", "Tom", "Kit", "Max", "Bo"]), "age": rng.randint(1, 9)}
+        pet["kind"] = rng.choice(["cat", "dog"])
+        system = [{"role": "system", "content": schema_note + json.dumps(Pet.model_json_schema())}]
+        messages = system * rng.randint(0, 1) + [{"role": "user", "content": rng.choice(asks)}]
+        target = [{"role": "assistant", "content": json.dumps(pet)}]
+        rows.append(encode_sft(turns, Problem(task="pet", key=str(i), messages=messages, answer="", target=target)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        batch = rng.sample(rows, 32)
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        for r, (x, mask) in enumerate(batch):
+            ids[r, : len(x)] = torch.tensor(x)
+            labels[r, : len(x)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(x), -100)
+        logits = model(input_ids=ids).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+
+
+async def test_pydantic_ai_prompted_output_on_a_warm_started_model() -> None:
+    """pydantic-ai's third mode: the schema reaches the model only through the prompt, and the
+    request asks for ``json_object``. The grammar makes every reply an object; a short
+    warm-start on the task makes it a pet (pydantic-ai validates it, retrying once if not)."""
+    from pydantic_ai import Agent, PromptedOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles.openai import OpenAIModelProfile
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model, tok = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))
+    _warm_start_on_pets(model, tok)
+    engine = TorchEngine(model, max_batch=8, tokenizer=tok)
+    async with Endpoint(engine, tok, EndpointConfig(default_max_tokens=160), model_name="nano") as endpoint:
+        profile = OpenAIModelProfile(supports_json_object_output=True)
+        provider = OpenAIProvider(base_url=endpoint.url + "/v1", api_key="-")
+        chat = OpenAIChatModel("nano", provider=provider, profile=profile)
+        agent = Agent(chat, output_type=PromptedOutput(Pet), model_settings={"temperature": 1.0})
+        for _ in range(3):
+            result = await agent.run("Describe a pet.")
+            assert isinstance(result.output, Pet), result.output
+    await engine.close()
 
 
 async def test_openai_agents_sdk_default_responses_model_and_output_type(url: str) -> None:

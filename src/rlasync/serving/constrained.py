@@ -32,10 +32,7 @@ def grammar_of(req: ChatRequest, tokenizer: Any, tool_format: str) -> str:
     response_format = req.response_format or {}
     kind = response_format.get("type")
     if kind == "json_object":  # any object: left open
-        return _checked(
-            "start: %json " + json.dumps({"type": "object", "x-guidance": {"whitespace_flexible": False}}),
-            "response_format",
-        )
+        return _json({"type": "object", "additionalProperties": True}, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -54,14 +51,16 @@ def _json(schema: dict[str, Any], param: str) -> str:
 
 
 def _compact(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` as the grammar follows it: JSON written compactly (``, `` and ``: ``, no other
-    whitespace), and objects closed unless they say otherwise (``additionalProperties: false``,
+    """``schema`` as the grammar follows it: JSON written as ``json.dumps`` and chat templates'
+    ``tojson`` write it (``, `` and ``: ``, no other whitespace: the separators models are
+    trained on; llguidance's own default is ``,``/``:``), and objects closed unless they say otherwise (``additionalProperties: false``,
     as xgrammar's strict mode and OpenAI's structured outputs take them). A model, an untrained
     one above all, could otherwise fill its token budget with spaces between two tokens of a
     valid document, or with properties nobody asked for (LangChain's and pydantic's schemas
     leave ``additionalProperties`` out)."""
     closed = _closed(schema)
-    return {**closed, "x-guidance": {"whitespace_flexible": False, **schema.get("x-guidance", {})}}
+    layout = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return {**closed, "x-guidance": {**layout, **schema.get("x-guidance", {})}}
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
