@@ -63,17 +63,49 @@ async def test_text_in_text_out_and_a_json_schema(client: openai.AsyncOpenAI) ->
 
 
 async def test_a_stream_says_what_the_whole_reply_says(client: openai.AsyncOpenAI) -> None:
-    whole = await client.responses.create(model="nano", input="hi", max_output_tokens=16, temperature=0)
+    whole = await client.responses.create(model="nano", input="hi", max_output_tokens=48, temperature=0)
     events = [
         e
         async for e in await client.responses.create(
-            model="nano", input="hi", max_output_tokens=16, temperature=0, stream=True
+            model="nano", input="hi", max_output_tokens=48, temperature=0, stream=True
         )
     ]
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert text == whole.output_text and events[-1].response.output_text == whole.output_text  # type: ignore[union-attr]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]  # type: ignore[union-attr]
+    assert "".join(deltas) == whole.output_text and events[-1].response.output_text == whole.output_text  # type: ignore[union-attr]
+    # Sent as generated, not as one delta at the end (a reader that falls behind gets several
+    # tokens' text in one delta, so only "more than one" is certain for a reply this long).
+    assert len(deltas) > 1 and len(whole.output_text) > 1
+    assert kinds.index("response.content_part.added") < kinds.index("response.output_text.delta")
+    # The openai client's own stream reader rebuilds the same response from the events.
+    async with client.responses.stream(
+        model="nano", input="hi", max_output_tokens=48, temperature=0
+    ) as stream:
+        final = await stream.get_final_response()
+    assert final.output_text == whole.output_text
+
+
+async def test_a_streamed_function_call_arrives_whole_at_its_end(client: openai.AsyncOpenAI) -> None:
+    events = [
+        e
+        async for e in await client.responses.create(
+            model="nano",
+            input="2+2?",
+            tools=[CALCULATOR],
+            tool_choice="required",
+            stream=True,  # type: ignore[list-item]
+        )
+    ]
+    kinds = [e.type for e in events]
+    assert "response.output_text.delta" not in kinds and kinds[-1] == "response.completed"
+    call = events[-1].response.output[-1]  # type: ignore[union-attr]
+    assert (
+        call.type == "function_call"
+        and call.name == "calculator"
+        and "expression" in json.loads(call.arguments)
+    )
+    assert kinds.index("response.output_item.added") < kinds.index("response.function_call_arguments.done")
 
 
 @pytest.mark.parametrize(

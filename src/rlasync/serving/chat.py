@@ -38,14 +38,14 @@ class ChatRoute:
         """The reply to ``req`` (decoded and checked by the server), or its stream."""
         messages = [message_in(m) for m in req.messages]
         tools = req.tools or None
-        prompt = self._prompt(rec, messages, tools)
+        prompt = self.prompt(rec, messages, tools)
         job = self.generation.prepare(req, rec, prompt, req.new_tokens, grammar=self.grammar(req))
         if req.stream:
             return event_stream(self._stream(req, job, messages))
         choices = await self.generation.all(job)
         out = []
         for i, c in enumerate(choices):
-            message, finish, calls = self._reply(req, c, job.rid, i)
+            message, finish, calls = self.reply(req, c, job.rid, i)
             out.append(
                 {
                     "index": i,
@@ -56,7 +56,7 @@ class ChatRoute:
                     "finish_reason": finish,
                 }
             )
-            self._record(job, messages, tools, c, message, finish, calls)
+            self.record(job, messages, tools, c, message, finish, calls)
         counted = usage(len(prompt), sum(len(c.ids) for c in choices))
         return json_response(envelope("chat.completion", job.rid, req.model, out, usage=counted))
 
@@ -64,7 +64,7 @@ class ChatRoute:
         """What ``req``'s response_format or forced tool_choice constrains the reply to ("": nothing)."""
         return grammar_of(req, self.generation.tokenizer, self.tool_format)
 
-    def _prompt(self, rec: Recording | None, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def prompt(self, rec: Recording | None, messages: list[dict[str, Any]], tools: Any) -> list[int]:
         """The conversation's tokens: an answered conversation's own, when these messages go on
         from one (``Recording.continued``); else the chat template's rendering."""
         try:
@@ -83,8 +83,8 @@ class ChatRoute:
                 param="messages",
             ) from None
 
-    def _reply(self, req: ChatRequest, c: Choice, rid: str, index: int) -> tuple[dict[str, Any], str, int]:
-        """The assistant message, its finish reason and its number of tool calls."""
+    def reply(self, req: ChatRequest, c: Choice, rid: str, index: int) -> tuple[dict[str, Any], str, int]:
+        """Choice ``c``'s assistant message, its finish reason and its number of tool calls."""
         text = c.text
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if not req.parses_tools:
@@ -105,7 +105,7 @@ class ChatRoute:
         ]
         return message, "tool_calls", len(parsed.calls)
 
-    def _record(
+    def record(
         self,
         job: Job,
         messages: list[dict[str, Any]],
@@ -115,6 +115,8 @@ class ChatRoute:
         finish: str,
         calls: int,
     ) -> None:
+        """Keep the call in the job's recording (tokens, logprobs, versions), and the conversation's
+        tokens when the reply ended its turn, so a request that continues it goes on from them."""
         rec = job.rec
         if rec is None:
             return
@@ -150,7 +152,7 @@ class ChatRoute:
                     )
                     yield chunk(i, {"content": delta}, logprobs=logprobs)
             if done:
-                message, finish, calls = self._reply(req, c, job.rid, i)
+                message, finish, calls = self.reply(req, c, job.rid, i)
                 if whole:
                     final = {k: v for k, v in message.items() if k != "role"}
                     if "tool_calls" in final:  # a streamed call carries its place in the list
@@ -160,7 +162,7 @@ class ChatRoute:
                     logprobs = {"content": token_logprobs(c.ids, c.logprobs)} if req.logprobs else None
                     yield chunk(i, final, logprobs=logprobs)
                 yield chunk(i, {}, finish)
-                self._record(job, messages, req.tools or None, c, message, finish, calls)
+                self.record(job, messages, req.tools or None, c, message, finish, calls)
         if req.stream_options is not None and req.stream_options.include_usage:
             counted = usage(len(job.prompt), sum(len(c.ids) for c in choices))
             yield sse(

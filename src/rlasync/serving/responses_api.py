@@ -7,14 +7,15 @@ Taken: ``input`` (a string, or items: messages with ``input_text``/``output_text
 ``function_call`` and ``function_call_output`` items; ``reasoning`` items are skipped),
 ``instructions``, function ``tools``, ``tool_choice``, ``text.format`` (text, json_object,
 json_schema: structured outputs), ``temperature``, ``top_p``, ``max_output_tokens``, ``stream``.
-A stream is the whole reply's events, sent when it is done (``response.created`` to
-``response.completed``). Refused with a 400 naming them: ``previous_response_id`` (nothing is
+A stream sends a reply's text delta by delta as it is generated; a reply that may hold
+function calls (tools offered) arrives whole at its end, as on the chat route. Refused with a 400 naming them: ``previous_response_id`` (nothing is
 stored: send the conversation), tools other than functions, non-text input parts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,12 +23,13 @@ from typing import Any
 import msgspec
 
 from .chat import ChatRoute, message_in
+from .generation import Choice, Job
 from .recording import Recording
 from .responses import event_stream, json_response
 from .schema import APIError, ChatRequest, MaxTokens, Temperature, TopP
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True):
+class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
     """``POST /v1/responses``. Fields that do not change what is generated (``store``,
     ``metadata``, ``include``, ``user``, ``truncation``, ``reasoning``...) are read and ignored."""
 
@@ -58,10 +60,11 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
                 param="previous_response_id",
             )
         with _named_as_responses():
-            self.chat().check()
+            self.as_chat.check()
 
-    def chat(self) -> ChatRequest:
-        """The same request as the chat route takes it."""
+    @functools.cached_property
+    def as_chat(self) -> ChatRequest:
+        """The same request as the chat route takes it (converted once, at its check)."""
         tools = []
         for i, tool in enumerate(self.tools or []):
             if tool.get("type") != "function" or not tool.get("name"):
@@ -171,19 +174,57 @@ class ResponsesRoute:
         self.chat = chat
 
     async def __call__(self, req: ResponsesRequest, rec: Recording | None) -> Any:
-        chat_req = req.chat()
-        chat = self.chat
+        chat_req = req.as_chat
         messages = [message_in(m) for m in chat_req.messages]
-        tools = chat_req.tools or None
-        prompt = chat._prompt(rec, messages, tools)
+        prompt = self.chat.prompt(rec, messages, chat_req.tools or None)
         with _named_as_responses():
-            grammar = chat.grammar(chat_req)
-        job = chat.generation.prepare(chat_req, rec, prompt, chat_req.new_tokens, grammar=grammar)
-        (c,) = await chat.generation.all(job)
-        message, finish, calls = chat._reply(chat_req, c, job.rid, 0)
-        chat._record(job, messages, tools, c, message, finish, calls)
-        response = _response(req, job.rid, message, finish, len(prompt), len(c.ids))
-        return event_stream(_events(response)) if req.stream else json_response(response)
+            grammar = self.chat.grammar(chat_req)
+        job = self.chat.generation.prepare(chat_req, rec, prompt, chat_req.new_tokens, grammar=grammar)
+        if req.stream:
+            return event_stream(self._stream(req, job, messages))
+        (c,) = await self.chat.generation.all(job)
+        return json_response(self._finish(req, job, messages, c))
+
+    def _finish(
+        self, req: ResponsesRequest, job: Job, messages: list[dict[str, Any]], c: Choice
+    ) -> dict[str, Any]:
+        """The response to a finished choice, recorded as the chat route records its replies."""
+        chat_req = req.as_chat
+        message, finish, calls = self.chat.reply(chat_req, c, job.rid, 0)
+        self.chat.record(job, messages, chat_req.tools or None, c, message, finish, calls)
+        return _response(req, job.rid, message, finish, len(job.prompt), len(c.ids))
+
+    async def _stream(
+        self, req: ResponsesRequest, job: Job, messages: list[dict[str, Any]]
+    ) -> AsyncIterator[bytes]:
+        """The Responses API's events: a reply's text delta by delta as it is generated; a reply
+        that may hold function calls (tools offered) whole at its end, its calls read from it."""
+        event = _Events()
+        started = {
+            **_response(req, job.rid, {}, "stop", len(job.prompt), 0),
+            "status": "in_progress",
+            "usage": None,
+        }
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        live = not req.as_chat.parses_tools
+        opened = False
+        async for _, c, done in self.chat.generation.pieces(job, [], stream=True):
+            delta = c.unsent(done, job.stops) if live else ""
+            if delta:
+                if not opened:
+                    opened = True
+                    for chunk in event.text_opened(f"msg_{job.rid}"):
+                        yield chunk
+                yield event(
+                    "response.output_text.delta", **_text_ids(f"msg_{job.rid}"), delta=delta, logprobs=[]
+                )
+            if done:
+                response = self._finish(req, job, messages, c)
+                for index, item in enumerate(response["output"]):
+                    for chunk in event.item(index, item, opened=opened and index == 0):
+                        yield chunk
+                yield event("response.completed", response=response)
 
 
 def _response(
@@ -240,32 +281,43 @@ def _response(
     }
 
 
-async def _events(response: dict[str, Any]) -> AsyncIterator[bytes]:
-    """The events of a finished response, in the order the Responses API streams them."""
-    number = 0
+def _text_ids(item_id: str) -> dict[str, Any]:
+    return {"item_id": item_id, "output_index": 0, "content_index": 0}
 
-    def event(kind: str, **data: Any) -> bytes:
-        nonlocal number
-        number += 1
-        body = msgspec.json.encode({"type": kind, "sequence_number": number, **data})
+
+class _Events:
+    """Server-sent events of one response, numbered in order, as the Responses API streams them."""
+
+    def __init__(self) -> None:
+        self.number = 0
+
+    def __call__(self, kind: str, **data: Any) -> bytes:
+        self.number += 1
+        body = msgspec.json.encode({"type": kind, "sequence_number": self.number, **data})
         return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
 
-    started = {**response, "status": "in_progress", "output": [], "usage": None}
-    yield event("response.created", response=started)
-    yield event("response.in_progress", response=started)
-    for index, item in enumerate(response["output"]):
-        yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
+    def text_opened(self, item_id: str) -> Iterator[bytes]:
+        """A message item and its text part begun (the first output item: text comes first)."""
+        item = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
+        yield self("response.output_item.added", output_index=0, item=item)
+        part = {"type": "output_text", "text": "", "annotations": []}
+        yield self("response.content_part.added", **_text_ids(item_id), part=part)
+
+    def item(self, index: int, item: dict[str, Any], *, opened: bool) -> Iterator[bytes]:
+        """The events of a finished output item; ``opened``: its text was already streamed."""
         if item["type"] == "message":
             text = item["content"][0]["text"]
-            part = {"type": "output_text", "text": "", "annotations": []}
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            yield event("response.content_part.added", **ids, part=part)
-            yield event("response.output_text.delta", **ids, delta=text, logprobs=[])
-            yield event("response.output_text.done", **ids, text=text, logprobs=[])
-            yield event("response.content_part.done", **ids, part={**part, "text": text})
+            if not opened:  # (a message is the first item: its text comes before any call)
+                yield from self.text_opened(item["id"])
+                yield self("response.output_text.delta", **ids, delta=text, logprobs=[])
+            yield self("response.output_text.done", **ids, text=text, logprobs=[])
+            yield self("response.content_part.done", **ids, part=item["content"][0])
         else:
+            yield self(
+                "response.output_item.added", output_index=index, item={**item, "status": "in_progress"}
+            )
             ids = {"item_id": item["id"], "output_index": index}
-            yield event("response.function_call_arguments.delta", **ids, delta=item["arguments"])
-            yield event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
-        yield event("response.output_item.done", output_index=index, item=item)
-    yield event("response.completed", response=response)
+            yield self("response.function_call_arguments.delta", **ids, delta=item["arguments"])
+            yield self("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+        yield self("response.output_item.done", output_index=index, item=item)
