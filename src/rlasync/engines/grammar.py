@@ -14,7 +14,9 @@ grammar again: constrained turns should not be cut (``async_training.interrupt: 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -34,6 +36,12 @@ class Grammars:
     def __init__(self, tokenizer: Any, vocab_size: int, eos: int | None) -> None:
         self.tokenizer, self.vocab_size, self.eos = tokenizer, vocab_size, eos
         self._lltokenizer: Any = None
+        self._lock = threading.Lock()  # one thread builds the llguidance tokenizer
+
+    async def compile(self, grammar: str) -> Any:
+        """``matcher(grammar)`` off the event loop: the first one reads the whole vocabulary
+        (a second or more for a 150k-token one), and a large schema takes a while to compile."""
+        return await asyncio.to_thread(self.matcher, grammar)
 
     def matcher(self, grammar: str) -> Any:
         """A fresh matcher of ``grammar`` (an ``EngineError`` saying why if it is not one)."""
@@ -44,8 +52,9 @@ class Grammars:
             raise EngineError("constrained decoding needs llguidance: pip install llguidance") from None
         if self.tokenizer is None:
             raise EngineError("this engine was built without its tokenizer, which constrained decoding needs")
-        if self._lltokenizer is None:
-            self._lltokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
+        with self._lock:
+            if self._lltokenizer is None:
+                self._lltokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
         matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
         if matcher.is_error():
             raise EngineError(f"the request's grammar is not one: {matcher.get_error()}")

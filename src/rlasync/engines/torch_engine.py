@@ -102,7 +102,7 @@ class TorchEngine:
         return cls(model, tokenizer=tokenizer, **kwargs)
 
     # -- requests ---------------------------------------------------------------------------
-    def _submit(self, request: GenerateRequest, stream: bool = False) -> TorchSequence:
+    def _submit(self, request: GenerateRequest, matcher: Any, stream: bool = False) -> TorchSequence:
         if self._closed:
             raise EngineError("the engine is closed")
         check_request(
@@ -111,7 +111,6 @@ class TorchEngine:
             max_seq_len=self.max_seq_len,
             running=self._by_id,
         )
-        matcher = self._grammars.matcher(request.params.grammar) if request.params.grammar else None
         self._start()
         seq = TorchSequence(request, self.eos, stream)
         seq.matcher = matcher
@@ -121,8 +120,12 @@ class TorchEngine:
             self._work.notify()
         return seq
 
+    async def _matcher(self, request: GenerateRequest) -> Any:
+        """The request's grammar matcher (None without a grammar), compiled off the loop."""
+        return await self._grammars.compile(request.params.grammar) if request.params.grammar else None
+
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        seq = self._submit(request)
+        seq = self._submit(request, await self._matcher(request))
         try:
             async for _ in until_finished(seq.queue):
                 pass
@@ -132,7 +135,7 @@ class TorchEngine:
                 self._abort(request.request_id)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
-        seq = self._submit(request, stream=True)
+        seq = self._submit(request, await self._matcher(request), stream=True)
         try:
             async for chunk in until_finished(seq.queue):
                 yield chunk
