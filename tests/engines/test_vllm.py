@@ -226,9 +226,9 @@ async def test_engine_settings_are_accepted_by_vllm(calc_model: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-async def test_structured_outputs_on_vllm_sample_within_the_grammar(calc_model: Path) -> None:
+async def test_structured_outputs_and_top_logprobs_on_vllm(calc_model: Path) -> None:
     """The serving layer's grammar (llguidance's Lark) reaches vLLM's guidance backend as it is:
-    every reply parses and fits the schema."""
+    every reply parses and fits the schema; and vLLM's logprobs are returned as top_logprobs."""
     from rlasync.agents.template import ChatTurns
     from rlasync.engines import SamplingParams
     from rlasync.engines.types import GenerateRequest
@@ -253,8 +253,18 @@ async def test_structured_outputs_on_vllm_sample_within_the_grammar(calc_model: 
                 for i in range(4)
             ]
         )
+        ranked = SamplingParams(temperature=0.0, max_new_tokens=12, top_logprobs=3)
+        top = await engine.generate(GenerateRequest(request_id="top", prompt_ids=list(prompt), params=ranked))
     finally:
         await engine.close()
     for out in outs:
         value = json.loads(tokenizer.decode(out.token_ids, skip_special_tokens=True))
         assert set(value) == {"n", "ok"} and isinstance(value["ok"], bool) and 0 <= value["n"] <= 999
+    # top_logprobs: each position's three most likely tokens, most likely first; greedy, so the
+    # first is the token picked, with its logprob.
+    assert len(top.top_logprobs) == len(top.token_ids) > 0
+    for token, logprob, alternatives in zip(top.token_ids, top.logprobs, top.top_logprobs):
+        assert len(alternatives) == 3 and [lp for _, lp in alternatives] == sorted(
+            (lp for _, lp in alternatives), reverse=True
+        )
+        assert alternatives[0][0] == token and alternatives[0][1] == pytest.approx(logprob, abs=1e-4)

@@ -63,6 +63,38 @@ async def test_chat_n_choices_logprobs_and_usage_as_generated(served: Any) -> No
     assert [m.id for m in models.data] == ["nano"]
 
 
+async def test_top_logprobs_are_each_positions_most_likely_tokens(served: Any) -> None:
+    endpoint, engine, client = served
+    reply = await client.chat.completions.create(
+        model="nano", messages=HI, max_tokens=8, logprobs=True, top_logprobs=3, temperature=0
+    )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and all(len(t.top_logprobs) == 3 for t in content)
+    for t in content:  # greedy: the token is the most likely one, with the same logprob
+        ranked = [a.logprob for a in t.top_logprobs]
+        assert ranked == sorted(ranked, reverse=True)
+        assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)
+    chunks = await client.chat.completions.create(
+        model="nano", messages=HI, max_tokens=8, logprobs=True, top_logprobs=3, temperature=0, stream=True
+    )
+    streamed = [
+        t async for chunk in chunks for c in chunk.choices if c.logprobs for t in c.logprobs.content or []
+    ]
+    assert [(t.token, [a.logprob for a in t.top_logprobs]) for t in streamed] == [
+        (t.token, [a.logprob for a in t.top_logprobs]) for t in content
+    ]
+    legacy = await client.completions.create(
+        model="nano", prompt="hi", max_tokens=5, logprobs=2, temperature=0
+    )
+    logprobs = legacy.choices[0].logprobs
+    assert logprobs is not None and logprobs.top_logprobs is not None and logprobs.token_logprobs is not None
+    for token, logprob, top in zip(logprobs.tokens or [], logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) <= 2 and top[token] == logprob  # (two tokens may decode to one text)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="nano", messages=HI, max_tokens=2, top_logprobs=2)
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "top_logprobs"
+
+
 async def test_streaming_sends_what_the_whole_reply_says(served: Any) -> None:
     endpoint, engine, client = served
     whole = await client.chat.completions.create(model="nano", messages=HI, max_tokens=12, temperature=0)

@@ -10,7 +10,15 @@ import asyncio
 from collections.abc import AsyncIterator, Container, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .types import EngineStats, FinishReason, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import (
+    Alternatives,
+    EngineStats,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    PauseMode,
+    TokenChunk,
+)
 
 
 class EngineError(RuntimeError):
@@ -39,11 +47,13 @@ async def collect(request: GenerateRequest, chunks: AsyncIterator[TokenChunk]) -
     tokens: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []
+    top: list[Alternatives] = []
     finish: FinishReason = "abort"
     async for chunk in chunks:
         tokens += chunk.token_ids
         logprobs += chunk.logprobs
         versions += chunk.versions
+        top += chunk.top_logprobs
         finish = chunk.finish_reason or finish
     return GenerateOutput(
         request_id=request.request_id,
@@ -52,6 +62,7 @@ async def collect(request: GenerateRequest, chunks: AsyncIterator[TokenChunk]) -
         logprobs=logprobs,
         versions=versions,
         finish_reason=finish,
+        top_logprobs=top,
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .types import SamplingParams
+from .types import Alternatives, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 
@@ -41,9 +41,10 @@ def uniforms(seeds: Sequence[tuple[int, int] | None], generator: torch.Generator
 
 def sample(
     logits: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, list[Alternatives] | None]:
     """The next token of every row (``logits``: [rows, vocab]; ``u``: a uniform per row, see
-    ``uniforms``) and its logprob under the temperature-scaled distribution.
+    ``uniforms``), its logprob under the temperature-scaled distribution, and each row's most
+    likely tokens under that distribution when a row's ``top_logprobs`` asks (else None).
 
     Greedy rows (temperature 0) take the argmax, and their logprob is under temperature 1.
     top-k/top-p shape what is sampled, not the logprob (the full scaled distribution is what
@@ -77,4 +78,17 @@ def sample(
             torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).flatten()
         )  # a zero weight is never picked
         tokens[sampled] = picks if order is None else order.gather(-1, picks[:, None]).flatten()
-    return tokens, logprobs.gather(-1, tokens[:, None]).flatten()
+    return tokens, logprobs.gather(-1, tokens[:, None]).flatten(), _alternatives(logprobs, params)
+
+
+def _alternatives(logprobs: torch.Tensor, params: Sequence[SamplingParams]) -> list[Alternatives] | None:
+    """Each row's ``top_logprobs`` most likely tokens ([] for a row that asks for none), or
+    None when no row asks (the common case costs nothing)."""
+    k = max(p.top_logprobs for p in params)
+    if not k:
+        return None
+    values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+    return [
+        list(zip(row_ids[: p.top_logprobs], row_values[: p.top_logprobs]))
+        for p, row_ids, row_values in zip(params, ids.tolist(), values.tolist())
+    ]

@@ -211,6 +211,10 @@ class SGLangEngine:
                 "structured outputs (response_format, a forced tool_choice) are not supported on the sglang "
                 "backend yet: use the torch or vllm backend"
             )
+        if request.params.top_logprobs:
+            raise EngineError(
+                "top_logprobs are not returned on the sglang backend yet: use the torch or vllm backend"
+            )
         rid, ids = request.request_id, request.prompt_ids
         if not ids:
             raise EngineError(f"request {rid!r} has an empty prompt")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -32,7 +33,9 @@ from .meter import TokenRate
 from .protocol import EngineError, check_request, until_finished, wait_until_idle
 from .sampling import sample, uniforms
 from .torch_sequence import SequenceEvent, TorchSequence
-from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import Alternatives, EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+
+_NO_ALTERNATIVES: Alternatives = []  # a row that asked for no top_logprobs (never appended to)
 
 log = logging.getLogger(__name__)
 
@@ -431,29 +434,33 @@ class TorchEngine:
     def _step(self, admit: list[TorchSequence]) -> list[SequenceEvent]:
         """(worker) One engine step: decode the running rows, prefill the newcomers."""
         rows = list(self._rows)
-        picked: list[tuple[TorchSequence, int, float]] = []
+        picked: list[tuple[TorchSequence, int, float, Alternatives]] = []
         if rows:
             logits = self._batch.decode(self.model)
             self._grammars.mask(logits, [s.matcher for s in rows])
-            tokens, logprobs = sample(logits, [s.request.params for s in rows], self._uniforms(rows))
+            tokens, logprobs, top = sample(logits, [s.request.params for s in rows], self._uniforms(rows))
             self._batch.last = tokens.cpu()
-            picked += zip(rows, tokens.tolist(), logprobs.tolist())
+            picked += zip(rows, tokens.tolist(), logprobs.tolist(), top or itertools.repeat(_NO_ALTERNATIVES))
         if admit:
             logits = self._batch.prefill(self.model, [list(s.request.prompt_ids) for s in admit])
             self._grammars.mask(logits, [s.matcher for s in admit])
-            tokens, logprobs = sample(logits, [s.request.params for s in admit], self._uniforms(admit))
+            tokens, logprobs, top = sample(logits, [s.request.params for s in admit], self._uniforms(admit))
             self._batch.last[len(rows) :] = tokens.cpu()
-            picked += zip(admit, tokens.tolist(), logprobs.tolist())
+            picked += zip(
+                admit, tokens.tolist(), logprobs.tolist(), top or itertools.repeat(_NO_ALTERNATIVES)
+            )
             rows += admit
         # Record the tokens, and decide who is done now, so the batch shrinks before the next step.
         version = self._version
         events: list[SequenceEvent] = []
         keep = []
         positions = self._batch.pos.tolist()
-        for i, (seq, token, logprob) in enumerate(picked):
+        for i, (seq, token, logprob, alternatives) in enumerate(picked):
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
             seq.versions.append(version)
+            if seq.request.params.top_logprobs:
+                seq.top_logprobs.append(alternatives)
             if token in seq.stop_ids or (seq.matcher is not None and not Grammars.accept(seq.matcher, token)):
                 events.append(seq.end("stop", version))
             elif len(seq.tokens) >= seq.request.params.max_new_tokens or positions[i] + 1 >= self.max_seq_len:
@@ -461,7 +468,7 @@ class TorchEngine:
             else:
                 keep.append(i)
                 if seq.stream:
-                    events.append(seq.token(token, logprob, version))
+                    events.append(seq.token(token, logprob, version, alternatives))
         self._rate.add(len(picked))
         self._rows = rows
         if len(keep) < len(rows):

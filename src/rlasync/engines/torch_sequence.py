@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .types import FinishReason, GenerateRequest, RequestProgress, TokenChunk
+from .types import Alternatives, FinishReason, GenerateRequest, RequestProgress, TokenChunk
 
 SequenceEvent = tuple["TorchSequence", TokenChunk]
 """What the worker hands to the event loop: a chunk for one request's caller."""
@@ -35,10 +35,14 @@ class TorchSequence(RequestProgress):
         self.stop_ids = stop
         self.matcher: Any = None  # the grammar's state, a constrained request's (engines.grammar)
 
-    def token(self, token: int, logprob: float, version: int) -> SequenceEvent:
+    def token(self, token: int, logprob: float, version: int, alternatives: Alternatives) -> SequenceEvent:
         """(worker) A streaming caller's chunk of one new token that does not end the request."""
         chunk = TokenChunk(
-            request_id=self.request.request_id, token_ids=[token], logprobs=[logprob], versions=[version]
+            request_id=self.request.request_id,
+            token_ids=[token],
+            logprobs=[logprob],
+            versions=[version],
+            top_logprobs=[alternatives] if self.request.params.top_logprobs else _NO_TOKEN,
         )
         return self, chunk
 
@@ -51,6 +55,7 @@ class TorchSequence(RequestProgress):
                 logprobs=self.logprobs[-1:],
                 versions=[version],
                 finish_reason=reason,
+                top_logprobs=self.top_logprobs[-1:],
             )
             return self, last
         return self, TokenChunk(

@@ -9,6 +9,8 @@ import msgspec
 from ..config.train import DEFAULT_MAX_NEW_TOKENS
 
 FinishReason = Literal["stop", "length", "abort"]
+Alternatives = list[tuple[int, float]]
+"""The most likely tokens at one position, most likely first: (token id, logprob)."""
 PauseMode = Literal["abort", "wait", "keep"]
 
 
@@ -30,6 +32,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Do not stop at the model's end-of-sequence token."""
     seed: int | None = None
     """Seed of this request's own random generator (reproducible sampling)."""
+    top_logprobs: int = 0
+    """Also return, at each position, this many most likely tokens with their logprobs (the
+    OpenAI API's ``top_logprobs``), under the distribution the sampled token's logprob is under;
+    0: none. The torch engine and vLLM return them; SGLang refuses a request that asks."""
     grammar: str = ""
     """A Lark grammar (llguidance's dialect) the sampled tokens must follow: structured outputs
     (``rlasync.engines.grammar``); "" for none."""
@@ -49,6 +55,7 @@ class TokenChunk(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=
     logprobs: list[float]  # of each sampled token, under the temperature-scaled distribution
     versions: list[int]  # weight version that produced each token
     finish_reason: FinishReason | None = None
+    top_logprobs: list[Alternatives] = []  # per token, when SamplingParams.top_logprobs asks
 
 
 class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,12 +68,13 @@ class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
     versions: list[int]
     finish_reason: FinishReason
     engine: str = ""  # name of the engine actor that served it (set by EngineActor)
+    top_logprobs: list[Alternatives] = []  # per token, when SamplingParams.top_logprobs asks
 
 
 class RequestProgress:
     """What an engine has produced for one request so far; every engine keeps one per request."""
 
-    __slots__ = ("request", "tokens", "logprobs", "versions", "finish")
+    __slots__ = ("request", "tokens", "logprobs", "versions", "finish", "top_logprobs")
 
     def __init__(self, request: GenerateRequest) -> None:
         self.request = request
@@ -74,6 +82,7 @@ class RequestProgress:
         self.logprobs: list[float] = []
         self.versions: list[int] = []
         self.finish: FinishReason | None = None
+        self.top_logprobs: list[Alternatives] = []  # only when the request asks for them
 
     def output(self) -> GenerateOutput:
         """The request's result (partial when it was aborted); only once it has finished."""
@@ -86,6 +95,7 @@ class RequestProgress:
             logprobs=list(self.logprobs),
             versions=list(self.versions),
             finish_reason=self.finish,
+            top_logprobs=list(self.top_logprobs),
         )
 
 

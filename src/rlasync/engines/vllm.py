@@ -45,6 +45,7 @@ from ..config.engine import VLLMEngineConfig
 from .meter import TokenRate
 from .protocol import EngineError, check_request, collect
 from .types import (
+    Alternatives,
     EngineStats,
     FinishReason,
     GenerateOutput,
@@ -201,7 +202,7 @@ class VLLMEngine:
             stop_token_ids=list(p.stop_token_ids),
             ignore_eos=p.ignore_eos,
             seed=p.seed,
-            logprobs=0,
+            logprobs=p.top_logprobs,  # 0: the sampled token's only
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
@@ -229,9 +230,11 @@ class VLLMEngine:
                         f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens of {rid!r}"
                     )
                 versions = [self._version] * len(tokens)
+                top = _alternatives(completion.logprobs or [], request.params.top_logprobs)
                 tracked.tokens += tokens
                 tracked.logprobs += logprobs
                 tracked.versions += versions
+                tracked.top_logprobs += top
                 finish = _FINISH.get(completion.finish_reason) if completion.finish_reason else None
                 if out.finished and finish is None:
                     finish = "abort"
@@ -245,6 +248,7 @@ class VLLMEngine:
                     logprobs=logprobs,
                     versions=versions,
                     finish_reason=finish,
+                    top_logprobs=top,
                 )
                 if finish is not None:
                     return
@@ -333,3 +337,21 @@ class VLLMEngine:
         for rid in [rid for rid, t in self._requests.items() if t.finish is None]:
             await self.llm.abort(rid)
         await asyncio.to_thread(self.llm.shutdown)
+
+
+def _alternatives(positions: Any, k: int) -> list[Alternatives]:
+    """vLLM's logprobs of each position (token id -> Logprob, the sampled token's among them
+    whatever its rank) as the ``k`` most likely, most likely first; [] when none was asked."""
+    if not k:
+        return []
+    return [
+        sorted(
+            (
+                (token, float(lp.logprob))
+                for token, lp in entry.items()
+                if lp.rank is not None and lp.rank <= k
+            ),
+            key=lambda pair: -pair[1],
+        )
+        for entry in positions
+    ]

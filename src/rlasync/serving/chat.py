@@ -50,9 +50,7 @@ class ChatRoute:
                 {
                     "index": i,
                     "message": message,
-                    "logprobs": {"content": self.generation.token_logprobs(c.ids, c.logprobs)}
-                    if req.logprobs
-                    else None,
+                    "logprobs": {"content": self.generation.token_logprobs(c)} if req.logprobs else None,
                     "finish_reason": finish,
                 }
             )
@@ -144,12 +142,9 @@ class ChatRoute:
         async for i, c, done in self.generation.pieces(job, choices, stream=True):
             if not whole:
                 delta = c.unsent(done, job.stops)
-                if delta or (req.logprobs and c.new):
-                    logprobs = (
-                        {"content": token_logprobs(c.ids[-c.new :], c.logprobs[-c.new :])}
-                        if req.logprobs and c.new
-                        else None
-                    )
+                fresh = req.logprobs and c.tokens_sent < len(c.ids)
+                if delta or fresh:
+                    logprobs = {"content": token_logprobs(c, c.unsent_tokens())} if fresh else None
                     yield chunk(i, {"content": delta}, logprobs=logprobs)
             if done:
                 message, finish, calls = self.reply(req, c, job.rid, i)
@@ -159,7 +154,7 @@ class ChatRoute:
                         final["tool_calls"] = [
                             dict(call, index=k) for k, call in enumerate(final["tool_calls"])
                         ]
-                    logprobs = {"content": token_logprobs(c.ids, c.logprobs)} if req.logprobs else None
+                    logprobs = {"content": token_logprobs(c)} if req.logprobs else None
                     yield chunk(i, final, logprobs=logprobs)
                 yield chunk(i, {}, finish)
                 self.record(job, messages, req.tools or None, c, message, finish, calls)

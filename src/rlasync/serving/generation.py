@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,7 +32,7 @@ from ..agents.loops import MAX_ENGINE_ABORTS, turn_seed
 from ..agents.template import ChatTurns
 from ..config.endpoint import EndpointConfig
 from ..engines.protocol import Engine
-from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams
+from ..engines.types import Alternatives, GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
 from .recording import Call, Recording
 from .responses import api_error
 from .schema import APIError
@@ -50,7 +51,8 @@ class Choice:
         "stopped",
         "started",
         "aborts",
-        "new",
+        "tokens_sent",
+        "top",
     )
 
     def __init__(self) -> None:
@@ -63,7 +65,8 @@ class Choice:
         self.stopped = False  # a stop string ended it
         self.started = time.perf_counter()
         self.aborts = 0
-        self.new = 0  # tokens that arrived with the last piece (their logprobs go with its delta)
+        self.tokens_sent = 0  # tokens whose logprobs were streamed to the client
+        self.top: list[Alternatives] = []  # each token's most likely alternatives, when asked for
 
     @property
     def reason(self) -> str:
@@ -82,6 +85,12 @@ class Choice:
         delta = text[self.sent :]
         self.sent += len(delta)
         return delta
+
+    def unsent_tokens(self) -> int:
+        """Where the tokens not yet streamed begin (then counted as sent): their logprobs go
+        with the text delta sent now."""
+        start, self.tokens_sent = self.tokens_sent, len(self.ids)
+        return start
 
 
 class Job(msgspec.Struct, kw_only=True):
@@ -139,6 +148,7 @@ class Generation:
             top_p=base.top_p if req.top_p is None else req.top_p,
             max_new_tokens=max_tokens or base.max_new_tokens,
             seed=seed,
+            top_logprobs=req.alternatives,
         )
 
     def _request_id(self, rec: Recording | None) -> str:
@@ -236,15 +246,13 @@ class Generation:
             if streamed:
                 async with contextlib.aclosing(self.generator.generate_stream(request, **session)) as stream:
                     async for chunk in stream:
-                        self._grow(
-                            c, chunk.token_ids, chunk.logprobs, chunk.versions, chunk.finish_reason, stops
-                        )
+                        self._grow(c, chunk, chunk.finish_reason, stops)
                         grew()
                         if c.stopped:
                             return  # closing the stream aborts the rest in the engine
             else:
                 out: GenerateOutput = await self.generator.generate(request, **session)
-                self._grow(c, out.token_ids, out.logprobs, out.versions, out.finish_reason, stops)
+                self._grow(c, out, out.finish_reason, stops)
                 grew()
             if c.finish != "abort" or c.stopped:
                 return
@@ -259,19 +267,14 @@ class Generation:
                 )
 
     def _grow(
-        self,
-        c: Choice,
-        ids: list[int],
-        logprobs: list[float],
-        versions: list[int],
-        finish: str | None,
-        stops: list[str],
+        self, c: Choice, piece: TokenChunk | GenerateOutput, finish: str | None, stops: list[str]
     ) -> None:
+        ids = piece.token_ids
         c.ids += ids
         self.completion_tokens += len(ids)
-        c.logprobs += logprobs
-        c.versions += versions
-        c.new = len(ids)
+        c.logprobs += piece.logprobs
+        c.versions += piece.versions
+        c.top += piece.top_logprobs
         c.finish = finish
         shown = c.ids[:-1] if finish == "stop" and c.ids and c.ids[-1] == self.eos else c.ids
         c.text = self.tokenizer.decode(shown, skip_special_tokens=False).removesuffix(self.turns.turn_end)
@@ -296,25 +299,34 @@ class Generation:
             tool_calls=calls,
         )
 
-    def token_logprobs(self, ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
-        """Chat's logprobs: one entry a token."""
+    def token_logprobs(self, c: Choice, start: int = 0) -> list[dict[str, Any]]:
+        """Chat's logprobs of ``c``'s tokens from ``start``: one entry a token, with its most
+        likely alternatives when the request asked for them (``top_logprobs``)."""
         out = []
-        for token, logprob in zip(ids, logprobs):
-            text = self.tokenizer.decode([token], skip_special_tokens=False)
-            out.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+        for i in range(start, len(c.ids)):
+            entry = self._entry(c.ids[i], c.logprobs[i])
+            entry["top_logprobs"] = [self._entry(t, lp) for t, lp in c.top[i]] if i < len(c.top) else []
+            out.append(entry)
         return out
 
+    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self.tokenizer.decode([token], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
     def text_logprobs(self, c: Choice) -> dict[str, Any]:
-        """The legacy completions' logprobs: tokens, their logprobs and where each begins."""
-        tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in c.ids]
+        """The legacy completions' logprobs: tokens, their logprobs and where each begins, and
+        each position's most likely tokens (text -> logprob) when ``logprobs`` is above 0."""
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        tokens = [decode([t]) for t in c.ids]
         offsets, at = [], 0
         for token in tokens:
             offsets.append(at)
             at += len(token)
+        top = [{decode([t]): lp for t, lp in alternatives} for alternatives in c.top] if c.top else None
         return {
             "tokens": tokens,
             "token_logprobs": list(c.logprobs),
-            "top_logprobs": None,
+            "top_logprobs": top,
             "text_offset": offsets,
         }
 

@@ -115,13 +115,8 @@ class ChatRequest(_Sampling, kw_only=True):
                         f"messages[{i}].content[{j}] is a {kind} part: the served model reads text only",
                         param=f"messages[{i}].content[{j}]",
                     )
-        if self.top_logprobs:
-            raise APIError(
-                400,
-                "top_logprobs is not supported: the engines return the logprob of the sampled token only "
-                "(logprobs: true gives it)",
-                param="top_logprobs",
-            )
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         choice = self.tool_choice
         if not (choice in (None, "auto", "none", "required") or _named_function(choice)):
             raise APIError(
@@ -156,6 +151,11 @@ class ChatRequest(_Sampling, kw_only=True):
         return self.max_completion_tokens or self.max_tokens
 
     @property
+    def alternatives(self) -> int:
+        """How many most likely tokens to return at each position (``top_logprobs``)."""
+        return (self.top_logprobs or 0) if self.logprobs else 0
+
+    @property
     def parses_tools(self) -> bool:
         """Whether the model's text is read for tool calls."""
         return bool(self.tools) and self.tool_choice != "none"
@@ -187,13 +187,11 @@ class CompletionRequest(_Sampling, kw_only=True):
             raise APIError(400, "suffix (insertion) is not supported", param="suffix")
         if self.best_of not in (None, 1, self.n):
             raise APIError(400, "best_of is not supported (use n)", param="best_of")
-        if self.logprobs:
-            raise APIError(
-                400,
-                "logprobs above 0 asks for alternatives: the engines return the sampled token's logprob only "
-                "(logprobs: 0 gives it)",
-                param="logprobs",
-            )
+
+    @property
+    def alternatives(self) -> int:
+        """How many most likely tokens to return at each position (``logprobs`` above 0)."""
+        return self.logprobs or 0
 
     def prompts(self) -> list[str | list[int]]:
         """One prompt per entry: text, or token ids."""
