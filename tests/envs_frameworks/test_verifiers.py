@@ -152,16 +152,44 @@ def test_a_tool_env_runs_its_tools_between_the_model_turns(
         assert all(re.fullmatch(r"-?\d+", m["content"]) for m in messages if m["role"] == "tool"), messages
 
 
-def test_a_rubric_of_group_functions_and_a_wrong_env_are_refused(tmp_path: Path) -> None:
-    (tmp_path / "vf_group.py").write_text(
-        "import verifiers as vf\nfrom datasets import Dataset\n\n"
-        "def best_of_group(completions, **kwargs):\n    return [1.0 for _ in completions]\n\n"
-        "def load_environment():\n"
-        "    rows = Dataset.from_list([{'question': 'q', 'answer': 'a'}])\n"
-        "    return vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[best_of_group]))\n"
+GROUP_ENV = '''\
+"""Reverse a word; the rubric: the reply's vowel share (weight 1), and a group function (0.25)."""
+import verifiers as vf
+from datasets import Dataset
+
+
+def vowel_share(completion, **kwargs) -> float:
+    text = completion[-1]["content"] or ""
+    return sum(c in "aeiou" for c in text) / max(len(text), 1)
+
+
+def group_seen(completions, **kwargs) -> list[float]:
+    """Each rollout's score is the number of rollouts scored with it: the group's size."""
+    return [float(len(completions))] * len(completions)
+
+
+def load_environment():
+    rows = [{"question": f"Reverse {w}", "answer": w[::-1]} for w in ["abc", "dog", "cat", "moon", "tree", "fish"]]
+    rubric = vf.Rubric(funcs=[vowel_share, group_seen], weights=[1.0, 0.25])
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:2]), rubric=rubric)
+'''
+
+
+@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+def test_a_rubric_with_group_functions_scores_each_prompts_group_together(
+    tmp_path: Path, nano_model_dir: Path, mode: str
+) -> None:
+    (tmp_path / "vf_group.py").write_text(GROUP_ENV)
+    run = run_yaml(
+        tmp_path, "data:\n  source:\n    verifiers: {env: ./vf_group.py}\n", model=nano_model_dir, mode=mode
     )
-    with pytest.raises(EnvError, match=r"group-level reward functions \['best_of_group'\]"):
-        make_environment({"verifiers": {"env": str(tmp_path / "vf_group.py")}}, seed=0)
+    assert run["traces"]
+    for trace in run["traces"]:  # group_size 2: the group function saw both rollouts of its prompt
+        reply = trace["messages"][-1]["content"]
+        assert trace["reward"] == pytest.approx(_vowel_share(reply) + 0.25 * 2), trace
+
+
+def test_a_wrong_env_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EnvError, match=r"data.source.verifiers.env='no_such_env'"):
         make_environment({"verifiers": {"env": "no_such_env"}}, seed=0)
     (tmp_path / "vf_none.py").write_text("def other():\n    pass\n")

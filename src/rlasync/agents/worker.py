@@ -30,6 +30,7 @@ from ..config.data import CustomRewardFunctionConfig
 from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
+from ..rewards import RewardOutput
 from ..runtime import Actor, ActorError, ActorNotFound, ActorRef, NodeLostError, endpoint
 from .base import AgentLoop, Interaction, RewardFn, get_loop, registered_reward
 from .batch import RolloutBatch, collate
@@ -175,22 +176,55 @@ class AgentLoopWorker(Actor):
 
     @endpoint
     async def generate(
-        self, rows: list[dict[str, Any]], params: SamplingParams, states: dict[str, LoopState] | None = None
+        self,
+        rows: list[dict[str, Any]],
+        params: SamplingParams,
+        states: dict[str, LoopState] | None = None,
+        group: int = 1,
     ) -> list[Trajectory]:
         """One trajectory per row, in order; rows pick their loop with ``agent_name``, and their
         ``uid`` is the trajectory's id. ``states``: trajectories to go on with (uid -> the
-        ``LoopState`` a checkpoint saved, see ``loop_states``); the other rows start afresh."""
+        ``LoopState`` a checkpoint saved, see ``loop_states``); the other rows start afresh.
+        ``group``: every that many consecutive rows are one prompt's group, which the run's
+        environment may score together (``Environment.score_group``)."""
         await self._open_shared({self._loop_class(row) for row in rows})
         loops = [self._loop(row, (states or {}).get(str(row.get("uid") or ""))) for row in rows]
         for loop in loops:
             self._loops[loop.trajectory_id] = loop
         try:
-            return list(
+            trajectories = list(
                 await asyncio.gather(*[self._run(loop, row, params) for loop, row in zip(loops, rows)])
             )
         finally:
             for loop in loops:
                 self._loops.pop(loop.trajectory_id, None)
+        if self._environment is not None:
+            size = max(1, group)
+            uids = [loop.trajectory_id for loop in loops]
+            for start in range(0, len(trajectories), size):
+                await self._score_group(uids[start : start + size], trajectories[start : start + size])
+        for trajectory in trajectories:
+            self.counters.observe(trajectory)
+        return trajectories
+
+    async def _score_group(self, uids: list[str], trajectories: list[Trajectory]) -> None:
+        """The environment's group rewards (``Environment.score_group``) in place of the ones
+        the trajectories ``uids`` got alone; a failure is each one's reward error, and a 0."""
+        assert self._environment is not None
+        try:
+            scored = await self._environment.score_group(uids)
+        except Exception as exc:  # noqa: BLE001  (a reward's failure is recorded, never a lost batch)
+            log.warning("the environment's group reward failed: %s", exc, exc_info=True)
+            scored = {uid: RewardOutput(score=0.0, metrics={"error": repr(exc)}) for uid in uids}
+        for uid, trajectory in zip(uids, trajectories):
+            out = scored.get(uid)
+            if out is None:
+                continue
+            trajectory.reward = float(out.score)
+            if "error" in out.metrics:
+                trajectory.metrics.reward_error = str(out.metrics["error"])
+            for sample in trajectory.samples:
+                sample.reward = trajectory.reward
 
     @endpoint
     async def loop_states(self, uids: list[str]) -> bytes:
@@ -240,7 +274,6 @@ class AgentLoopWorker(Actor):
         except (Exception, SystemExit) as exc:  # one trajectory's failure ends it, never its batch
             trajectory = failed_trajectory(loop, row, exc)
         self.rolled_out += 1
-        self.counters.observe(trajectory)
         return trajectory
 
     @endpoint
@@ -350,7 +383,7 @@ class AgentLoopManager:
             plan = self._assign(units)
             calls = [
                 asyncio.ensure_future(
-                    self._call(worker, [rows[i] for unit in assigned for i in unit], params, states)
+                    self._call(worker, [rows[i] for unit in assigned for i in unit], params, states, group)
                 )
                 for worker, assigned in plan
             ]
@@ -435,12 +468,13 @@ class AgentLoopManager:
         worker: ActorRef,
         rows: list[dict[str, Any]],
         params: SamplingParams,
-        states: dict[str, LoopState] | None = None,
+        states: dict[str, LoopState] | None,
+        group: int,
     ) -> list[Trajectory]:
         self.outstanding[worker.name] = self.outstanding.get(worker.name, 0) + len(rows)
         mine = {uid: states[uid] for row in rows if states and (uid := str(row["uid"])) in states} or None
         try:
-            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params, mine)
+            reply = await worker.generate.options(timeout=self.timeout_s)(rows, params, mine, group)
         finally:
             self.outstanding[worker.name] -= len(rows)
         return [t if isinstance(t, Trajectory) else msgspec.convert(t, Trajectory) for t in reply]

@@ -91,6 +91,14 @@ class Environment(abc.ABC):
         then ends with termination ``error`` and reward 0."""
         raise NotImplementedError(f"{type(self).__name__} has rows our loops answer: it has no converse")
 
+    async def score_group(self, uids: list[str]) -> dict[str, RewardOutput]:
+        """Rewards that look across a group: the trajectories ``uids`` (one prompt's copies,
+        ``train.group_size`` of them, as ``converse`` or ``score`` finished them) scored together,
+        each uid's replacing the reward it got alone (verifiers' group reward functions). Called
+        by the agent-loop worker once a group's trajectories are all done; {} (the default):
+        every trajectory keeps its own."""
+        return {}
+
 
 _ENVIRONMENTS = Registry[type[Environment]](
     "environment",

@@ -14,8 +14,11 @@ conditions) against an OpenAI client of the run's endpoint that records every ca
 tokens, then its ``Rubric`` scores it: the weighted sum of its reward functions is the reward.
 So the environment sees messages, and the trajectory keeps the tokens the model sampled.
 
-Rubrics with group-level reward functions (those that score a whole group of rollouts at once)
-are refused: a trajectory here is scored on its own. Needs ``pip install 'rlasync[envs-frameworks]'``
+A rubric with group-level reward functions (those that take ``completions``, ``states``...: a
+whole group of rollouts at once, a diversity bonus or a pairwise judge) scores each prompt's
+group together once all its rollouts are done (``Environment.score_group``, called by the
+agent-loop worker, which holds a group: ``train.group_size`` copies of a prompt), its
+individual functions alongside, weighted as the rubric says. Needs ``pip install 'rlasync[envs-frameworks]'``
 (verifiers' classic API: 0.3.x; 0.4 has only its new ``verifiers.v1`` stack).
 """
 
@@ -77,12 +80,8 @@ class Verifiers(Environment):
         vf = _package()
         self.name, self.seed, self.size = env, int(seed), size
         self.env = _load(vf, env, dict(args or {}))
-        group_funcs = _group_functions(self.env.rubric)
-        if group_funcs:
-            raise EnvError(
-                f"data.source.verifiers ({env}): its rubric has group-level reward functions {group_funcs}; "
-                "rlasync scores each trajectory on its own, so only individual reward functions are supported"
-            )
+        self.group_functions = _group_functions(self.env.rubric)
+        self._unscored: dict[str, Any] = {}  # uid -> a finished rollout's state, until its group is scored
         self._client_of = vf.OpenAIChatCompletionsClient
 
     async def close(self) -> None:
@@ -118,12 +117,29 @@ class Verifiers(Environment):
         state = await self.env.rollout(vf_input, self._client_of(client), MODEL, sampling)
         if state.get("error") is not None:  # the rollout caught it (a vf.Error): not a score
             raise RuntimeError(f"the verifiers rollout failed: {state['error']!r}")
+        if self.group_functions:  # scored with its group (score_group), once the group is done
+            self._unscored[str(row["uid"])] = state
+            return RewardOutput(score=0.0, metrics={})
         await self.env.rubric.score_rollout(state)
         await self.env.rubric.cleanup(state)
-        metrics: dict[str, float | str] = {
-            str(k): float(v) for k, v in (state.get("metrics") or {}).items() if isinstance(v, int | float)
-        }
-        return RewardOutput(score=float(state["reward"]), metrics=metrics)
+        return _reward(state)
+
+    async def score_group(self, uids: list[str]) -> dict[str, RewardOutput]:
+        states = {uid: state for uid in uids if (state := self._unscored.pop(uid, None)) is not None}
+        if not states:  # no group functions, or every rollout of the group failed
+            return {}
+        await self.env.rubric.score_group(list(states.values()))
+        for state in states.values():
+            await self.env.rubric.cleanup(state)
+        return {uid: _reward(state) for uid, state in states.items()}
+
+
+def _reward(state: Any) -> RewardOutput:
+    """A scored rollout's reward, with its functions' values as metrics."""
+    metrics: dict[str, float | str] = {
+        str(k): float(v) for k, v in (state.get("metrics") or {}).items() if isinstance(v, int | float)
+    }
+    return RewardOutput(score=float(state["reward"]), metrics=metrics)
 
 
 def _group_functions(rubric: Any) -> list[str]:
