@@ -117,6 +117,34 @@ async def test_long_tool_responses_are_truncated(tok: Any) -> None:
     assert len(response) <= 40 and response.startswith("...(truncated)") and response.endswith("abcdefgh")
 
 
+class Grader(Tool):
+    """Checks an answer against the ground truth its row's ``tools_kwargs`` gives it (verl's
+    ``create_kwargs``), as verl's GSM8K reward tool does."""
+
+    name = "grade"
+    parameters = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+    async def call(self, arguments: dict[str, Any], context: Any) -> str:
+        truth = context.tool_kwargs.get("create_kwargs", {}).get("ground_truth")
+        return "right" if arguments["answer"] == truth else f"wrong (kwargs: {context.tool_kwargs})"
+
+
+async def test_a_tool_call_carries_its_rows_tools_kwargs(tok: Any) -> None:
+    call = '<tool_call>{"name": "grade", "arguments": {"answer": "2146"}}</tool_call>'
+    tools_kwargs = {
+        "grade": {"create_kwargs": {"ground_truth": "2146"}},
+        "other": {"create_kwargs": {"x": 1}},
+    }
+    for kwargs, said in ((tools_kwargs, "right"), ({}, "wrong (kwargs: {})")):
+        engine = ScriptedEngine(tok, [call, "done"])
+        t = await ToolAgentLoop(engine, tok, tools={"grade": Grader()}).run(
+            PARAMS, **ROW, tools_kwargs=kwargs
+        )
+        assert t.messages[2] == {"role": "tool", "content": said} or t.messages[2]["content"] == said, (
+            t.messages
+        )
+
+
 @pytest.mark.parametrize(
     ("config", "turns", "reason"),
     [

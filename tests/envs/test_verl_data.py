@@ -6,6 +6,7 @@ errors of a row without its answer and of a reward function verl could not call.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -197,3 +198,69 @@ def test_a_row_without_its_answer_stops_the_run_before_it_starts_naming_row_and_
         -2000:
     ]
     assert "Traceback" not in done.stderr
+
+
+INTERACTION_PLUGIN = """\
+from rlasync.agents import Interaction, register_interaction
+
+
+@register_interaction("gsm8k")
+class Gsm8kInteraction(Interaction):
+    \"\"\"verl's GSM8K interaction's shape: it reads its row's interaction_kwargs.\"\"\"
+
+    def __init__(self, score):
+        self.score, self.turns = score, 0
+
+    async def respond(self, messages, row):
+        self.turns += 1
+        kwargs = row["interaction_kwargs"]
+        return self.turns > 1, f"Not quite. {kwargs['query'][:8]}: {kwargs['ground_truth']}", 0.0
+"""
+
+
+@pytest.mark.timeout(600)
+def test_verl_rows_name_their_interaction_and_carry_their_tools_kwargs(
+    tmp_path: Path, calc_model: Path
+) -> None:
+    """Rows as verl's ``gsm8k_multiturn_w_interaction.py`` writes them: ``agent_name: tool_agent``,
+    ``extra_info.interaction_kwargs`` naming the interaction and its data, ``extra_info.tools_kwargs``
+    by tool. The interaction the row names answers each trajectory with the row's own data."""
+    write_gsm8k_like(tmp_path)
+    for split in ("train", "test"):
+        rows = datasets.Dataset.from_parquet(str(tmp_path / f"{split}.parquet")).to_list()
+        for row in rows:
+            truth, question = row["reward_model"]["ground_truth"], row["extra_info"]["question"]
+            row["agent_name"] = "tool_agent"
+            row["extra_info"]["interaction_kwargs"] = {
+                "name": "gsm8k",
+                "query": question,
+                "ground_truth": truth,
+            }
+            row["extra_info"]["tools_kwargs"] = {
+                "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}
+            }
+        datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / f"{split}.parquet"))
+    (tmp_path / "gsm8k_interaction.py").write_text(INTERACTION_PLUGIN)
+    # The calculator task's warm-started model ends its turns (an untrained one runs to its
+    # token limit, and a turn cut there ends its trajectory before any interaction).
+    config = (
+        CONFIG.format(model=calc_model, run_dir=tmp_path / "run", mode="sync")
+        .replace("  val_size: 4\n", "  val_size: 4\n  trace_every: 1\n")
+        .replace("max_new_tokens: 8", "max_new_tokens: 48")
+    )
+    done = _train(
+        tmp_path,
+        config + "plugins: [gsm8k_interaction.py]\n",
+        "data.train_files=[train.parquet]",
+        "data.val_files=[test.parquet]",
+        "data.reward=verl_default",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    traces = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
+    answered = [t for t in traces if t["termination"] == "interaction"]
+    assert answered
+    for trace in answered:
+        question = trace["messages"][0]["content"]
+        i = int(re.match(r"Tom has (\d+) apples", question).group(1))  # type: ignore[union-attr]
+        said = [m["content"] for m in trace["messages"] if m["role"] == "user"][1]
+        assert said == f"Not quite. {question[:8]}: {2 * i + 2}", trace

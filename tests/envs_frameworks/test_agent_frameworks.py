@@ -107,7 +107,9 @@ def _warm_start_on_pets(model: Any, tokenizer: Any, steps: int = 100) -> None:
         system = [{"role": "system", "content": schema_note + json.dumps(Pet.model_json_schema())}]
         messages = system * rng.randint(0, 1) + [{"role": "user", "content": rng.choice(asks)}]
         target = [{"role": "assistant", "content": json.dumps(pet)}]
-        rows.append(encode_sft(turns, Problem(task="pet", key=str(i), messages=messages, answer="", target=target)))
+        rows.append(
+            encode_sft(turns, Problem(task="pet", key=str(i), messages=messages, answer="", target=target))
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0)
     model.train()
     for _ in range(steps):
@@ -119,7 +121,9 @@ def _warm_start_on_pets(model: Any, tokenizer: Any, steps: int = 100) -> None:
             ids[r, : len(x)] = torch.tensor(x)
             labels[r, : len(x)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(x), -100)
         logits = model(input_ids=ids).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        loss = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -220,6 +220,35 @@ def test_verl_layout_needs_its_ground_truth_and_names_the_row_and_column(tmp_pat
 
 
 @needs_pyarrow
+def test_verl_tools_and_interaction_kwargs_become_the_rows(tmp_path: Path) -> None:
+    import pyarrow as pa  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    prompt = [{"role": "user", "content": "2+2?"}]
+    truth = {"style": "rule", "ground_truth": "4"}
+    tools = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "4"}}}
+    interaction = {"name": "gsm8k", "query": "2+2?", "ground_truth": "4"}
+    records = [
+        {
+            "prompt": prompt,
+            "reward_model": truth,
+            "extra_info": {"index": 0, "tools_kwargs": tools, "interaction_kwargs": interaction},
+        },
+        {"prompt": prompt, "reward_model": truth, "extra_info": {"index": 1}},  # a column's nulls: none
+    ]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "v.parquet")
+    first, second = load_rows(tmp_path / "v.parquet")
+    assert first["tools_kwargs"] == tools and first["interaction_kwargs"] == interaction
+    assert "tools_kwargs" not in second and "interaction_kwargs" not in second
+    bad = [{"prompt": prompt, "reward_model": truth, "extra_info": {"tools_kwargs": {"calc": 3}}}]
+    pq.write_table(pa.Table.from_pylist(bad), tmp_path / "bad.parquet")
+    with pytest.raises(
+        DatasetError, match=r"bad.parquet: row 0: field 'extra_info.tools_kwargs': expected \{tool name"
+    ):
+        load_rows(tmp_path / "bad.parquet")
+
+
+@needs_pyarrow
 def test_parquet_nulls_of_other_rows_structs_are_dropped(tmp_path: Path) -> None:
     import pyarrow as pa  # type: ignore[import-not-found, import-untyped, unused-ignore]
     import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]

@@ -12,9 +12,10 @@ from .base import AgentLoop, Interaction, LoopReuseError, RewardFn, get_loop, re
 from .batch import RolloutBatch, collate
 from .interactions import InteractionError, RetryInteraction, register_interaction, registered_interactions
 from .loops import LoopState, ResumableLoop, SingleTurnAgentLoop, ToolAgentLoop
+from .manager import AgentLoopManager, NoWorkerError
 from .template import ChatTurns, TemplateError
 from .trajectory import Trajectory, TrajectoryMetrics
-from .worker import AgentLoopManager, AgentLoopWorker, AgentWorkerSpec, NoWorkerError
+from .worker import AgentLoopWorker, AgentWorkerSpec
 
 __all__ = [
     "AgentLoop",

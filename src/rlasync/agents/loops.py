@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import time
 from collections.abc import Iterator
@@ -306,7 +307,7 @@ class ToolAgentLoop(ResumableLoop):
                 if cfg.max_user_turns and s.user_turns >= cfg.max_user_turns:
                     s.termination = "max_user_turns"
                     break
-                messages, ids = await self._run_tools(parser)
+                messages, ids = await self._run_tools(parser, row.get("tools_kwargs") or {})
                 s.pending_calls, s.pending_errors, s.pending_dropped = [], [], 0
                 if not self._append_environment(messages, ids):
                     s.termination = "response_length"
@@ -328,9 +329,12 @@ class ToolAgentLoop(ResumableLoop):
                 s.state = "GENERATING"
         return await self._finish(row)
 
-    async def _run_tools(self, parser: Any) -> tuple[list[dict[str, Any]], list[int]]:
+    async def _run_tools(
+        self, parser: Any, tools_kwargs: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], list[int]]:
         """PROCESSING_TOOLS: run the pending calls (at most ``max_parallel_calls``, together);
         every failure becomes a message the model reads. The ids of the environment's turn.
+        ``tools_kwargs``: the row's, by tool name (each call's context carries its tool's).
 
         However the model misbehaves, the turn stays small: at most ``max_parallel_calls`` call
         results and as many parse errors, then one line counting the rest, each message cut to
@@ -349,7 +353,7 @@ class ToolAgentLoop(ResumableLoop):
                         run_tool_call(
                             self.tools,
                             call,
-                            context,
+                            dataclasses.replace(context, tool_kwargs=tools_kwargs.get(call.name) or {}),
                             max_response_chars=cfg.max_tool_response_length,
                             truncate_side=cfg.tool_response_truncate_side,
                         )

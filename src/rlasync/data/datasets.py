@@ -21,8 +21,10 @@ list of messages) keeps them. The prompt field is then dropped (it *is* ``messag
 
 verl's layout is read as it is: ``prompt`` as chat messages, ``reward_model: {style,
 ground_truth}`` (its ``ground_truth`` is the row's, and required), ``data_source``, ``ability``
-and ``extra_info`` kept for the reward (verl's ``compute_score`` reads them), and its loop names
-in ``agent_name`` (``single_turn_agent``, ``tool_agent``) as ours. A malformed row raises ``DatasetError``
+and ``extra_info`` kept for the reward (verl's ``compute_score`` reads them), its loop names
+in ``agent_name`` (``single_turn_agent``, ``tool_agent``) as ours, and ``extra_info``'s
+``tools_kwargs`` and ``interaction_kwargs`` as the row's (a tool call's ``ToolContext.tool_kwargs``;
+the interaction its ``name`` picks). A malformed row raises ``DatasetError``
 naming the file, the line (JSONL, from 1) or row (Parquet and ``datasets``, from 0), and the field.
 
 Columnar formats (Parquet, ``datasets``) store every key of a struct column in every row, with
@@ -267,6 +269,7 @@ def _normalise(
         row["agent_name"] = VERL_LOOPS[row["agent_name"]]
     if "tools" in row:
         row["tools"] = _tools(row["tools"], fail, columnar)
+    _lift_verl_kwargs(row, fail, columnar)
     if "uid" in row and (isinstance(row["uid"], bool) or not isinstance(row["uid"], str | int)):
         raise fail("uid", f"expected a string or an integer, got {type(row['uid']).__name__}")
     return {"messages": messages, **row}
@@ -307,6 +310,35 @@ def _tools(value: Any, fail: Any, columnar: bool) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise fail("tools", "expected a list of tool schemas (objects), or one as a JSON string")
     return value
+
+
+def _lift_verl_kwargs(row: Row, fail: Any, columnar: bool) -> None:
+    """verl's per-row settings of its tools and interaction, kept in ``extra_info``, as the row's
+    ``tools_kwargs`` (tool name -> its settings: a tool call's ``ToolContext.tool_kwargs``) and
+    ``interaction_kwargs`` (``name`` picks the registered interaction; the interaction reads the
+    rest from its row)."""
+    extra = row.get("extra_info")
+    if not isinstance(extra, dict):
+        return
+    for key in ("tools_kwargs", "interaction_kwargs"):
+        value = extra.get(key)
+        if value is None or key in row:
+            continue
+        value = _drop_nulls(value) if columnar else value
+        if not isinstance(value, dict) or (
+            key == "tools_kwargs" and not all(isinstance(v, dict) for v in value.values())
+        ):
+            raise fail(
+                f"extra_info.{key}",
+                "expected {tool name: {create_kwargs: {...}, ...}}"
+                if key == "tools_kwargs"
+                else "expected {name: <interaction>, ...}",
+            )
+        if key == "interaction_kwargs" and not isinstance(value.get("name", ""), str):
+            raise fail(
+                "extra_info.interaction_kwargs.name", f"expected an interaction's name, got {value['name']!r}"
+            )
+        row[key] = value
 
 
 def _drop_nulls(value: Any) -> Any:

@@ -82,6 +82,9 @@ class ToolContext:
     """The assistant turn that made the call (0-based)."""
     scratch: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Free-form state a tool keeps across the calls of one trajectory (the loop owns it)."""
+    tool_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The row's settings for this tool: its ``tools_kwargs[<tool name>]`` (verl's layout:
+    ``{create_kwargs: {ground_truth: ...}, execute_kwargs: {...}}``), {} when it has none."""
 
 
 class ToolError(Exception):
