@@ -85,7 +85,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip_gpu)
         if "multinode" in item.keywords and os.geteuid() != 0:
             item.add_marker(skip_root)
+        _time_to_warm_start(item, config)
     _long_ones_first(items)
+
+
+WARM_STARTS_S = {"calc_model": 900, "reverse_model": 300}
+"""Time a test that uses a warm-started model may take, setup included: the first to ask for one
+trains it (calc: ~55 s with AVX2, ~170 s on an AVX-512 Xeon, where it learns later; more on
+busy cores), which the suite's 120 s default would cut."""
+
+
+def _time_to_warm_start(item: pytest.Item, config: pytest.Config) -> None:
+    need = max((WARM_STARTS_S[f] for f in getattr(item, "fixturenames", ()) if f in WARM_STARTS_S), default=0)
+    marker = item.get_closest_marker("timeout")
+    current = (
+        float(marker.args[0]) if marker is not None and marker.args else float(config.getini("timeout") or 0)
+    )
+    if need > current:
+        item.add_marker(pytest.mark.timeout(need), append=False)  # the closest: read before the test's own
 
 
 # Files whose tests take tens of seconds each (training runs, several processes, benchmark smokes).

@@ -63,6 +63,24 @@ def test_a_game_against_a_scripted_opponent_is_rewarded_by_its_outcome(
     )
 
 
+@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+def test_self_play_trains_our_seat_against_the_policy_itself(
+    tmp_path: Path, nano_model_dir: Path, mode: str
+) -> None:
+    """``opponent: self``: the policy plays both seats through the run's endpoint; only our seat's
+    conversation is the trajectory (the other seat's calls are sent aside, not trained on)."""
+    source = (
+        "data:\n  source:\n    textarena: {game: TicTacToe-v0, players: 2, opponent: self, max_turns: 3}\n"
+    )
+    run = run_yaml(tmp_path, source, model=nano_model_dir, mode=mode, prompts=2)
+    assert run["traces"]
+    for trace in run["traces"]:
+        text = " ".join(str(m["content"]) for m in trace["messages"])
+        assert trace["messages"][0]["content"].startswith("[GAME] You are Player 0 in Tic Tac Toe.")
+        assert "You are Player 1" not in text  # the other seat's conversation is not ours
+        assert -1.0 <= trace["reward"] <= 1.0
+
+
 def test_a_wrong_game_or_a_missing_opponent_is_named(tmp_path: Path) -> None:
     with pytest.raises(EnvError, match=r"no game 'TicTacToe-v9' \(did you mean TicTacToe-v0"):
         make_environment({"textarena": {"game": "TicTacToe-v9"}}, seed=0)

@@ -333,10 +333,14 @@ async def test_tool_calls_recorded_per_key_and_continued_token_for_token(calc_mo
             await client.chat.completions.create(
                 model="any", messages=edited, tools=[CALCULATOR], max_tokens=4
             )
+            # Sent with X-Rlasync-Train: false, a call is answered but kept out of the trajectory.
+            aside = client.with_options(default_headers={"X-Rlasync-Train": "false"})
+            reply = await aside.chat.completions.create(model="any", messages=messages, tools=[CALCULATOR])
+            assert reply.choices[0].finish_reason in ("stop", "tool_calls", "length")
         calls = endpoint.recorded(key)
         assert endpoint.recorded(key) == []  # handed over once
     await engine.close()
-    assert len(calls) == 4 and calls[0].tool_calls == 1
+    assert len(calls) == 4 and calls[0].tool_calls == 1  # not the one sent aside
     del calls[1]  # the streamed repeat of the first call: greedy, the same tokens
     groups = samples(calls)
     assert groups == [calls[:2], calls[2:]]

@@ -9,6 +9,12 @@ import msgspec
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
+TRAIN_HEADER = "x-rlasync-train"
+"""``false`` on a call to a recording endpoint: the policy answers it, but it is not part of the
+trajectory (``Recording.aside``): a game's other seats played by the policy, an agent's helper
+calls. (Here, below the serving layer, so an environment can name it.)"""
+
+
 class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Where the endpoint listens and what it admits (``rlasync.serving``).
 

@@ -7,13 +7,17 @@
           players: 2
           opponent: my_bots:first_free     # a function (observation, player id) -> move ...
           # opponent: {url: http://judge-host:8000/v1, model: frozen}   # ... or a second policy
+          # opponent: self                 # ... or the policy being trained (self-play)
 
 Each row is one game, played from its own seed. Our policy plays ``player`` (0: it moves first):
 every time it is to move, the game's new observation (what appeared since its last turn) is a
 user message and its reply the move, so a game is one multi-turn sample whose game turns are
 masked. The other seats are played by ``opponent``: a Python function by import path (scripted;
-sync or async), or a model behind an OpenAI-compatible URL (a frozen copy, another model), whose
-calls are not the trajectory's. The reward is TextArena's for our player at the game's end (a
+sync or async), a model behind an OpenAI-compatible URL (a frozen copy, another model), or
+``self``: the policy being trained, through the run's own endpoint and engines, each seat in a
+conversation of its own as ours is. No opponent's calls are the trajectory's (self-play's are
+sent ``X-Rlasync-Train: false``: answered, not trained on), so only our seat learns, against
+the current policy. The reward is TextArena's for our player at the game's end (a
 win 1, a loss -1, a draw 0, or the game's own scale); a game cut at ``max_turns`` of ours (or
 4 x ``max_turns`` x ``players`` moves in all) scores ``unfinished``. Needs
 ``pip install 'rlasync[envs-frameworks]'``.
@@ -25,11 +29,14 @@ import difflib
 import inspect
 from typing import Any
 
+from ..config.endpoint import TRAIN_HEADER
 from ..data import Row
 from ..rewards import RewardOutput
 from .base import EnvError, Environment, Split, import_extra, register_environment
 
 MODEL = "policy"
+SELF = "self"
+"""``opponent: self``: the policy being trained plays the other seats."""
 VAL_SEEDS = 1_000_000_007
 """Held-out games start from this seed (training games from 0): no training game is a held-out one."""
 
@@ -108,20 +115,23 @@ class TextArena(Environment):
         messages: list[dict[str, Any]] = (
             [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         )
-        seen, turns, steps, done = "", 0, 0, False
+        ours = _Seat(messages)
+        others: dict[int, _Seat] = {}  # self-play: each other seat's conversation
+        aside = (
+            client.with_options(default_headers={TRAIN_HEADER: "false"}) if self._opponent == SELF else None
+        )
+        turns, steps, done = 0, 0, False
         # The policy's turns are bounded by max_turns, everyone's moves (invalid ones retried,
         # other seats' included) by a multiple of it: no game holds its trajectory forever.
         while not done and turns < self.max_turns and steps < 4 * self.max_turns * self.players:
             steps += 1
             player, observation = env.get_observation()
             if player == self.player:
-                new = observation[len(seen) :] if observation.startswith(seen) else observation
-                seen = observation
-                messages.append({"role": "user", "content": new.strip()})
-                reply = await client.chat.completions.create(model=MODEL, messages=messages)
-                move = reply.choices[0].message.content or ""
-                messages.append({"role": "assistant", "content": move})
+                move = await ours.move(client, observation)
                 turns += 1
+            elif aside is not None:
+                seat = others.setdefault(player, _Seat(list(messages[:1]) if self.system_prompt else []))
+                move = await seat.move(aside, observation)
             else:
                 move = await self._move(observation, player)
             done, _ = env.step(move)
@@ -144,8 +154,27 @@ class TextArena(Environment):
         return reply.choices[0].message.content or ""
 
 
+class _Seat:
+    """A seat the policy plays: its conversation, each new observation (what appeared since its
+    last move) a user message and each reply the move."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.messages, self.seen = messages, ""
+
+    async def move(self, client: Any, observation: str) -> str:
+        new = observation[len(self.seen) :] if observation.startswith(self.seen) else observation
+        self.seen = observation
+        self.messages.append({"role": "user", "content": new.strip()})
+        reply = await client.chat.completions.create(model=MODEL, messages=self.messages)
+        move = reply.choices[0].message.content or ""
+        self.messages.append({"role": "assistant", "content": move})
+        return move
+
+
 def _opponent(spec: str | dict[str, Any], where: str) -> Any:
-    """A scripted opponent (a function by import path) or a model's address."""
+    """A scripted opponent (a function by import path), a model's address, or ``self``."""
+    if spec == SELF:
+        return SELF
     from .. import plugins
     from ..config.loader import ConfigError, import_object
 

@@ -59,6 +59,15 @@ class Recording:
         self.calls: list[Call] = []
         self.requests = 0  # requests made (their ids and seeds)
         self._turns: list[_Turn] = []
+        self._aside: Recording | None = None
+
+    def aside(self) -> Recording:
+        """Where this trajectory's calls sent with ``X-Rlasync-Train: false`` go: answered with
+        the run's sampling (seeds of their own) and continued token for token among themselves,
+        but never the trajectory's (``Endpoint.recorded`` returns this one's calls only)."""
+        if self._aside is None:
+            self._aside = Recording(self.key + "~aside", self.params, self.trajectory_id + "~aside")
+        return self._aside
 
     def remember(self, messages: list[dict[str, Any]], tools: Any, ids: list[int]) -> None:
         """``messages`` (the conversation with the reply) will come back: its tokens are ``ids``."""

@@ -10,7 +10,8 @@ cancel a stream's generation when the client disconnects, which we would otherwi
 
 A route (``route``) takes the request, decoded from its body and checked, and its recording
 (None when not recording). The key: a recording server takes only the live keys of ``recordings`` (``Authorization: Bearer
-<key>``, or an ``X-Trajectory-Id`` header), else 401; another takes ``api_key`` where one is
+<key>``, or an ``X-Trajectory-Id`` header), else 401, and keeps a call sent with
+``X-Rlasync-Train: false`` aside (answered, not trained on); another takes ``api_key`` where one is
 set. Limits: ``max_request_bytes`` (413), ``max_concurrent_requests`` (429; a stream holds its
 slot until it ends), ``request_timeout_s`` (504).
 """
@@ -27,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ..config.endpoint import EndpointConfig
+from ..config.endpoint import TRAIN_HEADER, EndpointConfig
 from ..metrics.timings import Timings
 from .recording import Recording
 from .responses import api_error, error_response, json_response, sse
@@ -288,6 +289,8 @@ class Server:
                     type="authentication_error",
                     code="invalid_api_key",
                 )
+            if headers.get(TRAIN_HEADER, "").strip().lower() in ("false", "0", "no"):
+                return recording.aside()
             return recording
         if self.config.api_key and not secrets.compare_digest(key, self.config.api_key):
             raise APIError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
