@@ -20,7 +20,7 @@ langchain_openai = pytest.importorskip(
 pydantic_ai = pytest.importorskip("pydantic_ai", reason="needs pydantic-ai: the envs tier, `make test-envs`")
 
 from rlasync.agents import ChatTurns  # noqa: E402
-from rlasync.compose.warmstart import encode_sft  # noqa: E402
+from rlasync.compose.warmstart import encode_sft, sft_batch, sft_step  # noqa: E402
 from rlasync.config import EndpointConfig  # noqa: E402
 from rlasync.data.synthetic import Problem  # noqa: E402
 from rlasync.engines import TorchEngine  # noqa: E402
@@ -94,7 +94,6 @@ def _warm_start_on_pets(model: Any, tokenizer: Any, steps: int = 100) -> None:
     prompted output needs. The grammar guarantees an object; only training puts the schema's
     keys in it (a model this small does not read a schema from its prompt)."""
     import torch
-    import torch.nn.functional as F
 
     rng = random.Random(0)
     turns = ChatTurns(tokenizer)
@@ -113,21 +112,7 @@ def _warm_start_on_pets(model: Any, tokenizer: Any, steps: int = 100) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0)
     model.train()
     for _ in range(steps):
-        batch = rng.sample(rows, 32)
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        for r, (x, mask) in enumerate(batch):
-            ids[r, : len(x)] = torch.tensor(x)
-            labels[r, : len(x)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(x), -100)
-        logits = model(input_ids=ids).logits
-        loss = F.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        sft_step(model, optimizer, *sft_batch(rng.sample(rows, 32), tokenizer.pad_token_id))
     model.eval()
 
 

@@ -262,11 +262,39 @@ def evaluate(
 
 
 # -- training -------------------------------------------------------------------------------
-def _batches(tokenizer: Any, task: str, seed: int, batch_size: int) -> Iterator[tuple[Any, Any]]:
-    """Right-padded batches (positions 0.. as in generation): input ids and labels (-100 = no loss)."""
+def sft_batch(rows: list[tuple[list[int], list[int]]], pad: int) -> tuple[Any, Any]:
+    """``encode_sft`` rows as one right-padded batch (positions 0.. as in generation): input ids,
+    and labels (-100: no loss)."""
     import torch
 
-    pad = tokenizer.pad_token_id
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for r, (x, m) in enumerate(rows):
+        ids[r, : len(x)] = torch.tensor(x)
+        labels[r, : len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
+    return ids, labels
+
+
+def sft_step(model: Any, optimizer: Any, ids: Any, labels: Any) -> float:
+    """One supervised step on a batch (``sft_batch``): next-token cross-entropy on the labelled
+    tokens, the gradient norm clipped at 1; the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    # Right padding: real tokens never attend to the padding after them, so no attention mask is
+    # needed, and positions count from 0 exactly as when the engine generates.
+    logits = model(input_ids=ids).logits
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.item())
+
+
+def _batches(tokenizer: Any, task: str, seed: int, batch_size: int) -> Iterator[tuple[Any, Any]]:
+    """The task's training problems as ``sft_batch`` batches, endlessly."""
     turns = ChatTurns(tokenizer)
     cache: dict[str, tuple[list[int], list[int]]] = {}
     problems = iter_problems(task, seed=seed, split="train")
@@ -277,13 +305,7 @@ def _batches(tokenizer: Any, task: str, seed: int, batch_size: int) -> Iterator[
             if p.key not in cache:
                 cache[p.key] = encode_sft(turns, p)
             rows.append(cache[p.key])
-        width = max(len(ids) for ids, _ in rows)
-        ids = torch.full((batch_size, width), pad, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
-        for r, (x, m) in enumerate(rows):
-            ids[r, : len(x)] = torch.tensor(x)
-            labels[r, : len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
-        yield ids, labels
+        yield sft_batch(rows, tokenizer.pad_token_id)
 
 
 def _train(
@@ -293,7 +315,6 @@ def _train(
     state and replay the same batches checking every ``refine_every`` steps, to stop near the
     first step that meets it: the accuracy can jump from 0 to 0.6 between two checks."""
     import torch
-    import torch.nn.functional as F
 
     problems = make_problems(task, settings.eval_problems, seed=EVAL_SEED, split="val")
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99), weight_decay=0.0)
@@ -309,19 +330,9 @@ def _train(
     model.train()
     while step < settings.max_steps:
         step += 1
-        ids, labels = batch = next(batches)
+        batch = next(batches)
         since_saved.append(batch)
-        # Right padding: real tokens never attend to the padding after them, so no attention
-        # mask is needed, and positions count from 0 exactly as when the engine generates.
-        logits = model(input_ids=ids).logits
-        loss = F.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, optimizer, *batch))
         if step % every and step < settings.max_steps:
             continue
         sampled = [
