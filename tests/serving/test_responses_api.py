@@ -111,7 +111,7 @@ async def test_a_streamed_function_call_arrives_whole_at_its_end(client: openai.
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),  # none kept by that id
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
@@ -156,8 +156,16 @@ async def test_a_function_call_and_its_output_continue_one_recorded_sample(calc_
             items.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
             second = await client.responses.create(model="any", input=items, tools=[CALCULATOR])
             assert second.output_text  # the answer, after the tool's result
+            # The same turn by reference: only the call's output is sent, after the first response.
+            output = [{"type": "function_call_output", "call_id": call.call_id, "output": result}]
+            third = await client.responses.create(
+                model="any", input=output, tools=[CALCULATOR], previous_response_id=first.id
+            )
+            assert third.output_text == second.output_text  # greedy, the same conversation
         calls = endpoint.recorded(key)
     await engine.close()
+    assert calls[2].prompt_ids == calls[1].prompt_ids  # token for token
+    del calls[2]
     assert len(calls) == 2 and samples(calls) == [calls]  # one multi-turn sample
     t = trajectory_of(calls, response_length=1024)
     between = calls[1].prompt_ids[len(calls[0].prompt_ids) + len(calls[0].completion_ids) :]

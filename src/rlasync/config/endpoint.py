@@ -43,3 +43,7 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     run's ``train.max_new_tokens``)."""
     max_n: Annotated[int, msgspec.Meta(ge=1, le=128)] = 16
     """The largest ``n`` (choices of one request) taken."""
+    stored_responses: Annotated[int, msgspec.Meta(ge=0)] = 1024
+    """``/v1/responses``: the conversations of this many latest responses are kept in memory
+    (``store`` not false), so a request can go on from one by ``previous_response_id``; an older
+    one is a 400 naming it. 0: none kept."""

@@ -79,7 +79,9 @@ class Endpoint:
         )
         self.server.route("POST", "/v1/chat/completions", chat, ChatRequest)
         self.server.route("POST", "/v1/completions", completions, CompletionRequest)
-        self.server.route("POST", "/v1/responses", ResponsesRoute(chat), ResponsesRequest)
+        self.server.route(
+            "POST", "/v1/responses", ResponsesRoute(chat, self.config.stored_responses), ResponsesRequest
+        )
 
     @property
     def url(self) -> str:

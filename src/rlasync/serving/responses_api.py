@@ -5,15 +5,19 @@ for token, and train exactly).
 
 Taken: ``input`` (a string, or items: messages with ``input_text``/``output_text`` parts,
 ``function_call`` and ``function_call_output`` items; ``reasoning`` items are skipped),
+``previous_response_id`` (the conversation of a response this endpoint kept, the latest
+``agent.endpoint.stored_responses``; its instructions are not carried over, as OpenAI's are not),
 ``instructions``, function ``tools``, ``tool_choice``, ``text.format`` (text, json_object,
 json_schema: structured outputs), ``temperature``, ``top_p``, ``max_output_tokens``, ``stream``.
 A stream sends a reply's text delta by delta as it is generated; a reply that may hold
-function calls (tools offered) arrives whole at its end, as on the chat route. Refused with a 400 naming them: ``previous_response_id`` (nothing is
-stored: send the conversation), tools other than functions, non-text input parts.
+function calls (tools offered) arrives whole at its end, as on the chat route. Refused with a
+400 naming them: a ``previous_response_id`` not kept here, tools other than functions, non-text
+input parts.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import time
@@ -53,12 +57,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
     reasoning: dict[str, Any] | None = None
 
     def check(self) -> None:
-        if self.previous_response_id:
-            raise APIError(
-                400,
-                "previous_response_id: responses are not stored; send the whole conversation as input",
-                param="previous_response_id",
-            )
         with _named_as_responses():
             self.as_chat.check()
 
@@ -168,13 +166,47 @@ def _text(parts: Any, param: str) -> str:
 
 
 class ResponsesRoute:
-    """``POST /v1/responses`` through a ``ChatRoute`` (its prompt, grammar, generation and recording)."""
+    """``POST /v1/responses`` through a ``ChatRoute`` (its prompt, grammar, generation and
+    recording). ``stored``: how many latest responses' conversations are kept for
+    ``previous_response_id``."""
 
-    def __init__(self, chat: ChatRoute) -> None:
+    def __init__(self, chat: ChatRoute, stored: int = 1024) -> None:
         self.chat = chat
+        self.stored = stored
+        # response id -> its conversation (instructions left out: they are not carried over)
+        self._conversations: collections.OrderedDict[str, list[dict[str, Any]]] = collections.OrderedDict()
+
+    def _earlier(self, req: ResponsesRequest) -> list[dict[str, Any]]:
+        """The conversation ``previous_response_id`` names ([] when none is named)."""
+        if not req.previous_response_id:
+            return []
+        found = self._conversations.get(req.previous_response_id)
+        if found is None:
+            raise APIError(
+                400,
+                f"previous_response_id {req.previous_response_id!r}: no such response is kept here (the latest "
+                f"agent.endpoint.stored_responses={self.stored} are, unless sent with store: false); "
+                "send the whole conversation as input",
+                param="previous_response_id",
+            )
+        self._conversations.move_to_end(req.previous_response_id)
+        return found
+
+    def _keep(self, req: ResponsesRequest, response_id: str, conversation: list[dict[str, Any]]) -> None:
+        if req.store is False or not self.stored:
+            return
+        self._conversations[response_id] = conversation
+        while len(self._conversations) > self.stored:
+            self._conversations.popitem(last=False)
 
     async def __call__(self, req: ResponsesRequest, rec: Recording | None) -> Any:
         chat_req = req.as_chat
+        earlier = self._earlier(req)
+        if earlier:  # the instructions (this request's), then the kept conversation, then the input
+            system = chat_req.messages[:1] if req.instructions else []
+            chat_req = msgspec.structs.replace(
+                chat_req, messages=[*system, *earlier, *chat_req.messages[len(system) :]]
+            )
         messages = [message_in(m) for m in chat_req.messages]
         prompt = self.chat.prompt(rec, messages, chat_req.tools or None)
         with _named_as_responses():
@@ -192,6 +224,7 @@ class ResponsesRoute:
         chat_req = req.as_chat
         message, finish, calls = self.chat.reply(chat_req, c, job.rid, 0)
         self.chat.record(job, messages, chat_req.tools or None, c, message, finish, calls)
+        self._keep(req, f"resp_{job.rid}", [*messages[1 if req.instructions else 0 :], message])
         return _response(req, job.rid, message, finish, len(job.prompt), len(c.ids))
 
     async def _stream(
