@@ -200,11 +200,13 @@ class AgentLoopWorker(Actor):
         finally:
             for loop in loops:
                 self._loops.pop(loop.trajectory_id, None)
-        if self._environment is not None:
+        if self._environment is not None:  # the groups at once (a group reward may call a judge)
             size = max(1, group)
             uids = [loop.trajectory_id for loop in loops]
-            for start in range(0, len(trajectories), size):
-                await self._score_group(uids[start : start + size], trajectories[start : start + size])
+            spans = range(0, len(trajectories), size)
+            await asyncio.gather(
+                *[self._score_group(uids[i : i + size], trajectories[i : i + size]) for i in spans]
+            )
         for trajectory in trajectories:
             self.counters.observe(trajectory)
         return trajectories

@@ -24,6 +24,7 @@ individual functions alongside, weighted as the rubric says. Needs ``pip install
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from ..data import Row
@@ -31,6 +32,8 @@ from ..rewards import RewardOutput
 from .base import EnvError, Environment, MissingExtraError, Split, import_extra, register_environment
 
 MODEL = "policy"
+MAX_UNSCORED = 65536
+"""Rollouts kept for their group's scoring at most (far more than a node runs at once)."""
 """The model name the environment's calls carry (the run's endpoint serves its policy under any)."""
 
 
@@ -81,7 +84,9 @@ class Verifiers(Environment):
         self.name, self.seed, self.size = env, int(seed), size
         self.env = _load(vf, env, dict(args or {}))
         self.group_functions = _group_functions(self.env.rubric)
-        self._unscored: dict[str, Any] = {}  # uid -> a finished rollout's state, until its group is scored
+        # uid -> a finished rollout's state, until its group is scored; bounded, as a trajectory
+        # whose group is never scored (its worker call cut by a lost node) leaves its state here
+        self._unscored: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._client_of = vf.OpenAIChatCompletionsClient
 
     async def close(self) -> None:
@@ -119,6 +124,8 @@ class Verifiers(Environment):
             raise RuntimeError(f"the verifiers rollout failed: {state['error']!r}")
         if self.group_functions:  # scored with its group (score_group), once the group is done
             self._unscored[str(row["uid"])] = state
+            while len(self._unscored) > MAX_UNSCORED:
+                self._unscored.popitem(last=False)
             return RewardOutput(score=0.0, metrics={})
         await self.env.rubric.score_rollout(state)
         await self.env.rubric.cleanup(state)
