@@ -61,6 +61,8 @@ class ServiceHost(Host, Protocol):
         self, cls: type[Actor], args: list[Any], kwargs: dict[str, Any], name: str
     ) -> ActorRef: ...
 
+    async def until_joined(self) -> None: ...
+
 
 class Membership(Actor):
     """Who is in the cluster and where each named actor lives (on the head only)."""
@@ -338,11 +340,13 @@ class NodeService(Actor):
     async def start_child(self, preload: list[str]) -> NodeInfo:
         """Start a process this node supervises, joined to the cluster (``Node.start_child``).
         Only the head places processes: another member cannot make a node start any."""
+        await self.node.until_joined()
         self._only_from(HEAD, "start a process on another node")
         return await self.node.start_child(preload=tuple(preload))
 
     @endpoint
     async def node_dead(self, node_id: str, incarnation: str, reason: str, graceful: bool = False) -> None:
+        await self.node.until_joined()
         self._only_from(HEAD, "declare a node dead")
         self.node.on_node_dead(node_id, reason, incarnation, graceful=graceful)
 

@@ -22,6 +22,7 @@ What a peer can make a node spend is bounded by ``runtime.*`` (see ``server`` an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -286,10 +287,13 @@ class Node:
         await self.spawn_here(NodeService, [], {}, "_node")
         if self.is_head:
             roster.membership = await self.spawn_here(Membership, [], {}, "_membership")
+            roster.joined.set()
         else:
             roster.membership = membership_at(self, NodeInfo(HEAD, self.head_address or "", "unknown"))
             if self.member:
                 await roster.join()
+            else:  # a client (``rlasync status``): it joins nothing, and nobody places processes on it
+                roster.joined.set()
 
     def _metric_families(self) -> list[Any]:
         """The runtime's families (``runtime.telemetry``), at a scrape."""
@@ -382,6 +386,12 @@ class Node:
             raise NodeLostError(node_id, "not a live member of the cluster")
         stats: NodeStats = await service_at(self, info).stats()
         return stats
+
+    async def until_joined(self) -> None:
+        """Until the head's join reply is applied here (the head: at once), within
+        ``runtime.join_timeout_s``; then the caller checks membership as it stands."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._roster.joined.wait(), self.config.join_timeout_s)
 
     def live_member(self, node_id: str) -> NodeInfo | None:
         """The live member ``node_id`` as this node last heard of it (None: not one); asks nobody."""
