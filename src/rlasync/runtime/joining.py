@@ -13,6 +13,7 @@ calls here are served no more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -62,10 +63,15 @@ class Roster:
         self.heard = 0.0  # loop time of the head's last answer to a heartbeat (other nodes)
         self.membership: ActorRef | None = None  # the head's Membership (a local actor on the head)
         self.server: Server | None = None  # this node's, once it serves: it forgets the dead
-        # Set once the head's join reply is applied (at once on the head): the head counts a node
-        # as joined when it answers, and may call it (start a child there) before the reply
-        # arrives; such a call waits for it, else the head is not yet a member here and is refused.
+        # Set once the head's join reply is applied (``Node._enter``; at once on the head): the
+        # head counts a node as joined when it answers, and may call it (start a child there)
+        # before the reply arrives; such a call waits, else the head is not yet a member here.
         self.joined = asyncio.Event()
+
+    async def until_joined(self, timeout: float) -> None:
+        """Until ``joined`` (within ``timeout``); then the caller checks membership as it stands."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.joined.wait(), timeout)
 
     def head_ref(self) -> ActorRef:
         """The ref to the head's ``Membership`` (the node's ``start`` makes it)."""
@@ -108,7 +114,6 @@ class Roster:
         self._calls.adopt("unknown", reply.head)
         self.membership = membership_at(node.context, reply.head)
         self.apply_members(reply.epoch, reply.members, [])
-        self.joined.set()
         self._tasks.append(node.loop.create_task(self._heartbeat(), name=f"rlasync-heartbeat-{node.node_id}"))
 
     async def _heartbeat(self) -> None:

@@ -22,7 +22,6 @@ What a peer can make a node spend is bounded by ``runtime.*`` (see ``server`` an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -287,13 +286,11 @@ class Node:
         await self.spawn_here(NodeService, [], {}, "_node")
         if self.is_head:
             roster.membership = await self.spawn_here(Membership, [], {}, "_membership")
-            roster.joined.set()
         else:
             roster.membership = membership_at(self, NodeInfo(HEAD, self.head_address or "", "unknown"))
             if self.member:
                 await roster.join()
-            else:  # a client (``rlasync status``): it joins nothing, and nobody places processes on it
-                roster.joined.set()
+        roster.joined.set()  # the head; a node whose join reply is applied; a client (rlasync status)
 
     def _metric_families(self) -> list[Any]:
         """The runtime's families (``runtime.telemetry``), at a scrape."""
@@ -388,10 +385,7 @@ class Node:
         return stats
 
     async def until_joined(self) -> None:
-        """Until the head's join reply is applied here (the head: at once), within
-        ``runtime.join_timeout_s``; then the caller checks membership as it stands."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._roster.joined.wait(), self.config.join_timeout_s)
+        await self._roster.until_joined(self.config.join_timeout_s)
 
     def live_member(self, node_id: str) -> NodeInfo | None:
         """The live member ``node_id`` as this node last heard of it (None: not one); asks nobody."""
