@@ -69,7 +69,9 @@ _SUBSCHEMAS = ("items", "not", "if", "then", "else", "additionalProperties", "co
 
 
 def _closed(schema: Any) -> Any:
-    """``schema`` with every object schema that does not say otherwise closed."""
+    """``schema`` with every object schema that does not say otherwise closed, and every
+    integer without bounds kept within JSON's safe integers (+-2^53-1, what every JSON parser holds
+    exactly): an untrained model otherwise writes digits to its token limit, and never closes the call."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -84,7 +86,17 @@ def _closed(schema: Any) -> Any:
             out[key] = _closed(out[key])
     if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") == "integer":  # an unbounded one: JSON's safe integers, not digits to the token limit
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = _SAFE_INTEGER
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -_SAFE_INTEGER
     return out
+
+
+_SAFE_INTEGER = 2**53 - 1
+"""The largest integer every JSON parser holds exactly (JavaScript's ``Number.MAX_SAFE_INTEGER``;
+llguidance cannot compile the full 64-bit range)."""
 
 
 def _tool_call(req: ChatRequest, tokenizer: Any, tool_format: str) -> str:
