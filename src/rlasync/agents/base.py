@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config.agent import AgentConfig
 from ..engines.types import GenerateOutput, GenerateRequest, SamplingParams, TokenChunk
+from ..envs.base import Interaction
 from ..registry import Registry
 from .template import ChatTurns
 from .trajectory import Trajectory
@@ -45,22 +46,12 @@ class Generator(Protocol):
     def generate_stream(self, request: GenerateRequest, **kwargs: Any) -> Any: ...
 
 
-class Interaction(abc.ABC):
-    """A simulated user: after a model turn without tool calls, it may answer (INTERACTING).
-    One object per trajectory; from the config (``agent.interaction``) it is built as
-    ``cls(score, **options)`` (``rlasync.agents.interactions``)."""
-
-    @abc.abstractmethod
-    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
-        """(end the conversation?, the user's next message, a reward for the model's last turn)."""
-
-
 class AgentLoop(abc.ABC):
     shared: Any = None
     """What the loops of this class on one worker share (``shared_resource``); set by the worker."""
     environment: Any = None
-    """The run's environment (``data.source``, an ``rlasync.envs.Environment``), opened on the
-    worker; set by the worker (None: the rows come from files or the synthetic task)."""
+    """The run's environment (an ``rlasync.envs.Environment``: ``data.source``, the data files'
+    or the synthetic task's), opened on the worker; set by the worker (None outside a run)."""
 
     def __init__(
         self,
@@ -145,11 +136,15 @@ def check_reward_fn(fn: RewardFn) -> RewardFn:
 
 
 def registered_reward(
-    name: str | dict[str, Any] | ScoreFn, *, ground_truth_key: str = "ground_truth"
+    name: str | dict[str, Any] | ScoreFn,
+    *,
+    ground_truth_key: str = "ground_truth",
+    timeout_s: float | None = None,
 ) -> RewardFn:
     """A loop's ``reward_fn`` that scores with a reward from ``rlasync.rewards``: by name, built
     from a factory's options (``{llm_judge: {url: ...}}``, ``make_reward``), or the function
-    itself (a ``RewardInput`` in: an environment's ``score``, a verl ``compute_score``).
+    itself (a ``RewardInput`` in: an environment's ``score``, a verl ``compute_score``), with
+    ``timeout_s`` its deadline when it needs longer than the default.
 
     The reward reads the last assistant message, the whole conversation, the row's
     ``ground_truth_key`` field and the tool counts, and in ``extra`` the row's other fields
@@ -160,8 +155,10 @@ def registered_reward(
     from ..rewards import DEFAULT_TIMEOUT_S, RewardInput, compute_reward, make_reward
 
     reward = make_reward(name) if isinstance(name, str | dict) else name
-    # A reward with a deadline of its own (a judge's) gets it, and a little more to report it.
-    timeout_s = max(DEFAULT_TIMEOUT_S, float(getattr(reward, "timeout_s", 0.0)) + 5.0)
+    # A reward with a deadline of its own (a judge's, or ``timeout_s``: an environment's) gets
+    # it, and a little more to report it.
+    own = timeout_s if timeout_s is not None else float(getattr(reward, "timeout_s", 0.0))
+    timeout_s = max(DEFAULT_TIMEOUT_S, own + 5.0)
 
     async def score(row: dict[str, Any], trajectory: Trajectory) -> float:
         answers = [m for m in trajectory.messages if m.get("role") == "assistant"]

@@ -25,6 +25,7 @@ fails), for interactions that judge; others may ignore it. Register your own:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -78,6 +79,45 @@ def interaction_factory(spec: str | dict[str, Any], score: Score) -> Callable[[]
     except (TypeError, ValueError) as exc:
         raise InteractionError(f"agent.interaction {name!r}: {exc}") from None
     return lambda: cls(score, **options)
+
+
+class RowInteractions:
+    """Each trajectory's simulated user from the config: the one its row's
+    ``interaction_kwargs.name`` picks (verl's rows name theirs; built with no options unless
+    ``agent.interaction`` is that one), else ``agent.interaction``'s, else none. A row naming
+    one not registered gets one that raises: that trajectory ends with the error, the others run."""
+
+    def __init__(self, configured: str | dict[str, Any], score: Score) -> None:
+        self.configured, self.score = configured, score
+        self._default = interaction_factory(configured, score)
+        self._named: dict[str, Callable[[], Interaction]] = {}  # a row's interaction_kwargs.name -> its maker
+
+    def for_row(self, row: dict[str, Any]) -> Interaction | None:
+        kwargs = row.get("interaction_kwargs")
+        name = kwargs.get("name") if isinstance(kwargs, dict) else None
+        if not name:
+            return self._default() if self._default else None
+        if name not in self._named:
+            configured = self.configured
+            configured_name = configured.get("name") if isinstance(configured, dict) else configured
+            try:
+                made = interaction_factory(configured if name == configured_name else name, self.score)
+            except InteractionError as exc:
+                error = InteractionError(f"a row's interaction_kwargs.name={name!r}: {exc}")
+                made = functools.partial(_Refused, error)
+            assert made is not None  # a name was given
+            self._named[name] = made
+        return self._named[name]()
+
+
+class _Refused(Interaction):
+    """The interaction of a row that names none registered: its trajectory ends with the error."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
+        raise self.error
 
 
 def conversation_score(reward_fn: RewardFn | None) -> Score:

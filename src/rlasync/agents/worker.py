@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -28,14 +27,13 @@ from typing import Any
 import msgspec
 
 from ..config.agent import AgentConfig
-from ..config.data import CustomRewardFunctionConfig
 from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
 from ..rewards import RewardOutput
 from ..runtime import Actor, ActorRef, endpoint
 from .base import AgentLoop, Interaction, RewardFn, get_loop, registered_reward
-from .interactions import InteractionError, conversation_score, interaction_factory
+from .interactions import RowInteractions, conversation_score
 from .loops import LoopState, ResumableLoop
 from .telemetry import LoopCounters
 from .trajectory import Trajectory, TrajectoryMetrics
@@ -55,20 +53,13 @@ class AgentWorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     rotation, the others only after that (empty: all alike)."""
     agent: AgentConfig = AgentConfig()
     router: RouterConfig = RouterConfig()
-    reward: str | dict[str, Any] = ""
-    """A reward from ``rlasync.rewards`` by name, or a factory's options (``{llm_judge: {...}}``);
-    "" for none: reward 0."""
-    task: str = ""
-    """A synthetic task (``rlasync.data``) whose own reward scores the rows (they carry its
-    ``problem``); overrides ``reward``."""
     source: str | dict[str, Any] = ""
-    """An environment (``data.source``, ``rlasync.envs``) whose own score is the reward of the
-    rows it made; overrides ``reward``. Built here from its options and ``seed``."""
+    """The run's environment (``rlasync.envs``: ``data.source``, or the ``files`` or ``synthetic``
+    one the run made of its data, ``rlasync.compose.feed.environment_source``), built here from
+    its options and ``seed``: its ``score`` is the reward, its ``interaction`` the user's turns.
+    "": none (reward 0, unless the worker is given a ``reward_fn``)."""
     seed: int = 0
     """The environment's seed unless its options give one (``train.seed``)."""
-    custom_reward: CustomRewardFunctionConfig | None = None
-    """A verl reward function (``custom_reward_function``); overrides ``reward``."""
-    ground_truth_key: str = "ground_truth"
 
 
 class AgentLoopWorker(Actor):
@@ -87,10 +78,8 @@ class AgentLoopWorker(Actor):
         self._engine = engine
         self.tokenizer = tokenizer
         self._reward_fn = reward_fn
-        # Each loop's simulated user (agent.interaction), made by this.
-        self._interaction: Callable[[], Interaction] | None = None
-        self._interactions: dict[str, Any] = {}  # a row's interaction_kwargs.name -> what makes it
-        self._environment: Any = None  # data.source, built and opened on start (rlasync.envs)
+        self._interactions: RowInteractions | None = None  # the config's and rows' simulated users
+        self._environment: Any = None  # the run's environment, built and opened on start (rlasync.envs)
         self._mcp: Any = None  # agent.mcp_servers, started (rlasync.tools.mcp.MCPServers)
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
@@ -129,27 +118,16 @@ class AgentLoopWorker(Actor):
             await self._environment.open()
         if self._reward_fn is None:
             self._reward_fn = self._spec_reward()
-        self._interaction = interaction_factory(
-            self.spec.agent.interaction, conversation_score(self._reward_fn)
-        )
+        self._interactions = RowInteractions(self.spec.agent.interaction, conversation_score(self._reward_fn))
         if self.node.metrics is not None:
             self._unexport = self.node.metrics.add(self._metric_families)
 
     def _spec_reward(self) -> RewardFn | None:
-        """The reward the spec names: a synthetic task's, an environment's, a verl function, a
-        registered reward, or none."""
-        from ..data.synthetic import loop_reward
-        from ..rewards import load_compute_score
-
-        spec = self.spec
-        if spec.task:
-            return loop_reward(spec.task)
-        if self._environment is not None:
-            return registered_reward(self._environment.score)
-        if spec.custom_reward is not None:
-            custom = spec.custom_reward
-            return registered_reward(load_compute_score(custom.path, custom.name, custom.reward_kwargs))
-        return registered_reward(spec.reward, ground_truth_key=spec.ground_truth_key) if spec.reward else None
+        """The environment's score as the loops' reward (none without an environment)."""
+        environment = self._environment
+        if environment is None:
+            return None
+        return registered_reward(environment.score, timeout_s=environment.score_timeout_s)
 
     def _metric_families(self) -> list[Any]:
         from ..engines.telemetry import router_families
@@ -273,25 +251,11 @@ class AgentLoopWorker(Actor):
         return loop
 
     def _interaction_for(self, row: dict[str, Any]) -> Interaction | None:
-        """The trajectory's simulated user: the one its row's ``interaction_kwargs.name`` picks
-        (verl's rows name theirs; built with no options unless ``agent.interaction`` is that
-        one), else ``agent.interaction``'s, else none."""
-        kwargs = row.get("interaction_kwargs")
-        name = kwargs.get("name") if isinstance(kwargs, dict) else None
-        if not name:
-            return self._interaction() if self._interaction else None
-        if name not in self._interactions:
-            configured = self.spec.agent.interaction
-            configured_name = configured.get("name") if isinstance(configured, dict) else configured
-            try:
-                self._interactions[name] = interaction_factory(
-                    configured if name == configured_name else name, conversation_score(self._reward_fn)
-                )
-            except InteractionError as exc:  # this row's trajectory fails with it; the others run
-                self._interactions[name] = functools.partial(
-                    _Refused, InteractionError(f"a row's interaction_kwargs.name={name!r}: {exc}")
-                )
-        return self._interactions[name]()
+        """The trajectory's environment turns: the environment's own for this row, else the
+        row's ``interaction_kwargs.name`` or ``agent.interaction`` (``RowInteractions``)."""
+        if self._environment is not None and (own := self._environment.interaction(row)) is not None:
+            return own
+        return self._interactions.for_row(row) if self._interactions is not None else None
 
     async def _run(self, loop: AgentLoop, row: dict[str, Any], params: SamplingParams) -> Trajectory:
         try:
@@ -356,13 +320,3 @@ def failed_trajectory(loop: AgentLoop, row: dict[str, Any], exc: BaseException) 
 
 
 _reported: set[tuple[type, type]] = set()  # (loop class, exception type) already logged
-
-
-class _Refused(Interaction):
-    """The interaction of a row that names none registered: its trajectory ends with the error."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
-        raise self.error

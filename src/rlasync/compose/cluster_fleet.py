@@ -23,6 +23,7 @@ from ..config import Config, EngineConfig
 from ..config.cluster import with_node_modules
 from ..engines import EngineGroup
 from ..runtime.node import rank_of
+from .feed import environment_source
 from .model_dir import model_dir_for
 from .placement import Placement
 
@@ -237,24 +238,14 @@ class ClusterFleet:
         from ..agents import AgentWorkerSpec
 
         config = self.config
-        data, custom = config.data, config.custom_reward_function
-        synthetic = not data.train_files and not data.source
         return AgentWorkerSpec(
             model=str(self.model_dir),
             engines=self.engines,
             local=local,
             agent=config.agent,
             router=config.router,
-            task=config.train.task if synthetic else "",
-            source=data.source,
+            source=environment_source(config),
             seed=config.train.seed,
-            # A file path as the head resolves it: a node's working directory may differ.
-            custom_reward=(
-                msgspec.structs.replace(custom, path=plugins.resolved([custom.path])[0])
-                if custom.path and not synthetic
-                else None
-            ),
-            reward="" if synthetic else data.reward,
         )
 
     def _engine_config(self, replica: int) -> EngineConfig:

@@ -1,5 +1,5 @@
-"""What a run trains and validates on: the rows (the data files, or the synthetic task's
-splits), their sampler, ``data.generator`` adding rows as the run learns, dynamic sampling
+"""What a run trains and validates on: the rows (its environment's: ``data.source``, the data
+files, or the synthetic task's splits), their sampler, ``data.generator`` adding rows as the run learns, dynamic sampling
 (``train.dynamic_sampling``), and the sampling seeds. Its state (``position``) goes into every
 checkpoint, so a resumed run draws and samples what the uninterrupted one would have."""
 
@@ -12,8 +12,9 @@ from typing import Any
 
 import msgspec
 
+from .. import plugins
 from ..config import Config, ConfigError
-from ..data import DataGenerator, Row, RowResult, Sampler, load_rows, make_sampler, synthetic_rows
+from ..data import DataGenerator, Row, RowResult, Sampler, make_sampler
 from ..engines import SamplingParams
 from ..envs import make_environment
 
@@ -29,40 +30,49 @@ def tool_loop(config: Config) -> str:
     return config.agent.default_loop if config.agent.default_loop != "single_turn" else "tool"
 
 
-def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
-    """Training and validation rows: the data files, the environment's (``data.source``), or
-    the synthetic task's two splits."""
-    cfg, data = config.train, config.data
+def environment_source(config: Config) -> str | dict[str, Any]:
+    """The environment a run's rows and rewards come from (``rlasync.envs``): ``data.source``;
+    else the data files (``files``, scored by ``data.reward`` or ``custom_reward_function``, its
+    file as the head resolves it: a node's working directory may differ); else the synthetic
+    ``train.task`` (``synthetic``)."""
+    data, custom = config.data, config.custom_reward_function
     if data.source:
-        environment = make_environment(data.source, seed=cfg.seed)
-        assert environment is not None
-        train, val = environment.rows("train"), environment.rows("val", cfg.val_size)
-        if not train or not val:
-            raise ConfigError(f"data.source made no {'training' if not train else 'held-out'} rows")
-        return train, val
-    if not data.train_files:
-        loop = tool_loop(config)
-        train = synthetic_rows(
-            cfg.task, data.synthetic_train_size, seed=cfg.seed, split="train", tool_loop=loop, distinct=False
-        )
-        return train, synthetic_rows(cfg.task, cfg.val_size, seed=cfg.seed, split="val", tool_loop=loop)
-    if not data.val_files:
-        raise ConfigError(
-            "data.train_files is set but data.val_files is not: give held-out rows to validate on"
-        )
+        return data.source
+    if data.train_files:
+        return {
+            "files": {
+                "train_files": list(data.train_files),
+                "val_files": list(data.val_files),
+                "prompt_key": data.prompt_key,
+                "answer_key": data.answer_key,
+                "system_prompt": data.system_prompt,
+                "reward": data.reward,
+                "custom_reward": (
+                    {
+                        "path": plugins.resolved([custom.path])[0],
+                        "name": custom.name,
+                        "reward_kwargs": custom.reward_kwargs,
+                    }
+                    if custom.path
+                    else None
+                ),
+            }
+        }
+    task = config.train.task
+    return {
+        "synthetic": {"task": task, "train_size": data.synthetic_train_size, "tool_loop": tool_loop(config)}
+    }
 
-    def read(files: list[str]) -> list[Row]:
-        return [
-            row
-            for f in files
-            for row in load_rows(
-                f, prompt_key=data.prompt_key, answer_key=data.answer_key, system_prompt=data.system_prompt
-            )
-        ]
 
-    train, val = read(data.train_files), read(data.val_files)[: cfg.val_size]
+def read_rows(config: Config) -> tuple[list[Row], list[Row]]:
+    """Training and validation rows (``train.val_size`` of these at most), from the run's
+    environment (``environment_source``). Blocking: files are read, problems drawn."""
+    cfg = config.train
+    environment = make_environment(environment_source(config), seed=cfg.seed)
+    assert environment is not None
+    train, val = environment.rows("train"), environment.rows("val", cfg.val_size)
     if not train or not val:
-        raise ConfigError(f"data.{'train' if not train else 'val'}_files hold no rows")
+        raise ConfigError(f"data.source made no {'training' if not train else 'held-out'} rows")
     return train, val
 
 

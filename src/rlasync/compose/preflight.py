@@ -21,7 +21,6 @@ from ..config import Config, ConfigError
 from ..data import DataGenerator, Row, make_generator, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..metrics.trackers import tracker_names
-from ..rewards import CustomRewardError, load_compute_score, make_reward
 from ..serving import OpenAIAgentLoop, load_agent
 from ..tools import SandboxUnavailable, build_agent_tools
 from .feed import read_rows, tool_loop
@@ -75,8 +74,7 @@ def preflight(config: Config) -> Checked:
 
 def check_sources(config: Config) -> None:
     """Where the rows come from (files, ``data.source``, the synthetic task) and what scores
-    them (``data.reward``, ``custom_reward_function``, the environment) agree; a verl reward
-    function is loaded now, so a wrong path or name fails here."""
+    them (``data.reward``, ``custom_reward_function``, the environment) agree."""
     data, custom = config.data, config.custom_reward_function
     if data.val_files and not data.train_files:  # else ignored for the task's split
         raise ConfigError(
@@ -86,24 +84,12 @@ def check_sources(config: Config) -> None:
         )
     if data.source and data.train_files:
         raise ConfigError("data.source and data.train_files both give the rows: keep one")
-    if data.train_files and not custom.path:
-        try:
-            make_reward(data.reward)
-        except ValueError as exc:
-            message = str(exc)
-            raise ConfigError(
-                message if message.startswith("data.reward") else f"data.reward: {message}"
-            ) from None
-    if custom.path:
-        if not data.train_files:
-            raise ConfigError(
-                "custom_reward_function scores the rows of data.train_files (a synthetic task or data.source "
-                "scores its own): give data.train_files"
-            )
-        try:
-            load_compute_score(custom.path, custom.name, custom.reward_kwargs)
-        except CustomRewardError as exc:
-            raise ConfigError(str(exc)) from None
+    if custom.path and not data.train_files:
+        raise ConfigError(
+            "custom_reward_function scores the rows of data.train_files (a synthetic task or data.source "
+            "scores its own): give data.train_files"
+        )
+    # data.reward and custom_reward_function are checked as the files' environment is built (read_rows).
 
 
 def build_run_tools(config: Config, rows: list[Row]) -> dict[str, Any]:

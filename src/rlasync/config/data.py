@@ -51,7 +51,8 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     """An environment the rows come from, which also scores them (``rlasync.envs``), instead of
     files: ``{reasoning_gym: {task: chain_sum, size: 2000}}``, or one registered with
     ``rlasync.envs.register_environment``. Its options go to it; ``seed`` defaults to
-    ``train.seed``. "": none."""
+    ``train.seed``. "": the run's own, ``files`` (``train_files``, scored by ``reward`` or
+    ``custom_reward_function``) or ``synthetic`` (``train.task``: ``{synthetic: {task: calc}}``)."""
     synthetic_train_size: PositiveInt = 20000
     """Training rows drawn from the synthetic task when there are no files: the first this many
     problems its training split draws, repeats kept, so training sees every kind of problem as

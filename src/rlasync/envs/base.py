@@ -1,8 +1,12 @@
-"""The protocol every task source of a run speaks: an ``Environment`` yields rows and scores
-what the model answered to them.
+"""The protocol every task source of a run speaks: an ``Environment`` yields rows, may take the
+environment's turns of a conversation, and scores what the model answered.
 
     data:
       source: {reasoning_gym: {task: basic_arithmetic, size: 2000}}   # which environment, its options
+
+Every run has one: ``data.source`` names it; without one, the run's data files are the ``files``
+environment (``data.train_files``, scored by ``data.reward`` or ``custom_reward_function``) and
+the quickstart's ``train.task`` the ``synthetic`` one (``rlasync.envs.builtin``).
 
 An environment is a class registered by name and built from its options
 (``cls(seed=train.seed, **options)``) in every process that needs it: on the head, which draws
@@ -16,6 +20,7 @@ what its score needs back (an index, a seed) as plain data: rows cross the wire.
         def __init__(self, *, seed: int, words: int = 3) -> None: ...
         def rows(self, split, n=None): ...
         def score(self, inp): ...            # or: async def converse(self, client, row): ...
+        def interaction(self, row): ...      # optional: the user's turns between the model's
 
 A package an environment needs and lacks is a ``MissingExtraError`` naming the extra that
 installs it. Environments live above ``data`` and ``rewards`` (rows, and the reward contract)
@@ -37,6 +42,19 @@ from ..rewards import RewardInput, RewardOutput
 
 Split = Literal["train", "val"]
 """Which rows: training rows, or held-out rows that validation scores (never trained on)."""
+
+
+class Interaction(abc.ABC):
+    """The environment's turns of one conversation (a simulated user, a game's referee): after
+    each model turn without a tool call, the agent loop hands it the conversation, and it ends it
+    or answers as the user (a turn the model is not trained on). One object per trajectory: it
+    may keep what the conversation needs. From an environment (``Environment.interaction``) or
+    the config (``agent.interaction``, built as ``cls(score, **options)``:
+    ``rlasync.agents.interactions``)."""
+
+    @abc.abstractmethod
+    async def respond(self, messages: list[dict[str, Any]], row: dict[str, Any]) -> tuple[bool, str, float]:
+        """(end the conversation?, the user's next message, a reward for the model's last turn)."""
 
 
 class EnvError(ConfigError):
@@ -91,6 +109,16 @@ class Environment(abc.ABC):
         then ends with termination ``error`` and reward 0."""
         raise NotImplementedError(f"{type(self).__name__} has rows our loops answer: it has no converse")
 
+    score_timeout_s: float | None = None
+    """How long one ``score`` may take when that is longer than a reward's default deadline (a
+    judge's, a reward model's): the agent-loop worker waits that long (and a little more)."""
+
+    def interaction(self, row: Row) -> Interaction | None:
+        """The environment's turns of a trajectory of ``row`` answered by our loops (a loop that
+        talks, such as ``tool``): a new ``Interaction``, or None (the default), which leaves the
+        row's ``interaction_kwargs.name`` or ``agent.interaction`` to answer, if either does."""
+        return None
+
     async def score_group(self, uids: list[str]) -> dict[str, RewardOutput]:
         """Rewards that look across a group: the trajectories ``uids`` (one prompt's copies,
         ``train.group_size`` of them, as ``converse`` or ``score`` finished them) scored together,
@@ -109,6 +137,8 @@ _BUILT_IN = {
     "verifiers": "rlasync.envs.verifiers_env",
     "textarena": "rlasync.envs.textarena_env",
     "openenv": "rlasync.envs.openenv_env",
+    "files": "rlasync.envs.builtin",
+    "synthetic": "rlasync.envs.builtin",
 }
 """The adapters' modules, imported when an environment not yet registered is named (each imports
 its package only when built)."""
@@ -145,7 +175,7 @@ def make_environment(spec: str | dict[str, Any], *, seed: int) -> Environment | 
     if not options:
         return None
     if options.get("name") not in _ENVIRONMENTS:  # the adapters: cheap to import (packages load when built)
-        for module in _BUILT_IN.values():
+        for module in dict.fromkeys(_BUILT_IN.values()):
             importlib.import_module(module)
     choice = registry_choice(
         options, "data.source", _ENVIRONMENTS.view(), "@rlasync.envs.register_environment", EnvError
