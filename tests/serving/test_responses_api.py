@@ -86,6 +86,29 @@ async def test_a_stream_says_what_the_whole_reply_says(client: openai.AsyncOpenA
     assert final.output_text == whole.output_text
 
 
+async def test_logprobs_and_their_alternatives_come_with_the_text_when_asked(client: openai.AsyncOpenAI) -> None:
+    asked: dict[str, Any] = {
+        "model": "nano",
+        "input": "hi",
+        "max_output_tokens": 12,
+        "temperature": 0,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 3,
+    }
+    whole = await client.responses.create(**asked)
+    part = whole.output[0].content[0]  # type: ignore[union-attr]
+    assert part.logprobs and "".join(e.token for e in part.logprobs).startswith(whole.output_text)  # type: ignore[union-attr]
+    for entry in part.logprobs:  # type: ignore[union-attr]
+        top = entry.top_logprobs
+        assert len(top) == 3 and top[0].logprob >= top[1].logprob >= top[2].logprob
+        assert (top[0].token, top[0].logprob) == (entry.token, entry.logprob)  # greedy: the likeliest
+    events = [e async for e in await client.responses.create(**asked, stream=True)]
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]  # type: ignore[union-attr]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in part.logprobs]  # type: ignore[union-attr]
+    plain = await client.responses.create(model="nano", input="hi", max_output_tokens=4, temperature=0)
+    assert not plain.output[0].content[0].logprobs  # type: ignore[union-attr]  # not asked: none
+
+
 async def test_a_streamed_function_call_arrives_whole_at_its_end(client: openai.AsyncOpenAI) -> None:
     events = [
         e

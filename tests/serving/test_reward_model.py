@@ -55,12 +55,47 @@ async def test_concurrent_calls_are_batched_and_score_as_alone(reward_model_dir:
     assert 0.0 < (await compute_reward(sig, _conversation("abc"))).score < 1.0
 
 
+async def test_on_a_node_of_its_own_it_batches_the_calls_of_every_caller(reward_model_dir: Path) -> None:
+    from rlasync.agents.reward_server import RewardModelServer
+    from rlasync.runtime import LocalCluster
+
+    words = ["abc", "dog", "moon", "tree", "lamp", "rock", "wind", "sand", "bird"]
+    here = RewardModel(path=str(reward_model_dir), score="raw")
+    alone = [(await compute_reward(here, _conversation(w))).score for w in words]
+    async with LocalCluster(nodes=2) as cluster:
+        server = await cluster.spawn(
+            RewardModelServer, {"path": str(reward_model_dir), "score": "raw", "batch_size": 4}, node=1
+        )
+        # The caller holds no model: it names a folder that need not exist where it runs.
+        there = make_reward({"reward_model": {"path": "on-node-1", "node": 1, "served_by": server}})
+        outs = await asyncio.gather(*[compute_reward(there, _conversation(w)) for w in words])
+        passes = await server.passes()
+    assert [o.score for o in outs] == pytest.approx(alone, abs=1e-4) and not any(o.metrics for o in outs)
+    assert 0 < passes <= 4 < len(words)  # batched there, across the concurrent calls
+
+
 def test_wrong_settings_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"reward_model.path='nowhere' is not a model folder"):
         make_reward({"reward_model": {"path": "nowhere"}})
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=r"reward_model.score: raw, sigmoid or label:<index>"):
         make_reward({"reward_model": {"path": str(tmp_path), "score": "tanh"}})
+    from rlasync.compose.preflight import preflight
+    from rlasync.config import ConfigError, load_config
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
+    on_node_3 = load_config(
+        overrides=[
+            f"data.train_files=[{rows}]",
+            f"data.val_files=[{rows}]",
+            f"data.reward={{reward_model: {{path: {tmp_path}, node: 3}}}}",
+        ]
+    )
+    with pytest.raises(
+        ConfigError, match=r"data.reward.reward_model.node=3: the run has 1 node\(s\), 0 to 0"
+    ):
+        preflight(on_node_3)
 
 
 def test_a_run_trains_on_the_reward_models_scores(
@@ -88,7 +123,9 @@ engine:
 data:
   train_files: [rows.jsonl]
   val_files: [rows.jsonl]
-  reward: {{reward_model: {{path: "{reward_model_dir}", score: sigmoid}}}}
+  reward: {{reward_model: {{path: "{reward_model_dir}", score: sigmoid, node: 1}}}}
+cluster:
+  nodes: 2     # node 1 runs the reward model alone, for the agent loops on node 0
 """
     (tmp_path / "run.yaml").write_text(config)
     done = subprocess.run(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from ..engines.router import Router
 from ..engines.types import SamplingParams
 from ..rewards import RewardOutput
 from ..runtime import Actor, ActorRef, endpoint
+from ..runtime.stall import off_loop
 from .base import AgentLoop, Interaction, RewardFn, get_loop, registered_reward
 from .interactions import RowInteractions, conversation_score
 from .loops import LoopState, ResumableLoop
@@ -112,8 +114,8 @@ class AgentLoopWorker(Actor):
         if self.spec.source:  # may import a package, load a dataset: off the loop
             from ..envs import make_environment
 
-            self._environment = await asyncio.to_thread(
-                make_environment, self.spec.source, seed=self.spec.seed
+            self._environment = await off_loop(
+                functools.partial(make_environment, self.spec.source, seed=self.spec.seed)
             )
             await self._environment.open()
         if self._reward_fn is None:

@@ -190,6 +190,7 @@ class ClusterFleet:
 
         plan, prefer, kwargs = await self._spawn_engines(head)
         self._plan, self._prefer = plan, prefer
+        self._source = await self._serve_reward_model(head)
         local: dict[str, list[str]] = {}
         workers = []
         for node, replicas in plan.items():
@@ -244,9 +245,26 @@ class ClusterFleet:
             local=local,
             agent=config.agent,
             router=config.router,
-            source=environment_source(config),
+            source=self._source,
             seed=config.train.seed,
         )
+
+    async def _serve_reward_model(self, head: Any) -> str | dict[str, Any]:
+        """The environment the agent-loop workers build (``environment_source``); a reward model
+        on a node of its own (``data.reward: {reward_model: {node: N}}``) started there first, its
+        ref put into the reward's options, so every worker's calls go to that one model."""
+        from ..rewards import factory_options
+
+        source = environment_source(self.config)
+        files: dict[str, Any] = (source.get("files") or {}) if isinstance(source, dict) else {}
+        reward = files.get("reward", "")
+        options = factory_options(reward) if isinstance(reward, dict) else {}
+        if options.get("name") != "reward_model" or options.get("node") is None:
+            return source
+        from ..agents.reward_server import RewardModelServer
+
+        server = await head.spawn(RewardModelServer, options, node=int(options["node"]), name="reward-model")
+        return {"files": {**files, "reward": {**options, "served_by": server}}}
 
     def _engine_config(self, replica: int) -> EngineConfig:
         config = self.config

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -30,6 +30,7 @@ from ..config import Config
 from ..data import Row, Sampler
 from ..engines import EngineGroup, SamplingParams
 from ..metrics import Stamp, StepRecord
+from ..runtime.stall import off_loop
 from .batch import Batches
 from .checkpoints import Saver, checkpoint_due
 from .feed import Feed
@@ -44,19 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FULL_COLLECTION_EVERY = 1000  # middle-generation collections before a full one is looked at (Python: 10)
-
-
-T = TypeVar("T")
-
-
-async def off_loop(work: Callable[..., T], *args: Any) -> T:
-    """``work(*args)`` in a worker thread, for a step's work over every token it trains on
-    (collating, staleness): at thousands of trajectories a step it held the loop (the agent
-    loops', the router's, the replies') for a second or more. Inline on a virtual-time loop
-    (``engines.sim``), whose clock would jump past a thread."""
-    if getattr(asyncio.get_running_loop(), "virtual_time", False):
-        return work(*args)
-    return await asyncio.to_thread(work, *args)
 
 
 class Run:

@@ -145,10 +145,7 @@ def make_reward(spec: str | dict[str, Any]) -> RewardFn:
     ``ValueError`` naming it."""
     if isinstance(spec, str):
         return get_reward(spec)
-    options = dict(spec)
-    if len(options) == 1 and "name" not in options and isinstance(next(iter(options.values())), dict | None):
-        ((name, given),) = options.items()
-        options = {"name": name, **(given or {})}
+    options = factory_options(spec)
     name = options.pop("name", None)
     if not isinstance(name, str) or name not in _FACTORIES:
         raise ValueError(
@@ -159,6 +156,16 @@ def make_reward(spec: str | dict[str, Any]) -> RewardFn:
         return _FACTORIES.get(name)(**options)
     except TypeError as exc:
         raise ValueError(f"data.reward.{name}: {exc}") from None
+
+
+def factory_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """A factory's setting as ``{name: ..., option: value}``, written either way
+    (``{llm_judge: {url: ...}}`` or ``{name: llm_judge, url: ...}``)."""
+    options = dict(spec)
+    if len(options) == 1 and "name" not in options and isinstance(next(iter(options.values())), dict | None):
+        ((name, given),) = options.items()
+        options = {"name": name, **(given or {})}
+    return options
 
 
 def registered_rewards() -> list[str]:

@@ -8,9 +8,12 @@ trajectory's conversation, calls from many trajectories batched into one forward
           batch_size: 16              # conversations scored in one pass, at most
           max_length: 2048            # tokens kept of each (the start is cut: the answer is last)
           score: sigmoid              # raw (the logit), sigmoid, or label:<i> (the softmax of label i)
+          node: 1                     # optional: on this node only, for every agent-loop worker
 
 It runs on each node that runs agent loops, in a thread off the event loop, loaded at its first
-call (so a run that names one and never scores pays nothing). A conversation is rendered with the
+call (so a run that names one and never scores pays nothing); or, with ``node: N``, once, on
+cluster node N (a node of its own, or the trainer's: ``rlasync.agents.reward_server``), where
+every worker's calls go and share its batches. A conversation is rendered with the
 reward model's chat template when its tokenizer has one, else as ``role: text`` lines. Calls that
 arrive while a pass runs wait for the next one (``batch_size`` at most), so thousands of
 concurrent trajectories make few passes. A failure is the caller's recorded 0.0, as for every
@@ -39,8 +42,14 @@ class RewardModel:
         max_length: int = 2048,
         score: str = "sigmoid",
         timeout_s: float = 120.0,
+        node: int | None = None,
+        served_by: Any = None,
     ) -> None:
-        if not (Path(path).expanduser() / "config.json").is_file():
+        """``node``: the cluster node that runs it for the whole run (None: each agent-loop node
+        its own); ``served_by``: that node's ``RewardModelServer``, which the run sets."""
+        if node is not None and node < 0:
+            raise ValueError(f"reward_model.node: a node rank (0 is the head), got {node}")
+        if node is None and not (Path(path).expanduser() / "config.json").is_file():
             raise ValueError(f"reward_model.path={path!r} is not a model folder (no config.json)")
         if score not in ("raw", "sigmoid") and not (score.startswith("label:") and score[6:].isdigit()):
             raise ValueError(f"reward_model.score: raw, sigmoid or label:<index>, got {score!r}")
@@ -52,7 +61,7 @@ class RewardModel:
             max_length,
             score,
         )
-        self.timeout_s = timeout_s
+        self.timeout_s, self.node, self.served_by = timeout_s, node, served_by
         self.__name__ = self.__qualname__ = "reward_model"  # what its failures are logged under
         self._model: Any = None
         self._tokenizer: Any = None
@@ -64,6 +73,13 @@ class RewardModel:
 
     async def __call__(self, inp: RewardInput) -> RewardOutput:
         messages = inp.messages or [{"role": "assistant", "content": inp.response_text}]
+        if self.served_by is not None:  # on its own node: batched there with every worker's calls
+            return RewardOutput(score=await self.served_by.score.options(timeout=self.timeout_s)(messages))
+        if self.node is not None:  # never a second copy here: node N is where it was asked to be
+            raise RuntimeError(
+                f"reward_model.node={self.node} scores through its server on that node, which a run starts; "
+                "in a script, spawn rlasync.agents.reward_server.RewardModelServer and pass served_by=its ref"
+            )
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiting.append((messages, future))
         if self._running is None or self._running.done():
@@ -92,7 +108,7 @@ class RewardModel:
         """(thread) One forward pass over ``conversations``."""
         import torch
 
-        model, tokenizer = self._loaded()
+        model, tokenizer = self.load()
         texts = [self._render(tokenizer, messages) for messages in conversations]
         batch = tokenizer(
             texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
@@ -105,7 +121,8 @@ class RewardModel:
         first = logits[:, 0].tolist()
         return [1.0 / (1.0 + math.exp(-x)) for x in first] if self.score == "sigmoid" else first
 
-    def _loaded(self) -> tuple[Any, Any]:
+    def load(self) -> tuple[Any, Any]:
+        """(blocking) The model and tokenizer, loaded at the first call."""
         with self._load_lock:
             if self._model is None:
                 from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -9,6 +9,7 @@ the loop thread's stack and logs one WARNING naming the task and the line that b
 the loop runs again, one INFO line says for how long it was held.
 
 One watchdog per loop, however many nodes share it (``watch``/``unwatch`` count them).
+``off_loop`` is how our own blocking work stays off the loop.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ import sysconfig
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/rlasync
 _LIBRARIES = tuple(
@@ -168,3 +173,13 @@ def unwatch(loop: asyncio.AbstractEventLoop) -> None:
         return
     del _WATCHED[loop]
     dog.stop()
+
+
+async def off_loop(work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)`` in a worker thread: work that would hold the loop (a step's collating over
+    every token it trains on, building an environment that imports a package) and with it every
+    call, timer and reply on it. Inline on a virtual-time loop (``engines.sim``), whose clock
+    would jump past a thread."""
+    if getattr(asyncio.get_running_loop(), "virtual_time", False):
+        return work(*args)
+    return await asyncio.to_thread(work, *args)

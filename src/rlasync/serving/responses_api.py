@@ -22,7 +22,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -32,10 +32,15 @@ from .recording import Recording
 from .responses import event_stream, json_response
 from .schema import APIError, ChatRequest, MaxTokens, Temperature, TopP
 
+LOGPROBS = "message.output_text.logprobs"
+"""What ``include`` names to have each text token's logprob returned."""
+
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
-    """``POST /v1/responses``. Fields that do not change what is generated (``store``,
-    ``metadata``, ``include``, ``user``, ``truncation``, ``reasoning``...) are read and ignored."""
+    """``POST /v1/responses``. Fields that do not change what is generated (``metadata``,
+    ``user``, ``truncation``, ``reasoning``...) are read and ignored; of ``include``, only
+    ``message.output_text.logprobs`` means something here (each text token's logprob, with
+    ``top_logprobs`` alternatives)."""
 
     model: str
     input: str | list[dict[str, Any]]
@@ -52,6 +57,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
     store: bool | None = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     user: str | None = None
     truncation: str | None = None
     reasoning: dict[str, Any] | None = None
@@ -59,6 +65,11 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
     def check(self) -> None:
         with _named_as_responses():
             self.as_chat.check()
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the text comes with its tokens' logprobs (``include``, or ``top_logprobs``)."""
+        return LOGPROBS in (self.include or ()) or bool(self.top_logprobs)
 
     @functools.cached_property
     def as_chat(self) -> ChatRequest:
@@ -100,6 +111,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
             temperature=self.temperature,
             top_p=self.top_p,
             max_tokens=self.max_output_tokens,
+            logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs if self.logprobs else None,
         )
 
 
@@ -225,7 +238,8 @@ class ResponsesRoute:
         message, finish, calls = self.chat.reply(chat_req, c, job.rid, 0)
         self.chat.record(job, messages, chat_req.tools or None, c, message, finish, calls)
         self._keep(req, f"resp_{job.rid}", [*messages[1 if req.instructions else 0 :], message])
-        return _response(req, job.rid, message, finish, len(job.prompt), len(c.ids))
+        logprobs = self.chat.generation.token_logprobs(c) if req.logprobs else []
+        return _response(req, job.rid, message, finish, len(job.prompt), len(c.ids), logprobs)
 
     async def _stream(
         self, req: ResponsesRequest, job: Job, messages: list[dict[str, Any]]
@@ -242,15 +256,21 @@ class ResponsesRoute:
         yield event("response.in_progress", response=started)
         live = not req.as_chat.parses_tools
         opened = False
+        token_logprobs = self.chat.generation.token_logprobs
         async for _, c, done in self.chat.generation.pieces(job, [], stream=True):
             delta = c.unsent(done, job.stops) if live else ""
-            if delta:
+            fresh = live and req.logprobs and c.tokens_sent < len(c.ids)
+            if delta or fresh:
                 if not opened:
                     opened = True
                     for chunk in event.text_opened(f"msg_{job.rid}"):
                         yield chunk
+                logprobs = token_logprobs(c, c.unsent_tokens()) if fresh else []
                 yield event(
-                    "response.output_text.delta", **_text_ids(f"msg_{job.rid}"), delta=delta, logprobs=[]
+                    "response.output_text.delta",
+                    **_text_ids(f"msg_{job.rid}"),
+                    delta=delta,
+                    logprobs=logprobs,
                 )
             if done:
                 response = self._finish(req, job, messages, c)
@@ -261,7 +281,13 @@ class ResponsesRoute:
 
 
 def _response(
-    req: ResponsesRequest, rid: str, message: dict[str, Any], finish: str, prompt: int, completion: int
+    req: ResponsesRequest,
+    rid: str,
+    message: dict[str, Any],
+    finish: str,
+    prompt: int,
+    completion: int,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if message.get("content"):
@@ -271,7 +297,14 @@ def _response(
                 "id": f"msg_{rid}",
                 "status": "completed",
                 "role": "assistant",
-                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+                "content": [
+                    {
+                        "type": "output_text",
+                        "text": message["content"],
+                        "annotations": [],
+                        "logprobs": logprobs or [],
+                    }
+                ],
             }
         )
     for call in message.get("tool_calls") or []:
@@ -339,12 +372,12 @@ class _Events:
     def item(self, index: int, item: dict[str, Any], *, opened: bool) -> Iterator[bytes]:
         """The events of a finished output item; ``opened``: its text was already streamed."""
         if item["type"] == "message":
-            text = item["content"][0]["text"]
+            text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             if not opened:  # (a message is the first item: its text comes before any call)
                 yield from self.text_opened(item["id"])
-                yield self("response.output_text.delta", **ids, delta=text, logprobs=[])
-            yield self("response.output_text.done", **ids, text=text, logprobs=[])
+                yield self("response.output_text.delta", **ids, delta=text, logprobs=logprobs)
+            yield self("response.output_text.done", **ids, text=text, logprobs=logprobs)
             yield self("response.content_part.done", **ids, part=item["content"][0])
         else:
             yield self(
