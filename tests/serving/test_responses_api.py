@@ -86,7 +86,9 @@ async def test_a_stream_says_what_the_whole_reply_says(client: openai.AsyncOpenA
     assert final.output_text == whole.output_text
 
 
-async def test_logprobs_and_their_alternatives_come_with_the_text_when_asked(client: openai.AsyncOpenAI) -> None:
+async def test_logprobs_and_their_alternatives_come_with_the_text_when_asked(
+    client: openai.AsyncOpenAI,
+) -> None:
     asked: dict[str, Any] = {
         "model": "nano",
         "input": "hi",
