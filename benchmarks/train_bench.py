@@ -10,7 +10,9 @@ second of wall time (forward, backward, gradient all-reduce, AdamW). Every rank 
 reference use one torch thread (``trainer.threads``), so 2 ranks on 2 cores can at best double.
 2 ranks run both strategies (``ddp``, ``fsdp2``). Last line: JSON ``{"train_tokens_per_s",
 "train_tokens_per_s_2_ranks", "scaling_2_ranks", "scaling_2_ranks_fsdp2", "actor_vs_plain_torch"}``
-(``train_tokens_per_s`` is 1 rank).
+(``train_tokens_per_s`` is 1 rank), and ``"packed_vs_padded"``: trained tokens/s of padding-free
+micro-batches (``trainer.packing``) over padded ones on a long-tailed batch (the quickstart's
+shape, responses of 8-16 tokens, every eighth 8x longer), in process on one thread (goal: 1.3x).
 """
 
 from __future__ import annotations
@@ -63,6 +65,45 @@ async def actor_rate(
         return float(batch.response_mask.sum()) * steps / (time.perf_counter() - started)
 
 
+def long_tailed_batch(size: int = 128, prompt: int = 24, seed: int = 0) -> TrainBatch:
+    """The quickstart's shape with a long tail: responses of 8 to 16 tokens, every eighth row's
+    8x longer, so padding to the longest row makes most of the padded batch padding."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 17, (size,), generator=g)
+    lengths[::8] *= 8
+    width = int(lengths.max())
+    mask = (torch.arange(width) < lengths[:, None]).long()
+    attention = torch.cat([torch.ones(size, prompt, dtype=torch.long), mask], dim=1)
+    return TrainBatch(
+        prompts=torch.randint(3, 300, (size, prompt), generator=g),
+        responses=torch.randint(3, 300, (size, width), generator=g) * mask,
+        response_mask=mask,
+        attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        logprobs=-torch.rand(size, width, generator=g) * mask,
+        advantages=torch.randn(size, generator=g),
+    )
+
+
+def packed_vs_padded(model_dir: Path, batch: TrainBatch, warmup: int, steps: int) -> tuple[float, float]:
+    """Trained tokens/s of the padded and the packed step (``trainer.packing``) on one thread,
+    in this process, their steps alternating (so load on the machine falls on both alike)."""
+    torch.set_num_threads(1)
+    trainers = {
+        packing: PolicyTrainer(load_pretrained_dir(model_dir)[0], TrainerConfig(lr=1e-5, packing=packing))
+        for packing in (False, True)
+    }
+    spent = dict.fromkeys(trainers, 0.0)
+    for i in range(warmup + steps):
+        for packing, trainer in trainers.items():
+            started = time.perf_counter()
+            trainer.step(batch)
+            if i >= warmup:
+                spent[packing] += time.perf_counter() - started
+    tokens = float(batch.response_mask.sum()) * steps
+    return tokens / spent[False], tokens / spent[True]
+
+
 def plain_rate(model_dir: Path, batch: TrainBatch, warmup: int, steps: int) -> float:
     torch.set_num_threads(1)
     trainer = PolicyTrainer(load_pretrained_dir(model_dir)[0], TrainerConfig(lr=1e-5))
@@ -104,12 +145,19 @@ def main() -> None:
         one = asyncio.run(actor_rate(Path(folder), batch, 1, args.warmup, args.steps))
         two = asyncio.run(actor_rate(Path(folder), batch, 2, args.warmup, args.steps))
         sharded = asyncio.run(actor_rate(Path(folder), batch, 2, args.warmup, args.steps, strategy="fsdp2"))
+        tailed = long_tailed_batch(size=16) if args.smoke else long_tailed_batch()
+        padded, packed = packed_vs_padded(Path(folder), tailed, args.warmup, args.steps)
     tokens = int(batch.response_mask.sum())
     print(f"batch: {batch.size} sequences, {tokens} model tokens; preset {args.preset}")
     print(f"plain PyTorch step (1 thread): {plain:9.0f} tokens/s")
     print(f"trainer actor, 1 rank:         {one:9.0f} tokens/s  ({one / plain:.2f}x plain)")
     print(f"trainer actor, 2 ranks:        {two:9.0f} tokens/s  ({two / one:.2f}x 1 rank)")
     print(f"trainer actor, 2 ranks FSDP2:  {sharded:9.0f} tokens/s  ({sharded / one:.2f}x 1 rank)")
+    real = int(tailed.attention_mask.sum())
+    print(
+        f"long-tailed batch ({tailed.size} rows, {real} real tokens of {tailed.attention_mask.numel()} padded): "
+        f"padded {padded:.0f} tokens/s, packed {packed:.0f} tokens/s ({packed / padded:.2f}x, goal >= 1.3x)"
+    )
     print(
         json.dumps(
             {
@@ -118,6 +166,7 @@ def main() -> None:
                 "scaling_2_ranks": round(two / one, 3),
                 "scaling_2_ranks_fsdp2": round(sharded / one, 3),
                 "actor_vs_plain_torch": round(one / plain, 3),
+                "packed_vs_padded": round(packed / padded, 3),
             }
         )
     )

@@ -35,6 +35,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "pause_bench.py",
         "replay_bench.py",
         "repack_bench.py",
+        "memory_bench.py",
     } <= set(SCRIPTS)
 
 

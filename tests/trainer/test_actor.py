@@ -149,6 +149,36 @@ async def test_fsdp2_shards_take_the_same_step_and_checkpoints_move_between_stra
         assert again[key] == pytest.approx(expected_next[key], rel=rtol), key
 
 
+async def test_activation_checkpointing_recomputes_the_very_same_gradients(model_dir: Path) -> None:
+    """A checkpointed block runs its forward again, in the backward, on the same input with the
+    same kernels in the same process: the same activations bit for bit, so the same gradients
+    bit for bit (no tolerance to derive: nothing is summed in another order). Logprobs without
+    grad (where checkpointing does nothing) likewise."""
+    batch = _batch(6, seed=3)
+    plain, plain_metrics = _local_step(model_dir, TrainerConfig(**SGD, micro_batch_size=3), batch)
+    saving, saving_metrics = _local_step(
+        model_dir, TrainerConfig(**SGD, micro_batch_size=3, gradient_checkpointing=True), batch
+    )
+    assert saving.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
+    grads = {n: p.grad for n, p in plain.model.named_parameters()}
+    for name, p in saving.model.named_parameters():
+        assert torch.equal(p.grad, grads[name]), name
+    assert saving_metrics["loss"] == plain_metrics["loss"]
+    assert torch.equal(saving.compute_logprobs(batch), plain.compute_logprobs(batch))
+
+
+@pytest.mark.numerics
+async def test_fsdp2_ranks_with_activation_checkpointing_take_the_plain_step(model_dir: Path) -> None:
+    """Checkpointing composes with FSDP2's sharded blocks: two sharded, checkpointed ranks sum
+    the gradients one plain rank computes (up to the rounding of the split, as without it)."""
+    batch, start = _batch(7, seed=4), _start(model_dir)
+    rtol = _rtol(model_dir, batch)
+    saving = {"world_size": 2, "strategy": "fsdp2", "micro_batch_size": 2, "gradient_checkpointing": True}
+    _, distributed = await _step_and_weights(model_dir, TrainerConfig(**saving, **SGD), batch)
+    local, _ = _local_step(model_dir, TrainerConfig(**SGD), batch)
+    assert_same_sgd_step(start, distributed, local.weights(), lr=1.0, rtol=rtol)
+
+
 @pytest.mark.numerics
 async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_dir: Path) -> None:
     """Uneven shards (7 rows on 2 ranks, micro-batches of 2) and seq-mean aggregation: the same

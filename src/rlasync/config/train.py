@@ -44,6 +44,18 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     sorted by length and grouped so a micro-batch, cut to its longest row, holds at most this
     many tokens (``micro_batch_size`` still caps its rows). One long response then no longer
     pads the whole batch to its width. 0: off (rows in order, padded to the batch's widest)."""
+    packing: bool = False
+    """Padding-free micro-batches (verl's ``use_remove_padding``): a micro-batch's rows without
+    their padding, end to end in a few sequences as long as its longest row, each attending only
+    to itself (``rlasync.trainer.packing``). A long-tailed batch (most responses short, a few
+    long) then trains as a fraction of its rows; the same logprobs and gradients up to rounding.
+    Needs a transformers model whose attention takes packed position ids (Llama, Qwen2 and
+    most others; flash-attention on GPU)."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing per transformer block (verl's
+    ``actor_rollout_ref.model.enable_gradient_checkpointing``): a block keeps only its input for
+    the backward and recomputes the rest then, so training memory no longer grows with the layers
+    times the tokens, for about one more forward's time. The same gradients; works with FSDP2."""
     clip_low: Fraction = 0.2
     clip_high: Fraction = 0.2
     """PPO clip range [1 - clip_low, 1 + clip_high] (clip-higher: raise ``clip_high``)."""

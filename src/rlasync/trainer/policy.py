@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
+from .packing import packed_logits
 from .types import TrainBatch, micro_plan, reduce_metrics
 
 BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
@@ -40,6 +41,8 @@ class PolicyTrainer:
         # The KL penalty's reference: a frozen copy of the policy as it starts (the warm-start or
         # the SFT model), kept (whole, on every rank) only when the penalty is on.
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(model)
         self.sharded = cfg.strategy == "fsdp2" and _world_size() > 1
         if self.sharded:
             _fully_shard(model, self.device)
@@ -70,6 +73,9 @@ class PolicyTrainer:
     def _logits(self, model: Any, part: TrainBatch, temperature: float) -> torch.Tensor:
         """``[B, R, V]`` float32 logits that predict the response tokens (scaled by the temperature)."""
         response_len = part.responses.shape[1]
+        if self.config.packing:
+            with self._forward_context():
+                return _tempered(packed_logits(model, part), temperature)
         with self._forward_context():
             # Only the positions that predict a response token go through the LM head (and its
             # backward): the prompt's would be computed and thrown away.
@@ -80,12 +86,14 @@ class PolicyTrainer:
                 use_cache=False,
                 logits_to_keep=response_len + 1,
             )
-        logits = out.logits[:, :-1].float()
-        return logits / temperature if temperature > 0 else logits
+        return _tempered(out.logits[:, :-1], temperature)
 
     @staticmethod
     def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        """The tokens' logprobs: their logit less the log-sum-exp, which keeps nothing of the
+        vocabulary's size for the backward but the logits themselves (a log-softmax would keep
+        its whole output too: another [B, R, V], 200 MB for SmolLM2 at 1,024 responses tokens)."""
+        return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
     def logprobs(
         self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None
@@ -185,9 +193,7 @@ class PolicyTrainer:
                 loss = loss + cfg.kl_coef * aggregate(kl, part_mask, cfg.loss_agg)
                 metrics["kl_ref"] = float((kl.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
             if cfg.entropy_coef or cfg.log_entropy:
-                entropy = (
-                    entropy_from_logits(logits) if cfg.entropy_coef else entropy_from_logits(logits.detach())
-                )
+                entropy = entropy_from_logits(logits) if cfg.entropy_coef else logged_entropy(logits)
                 if cfg.entropy_coef:  # a bonus: higher entropy lowers the loss
                     loss = loss - cfg.entropy_coef * aggregate(entropy, part_mask, cfg.loss_agg)
                 metrics["entropy"] = float(
@@ -372,6 +378,45 @@ def read_safetensors(folder: Path) -> dict[str, Any]:
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 logits divided by the sampling temperature; at temperature 1 the model's own (no
+    second [B, R, V]). Not in place: a model may need its logits for the backward (Gemma's
+    soft-capping keeps its tanh's output)."""
+    logits = logits.float()
+    return logits / temperature if temperature > 0 and temperature != 1 else logits
+
+
+ENTROPY_CHUNK = 256
+"""Positions whose entropy is computed at once when it is only logged: the softmax's temporaries
+stay at this many rows of the vocabulary instead of the whole micro-batch's."""
+
+
+@torch.no_grad()
+def logged_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``entropy_from_logits`` without grad, a chunk of positions at a time (the same values:
+    each position's entropy is its own row's)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, flat.shape[0], ENTROPY_CHUNK):
+        out[start : start + ENTROPY_CHUNK] = entropy_from_logits(flat[start : start + ENTROPY_CHUNK])
+    return out.view(logits.shape[:-1])
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing on each transformer block (transformers' own, non-reentrant:
+    it composes with FSDP2 and needs no input that requires grad). A model transformers did not
+    build is a ``ValueError`` naming the setting."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"trainer.gradient_checkpointing: {type(model).__name__} does not support it (a transformers model does)"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # its name since transformers 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _fully_shard(model: Any, device: torch.device) -> None:
