@@ -13,7 +13,9 @@ Modelled as in SGLang:
   consumer was away are folded into one, as the TokenizerManager does. ``meta_info`` carries
   ``id``, ``finish_reason`` (``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}``,
   ``{"type": "abort", "message": ...}``), ``prompt_tokens``, ``completion_tokens``,
-  ``cached_tokens``, ``weight_version`` and ``output_token_logprobs`` ((logprob, id, None) tuples).
+  ``cached_tokens``, ``weight_version`` and ``output_token_logprobs`` ((logprob, id, None) tuples),
+  with ``top_logprobs_num``: ``output_top_logprobs`` (each position's most likely tokens under the
+  distribution its token's logprob is under, (logprob, id, None) tuples, likeliest first).
 * Temperature 0 turns into top_k=1 (greedy, logprobs at temperature 1); otherwise logprobs are
   under the temperature-scaled distribution, before top-k/top-p. ``sampling_seed`` counts only
   with ``enable_deterministic_inference=True``.
@@ -33,7 +35,7 @@ Modelled as in SGLang:
 Not modelled: tokenization and text, batched forward passes (each request runs alone, so there
 is no batch-invariance question), prefix (radix) caching, chunked prefill, memory limits,
 retraction under memory pressure, priorities, sessions, multimodal inputs, tensor parallelism
-(``tp_size`` is 1; the per-rank payload list is read at rank 0), logprobs of the prompt or top-k,
+(``tp_size`` is 1; the per-rank payload list is read at rank 0), logprobs of the prompt,
 stop strings, penalties, ``min_p``, SGLang's seeded Gumbel sampler (a seeded torch generator per
 request instead: reproducible, not the same samples), CUDA IPC (tensors travel pickled), error
 statuses (HTTP codes) of aborts, the HTTP server.
@@ -157,6 +159,7 @@ class GenerateReqInput:
     rid: str
     return_logprob: bool = False
     stream: bool = False
+    top_logprobs_num: int = 0
 
 
 # -- the scheduler ---------------------------------------------------------------------------
@@ -170,6 +173,7 @@ class _Req:
     output_ids: list[int] = field(default_factory=list)
     cache: Any = None  # the request's own KV cache; None: prefill prompt + output so far
     to_finish: dict[str, Any] | None = None
+    top: int = 0  # top_logprobs_num
 
 
 class _Scheduler:
@@ -255,12 +259,14 @@ class _Scheduler:
                 picked.append(self._sample(out.logits[0, -1].float(), req))
         return picked
 
-    def _sample(self, logits: torch.Tensor, req: _Req) -> tuple[int, float]:
+    def _sample(self, logits: torch.Tensor, req: _Req) -> tuple[int, float, list[tuple[float, int, None]]]:
         p = req.params
         scaled = torch.log_softmax(logits / p.temperature, dim=-1)
+        values, ids = scaled.topk(req.top) if req.top else (scaled[:0], scaled[:0].long())
+        top = [(float(v), int(i), None) for v, i in zip(values, ids)]
         if p.top_k == 1:
             token = int(logits.argmax())
-            return token, float(scaled[token])
+            return token, float(scaled[token]), top
         probs = scaled.exp()
         order = probs.argsort(descending=True)
         ranked = probs[order]
@@ -271,12 +277,12 @@ class _Scheduler:
         weights = torch.where(keep, ranked, torch.zeros_like(ranked))
         pick = int(torch.multinomial(weights, 1, generator=req.generator or self.generator))
         token = int(order[pick])
-        return token, float(scaled[token])
+        return token, float(scaled[token]), top
 
-    def _apply(self, picked: list[tuple[int, float]]) -> None:
+    def _apply(self, picked: list[tuple[int, float, list[tuple[float, int, None]]]]) -> None:
         tm = self.engine.tokenizer_manager
         still = []
-        for req, (token, logprob) in zip(self.running, picked):
+        for req, (token, logprob, top) in zip(self.running, picked):
             req.output_ids.append(token)
             finish: dict[str, Any] | None
             if req.to_finish is not None:
@@ -291,7 +297,7 @@ class _Scheduler:
             else:
                 finish = None
                 still.append(req)
-            tm.handle_output(req.rid, [token], [logprob], finish)
+            tm.handle_output(req.rid, [token], [logprob], finish, [top])
         self.running = still
 
     def pause(self, retract: bool) -> None:
@@ -367,6 +373,7 @@ class _ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     output_ids: list[int] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int, None]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
     last_output_offset: int = 0
 
 
@@ -461,17 +468,23 @@ class FakeTokenizerManager:
             stop |= self.eos
         seed = params.sampling_seed if self.server_args.enable_deterministic_inference else None
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        return _Req(rid=obj.rid, prompt=list(ids), params=params, stop=stop, generator=generator)
+        return _Req(
+            rid=obj.rid,
+            prompt=list(ids),
+            params=params,
+            stop=stop,
+            generator=generator,
+            top=obj.top_logprobs_num,
+        )
 
     @staticmethod
     def _coalesce(out_list: list[dict[str, Any]]) -> dict[str, Any]:
         out = dict(out_list[-1])
         out["output_ids"] = [t for chunk in out_list for t in chunk["output_ids"]]
         meta = dict(out["meta_info"])
-        if any("output_token_logprobs" in c["meta_info"] for c in out_list):
-            meta["output_token_logprobs"] = [
-                p for c in out_list for p in c["meta_info"].get("output_token_logprobs", [])
-            ]
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            if any(key in c["meta_info"] for c in out_list):
+                meta[key] = [p for c in out_list for p in c["meta_info"].get(key, [])]
         out["meta_info"] = meta
         return out
 
@@ -486,10 +499,17 @@ class FakeTokenizerManager:
         }
         if state.obj.return_logprob:
             meta["output_token_logprobs"] = state.output_token_logprobs  # the live list, as SGLang
+            if state.obj.top_logprobs_num:
+                meta["output_top_logprobs"] = state.output_top_logprobs
         return meta
 
     def handle_output(
-        self, rid: str, new_ids: list[int], new_logprobs: list[float], finish: dict[str, Any] | None
+        self,
+        rid: str,
+        new_ids: list[int],
+        new_logprobs: list[float],
+        finish: dict[str, Any] | None,
+        new_tops: list[list[tuple[float, int, None]]] | None = None,
     ) -> None:
         """One scheduler step's output for a request, as ``_handle_batch_output`` builds it."""
         state = self.rid_to_state.get(rid)
@@ -498,12 +518,14 @@ class FakeTokenizerManager:
         offset = state.last_output_offset
         state.output_ids.extend(new_ids)
         state.output_token_logprobs.extend((lp, t, None) for lp, t in zip(new_logprobs, new_ids))
+        state.output_top_logprobs.extend(new_tops or [[] for _ in new_ids])
         state.finished = finish is not None
         meta = self._meta(rid, state, finish)
         out: dict[str, Any] | None
         if state.obj.stream and self.incremental_streaming_output:
-            if "output_token_logprobs" in meta:
-                meta["output_token_logprobs"] = meta["output_token_logprobs"][offset:]
+            for key in ("output_token_logprobs", "output_top_logprobs"):
+                if key in meta:
+                    meta[key] = meta[key][offset:]
             state.last_output_offset = len(state.output_ids)
             out = {"output_ids": list(new_ids), "meta_info": meta}
         elif state.finished:
@@ -618,6 +640,7 @@ class FakeSGLangEngine:
         return_logprob: bool = False,
         stream: bool = False,
         rid: str | None = None,
+        top_logprobs_num: int = 0,
         **unsupported: Any,
     ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
         if (
@@ -632,6 +655,7 @@ class FakeSGLangEngine:
             rid=rid or uuid.uuid4().hex,
             return_logprob=return_logprob,
             stream=stream,
+            top_logprobs_num=top_logprobs_num,
         )
         generator = self.tokenizer_manager.generate_request(obj, None)
         if stream:

@@ -146,6 +146,38 @@ async def test_sampled_logprobs_match_a_forward_pass(
     assert seeded.token_ids == outs[0].token_ids  # a request's seed makes its sample reproducible
 
 
+async def test_top_logprobs_are_the_likeliest_tokens_of_the_sampling_distribution(
+    engine: Engine, kind: Kind, reference: tuple[Any, Any]
+) -> None:
+    """``top_logprobs``: each position's k likeliest tokens under the distribution its token was
+    drawn from (the temperature-scaled one), likeliest first, whole and streamed alike; the sampled
+    token's own logprob is among them whenever it is that likely."""
+    model, tok = reference
+    prompt = tok.encode(PROMPTS[1])
+    params = SamplingParams(temperature=0.8, max_new_tokens=12, ignore_eos=True, seed=3, top_logprobs=3)
+    out = await engine.generate(GenerateRequest(request_id="top-3", prompt_ids=prompt, params=params))
+    assert len(out.top_logprobs) == len(out.token_ids) == 12
+    fresh = torch.log_softmax(_fresh_logits(model, prompt, out.token_ids) / 0.8, dim=-1)
+    for position, (alternatives, token, logprob) in enumerate(
+        zip(out.top_logprobs, out.token_ids, out.logprobs)
+    ):
+        ids = [t for t, _ in alternatives]
+        values = torch.tensor([v for _, v in alternatives])
+        assert len(ids) == 3 and bool((values[:-1] >= values[1:]).all()), alternatives
+        assert float((values - fresh[position, ids]).abs().max()) <= kind.logprob_tol, (kind.name, position)
+        assert float(fresh[position, ids[-1]]) >= float(fresh[position].topk(3).values[-1]) - kind.logprob_tol
+        if token in ids:
+            assert abs(dict(alternatives)[token] - logprob) <= kind.logprob_tol
+    streamed = [
+        a
+        async for chunk in engine.generate_stream(
+            GenerateRequest(request_id="top-3-streamed", prompt_ids=prompt, params=params)
+        )
+        for a in chunk.top_logprobs
+    ]
+    assert [[t for t, _ in a] for a in streamed] == [[t for t, _ in a] for a in out.top_logprobs]
+
+
 async def test_abort_mid_generation_returns_the_partial_tokens(
     engine: Engine, reference: tuple[Any, Any]
 ) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 from fake_sglang import ContinueGenerationReqInput, PauseGenerationReqInput, make_fake_sglang_engine
@@ -578,6 +579,10 @@ async def test_real_sglang_greedy_logprobs_abort_and_seeds(tmp_path: Path) -> No
         params = SamplingParams(temperature=0.8, max_new_tokens=16, ignore_eos=True, seed=4)
         a, b = [await engine.generate(_req(f"seed{i}", ids[0], params)) for i in range(2)]
         assert a.token_ids == b.token_ids
+        # top_logprobs through SGLang's top_logprobs_num: the greedy token first, 3 a position.
+        top = await engine.generate(_req("top", ids[0], msgspec.structs.replace(_greedy(8), top_logprobs=3)))
+        assert len(top.top_logprobs) == 8 and all(len(a) == 3 for a in top.top_logprobs)
+        assert [a[0][0] for a in top.top_logprobs] == top.token_ids
         chunks = []
         async for chunk in engine.generate_stream(_req("long", ids[0], _greedy(900))):
             chunks.append(chunk)

@@ -14,8 +14,9 @@ differ. What it calls:
   partials ``pause("abort")`` returns). A chunk is ``{"output_ids", "meta_info"}`` (no text:
   the engine runs with ``skip_tokenizer_init=True``); ``meta_info`` has ``id``,
   ``finish_reason`` (``None`` or ``{"type": "stop"|"length"|"abort", ...}``),
-  ``completion_tokens`` and ``output_token_logprobs`` (``(logprob, token_id, text)`` tuples).
-  SGLang streams deltas with ``--incremental-streaming-output`` and cumulative lists without
+  ``completion_tokens`` and ``output_token_logprobs`` (``(logprob, token_id, text)`` tuples);
+  a request that asks for ``top_logprobs`` adds ``top_logprobs_num=k``, and ``meta_info`` then
+  has ``output_top_logprobs`` (each position's k likeliest, as such tuples). SGLang streams deltas with ``--incremental-streaming-output`` and cumulative lists without
   it (the default), and may fold several steps into one chunk; the new tokens of a chunk are
   found from ``completion_tokens``, which works for both.
 * ``engine.tokenizer_manager.abort_request(rid)`` to end one request. SGLang drops an abort
@@ -82,6 +83,7 @@ from ..config.engine import SGLangEngineConfig
 from .meter import TokenRate
 from .protocol import EngineError, until_finished
 from .types import (
+    Alternatives,
     EngineStats,
     FinishReason,
     GenerateOutput,
@@ -94,7 +96,9 @@ from .types import (
 log = logging.getLogger(__name__)
 
 ABORT_RETRY_S = 0.05  # how often an abort is re-sent until the request's stream ends
-_NO_TOKENS: tuple[list[int], list[float], list[int]] = ([], [], [])
+Tokens = tuple[list[int], list[float], list[int], list[Alternatives]]
+"""A chunk's new tokens: ids, logprobs, versions, and alternatives (when the request asks)."""
+_NO_TOKENS: Tokens = ([], [], [], [])
 
 
 @dataclass(frozen=True)
@@ -210,10 +214,6 @@ class SGLangEngine:
             raise EngineError(
                 "structured outputs (response_format, a forced tool_choice) are not supported on the sglang "
                 "backend yet: use the torch or vllm backend"
-            )
-        if request.params.top_logprobs:
-            raise EngineError(
-                "top_logprobs are not returned on the sglang backend yet: use the torch or vllm backend"
             )
         rid, ids = request.request_id, request.prompt_ids
         if not ids:
@@ -341,12 +341,14 @@ class SGLangEngine:
         message = ""
         last = _NO_TOKENS
         try:
+            top = req.request.params.top_logprobs
             stream = await self.engine.async_generate(
                 input_ids=list(req.request.prompt_ids),
                 sampling_params=self._sampling_params(req),
                 return_logprob=True,
                 stream=True,
                 rid=req.rid,
+                **({"top_logprobs_num": top} if top else {}),  # then meta_info's output_top_logprobs
             )
             async for out in stream:
                 new = self._record(req, out)
@@ -354,7 +356,13 @@ class SGLangEngine:
                 if kind is None:
                     if req.stream and new[0]:
                         req.queue.put_nowait(
-                            TokenChunk(request_id=req.rid, token_ids=new[0], logprobs=new[1], versions=new[2])
+                            TokenChunk(
+                                request_id=req.rid,
+                                token_ids=new[0],
+                                logprobs=new[1],
+                                versions=new[2],
+                                top_logprobs=new[3],
+                            )
                         )
                 else:
                     last = new
@@ -388,8 +396,10 @@ class SGLangEngine:
             return
         self._settle(req, reason, last)
 
-    def _record(self, req: _Request, out: Mapping[str, Any]) -> tuple[list[int], list[float], list[int]]:
-        """Append a chunk's new tokens to the request; return them (ids, logprobs, versions)."""
+    def _record(self, req: _Request, out: Mapping[str, Any]) -> Tokens:
+        """Append a chunk's new tokens to the request; return them (ids, logprobs, versions,
+        alternatives: each position's ``top_logprobs`` likeliest, from ``output_top_logprobs``'
+        (logprob, id, text) tuples, when the request asks)."""
         meta = out.get("meta_info") or {}
         ids: Sequence[int] = out.get("output_ids") or ()
         pairs: Sequence[Sequence[Any]] = meta.get("output_token_logprobs") or ()
@@ -405,19 +415,32 @@ class SGLangEngine:
                 f"SGLang's chunk for {req.rid!r} has {len(new_ids)} token ids and {len(new_logprobs)} logprobs "
                 f"for {n} new tokens (completion_tokens={total})"
             )
+        k = req.request.params.top_logprobs
+        tops: list[Alternatives] = []
+        if k:
+            given: Sequence[Sequence[Sequence[Any]]] = meta.get("output_top_logprobs") or ()
+            tops = [
+                [(int(t[1]), float(t[0])) for t in position[:k]]
+                for position in _new_part(given, seen, int(total), n)
+            ]
+            if len(tops) != n:
+                raise EngineError(
+                    f"SGLang's chunk for {req.rid!r} has {len(tops)} positions of top logprobs for {n} new tokens"
+                )
         versions = [self._version] * n
         req.tokens += new_ids
         req.logprobs += new_logprobs
         req.versions += versions
+        req.top_logprobs += tops
         if n:
             self._rate.add(n)
-        return new_ids, new_logprobs, versions
+        return new_ids, new_logprobs, versions, tops
 
     def _settle(
         self,
         req: _Request,
         reason: FinishReason | None,
-        last: tuple[list[int], list[float], list[int]],
+        last: Tokens,
         error: EngineError | None = None,
     ) -> None:
         """An attempt's stream is over: end the request, fail it, or queue it again."""
@@ -433,16 +456,19 @@ class SGLangEngine:
             self._end(req, reason, last)
         self._admit()
 
-    def _end(
-        self, req: _Request, reason: FinishReason, last: tuple[list[int], list[float], list[int]]
-    ) -> None:
+    def _end(self, req: _Request, reason: FinishReason, last: Tokens) -> None:
         req.finish = reason
         self._finished += 1
         self._by_id.pop(req.rid, None)
-        ids, logprobs, versions = last if req.stream else _NO_TOKENS
+        ids, logprobs, versions, tops = last if req.stream else _NO_TOKENS
         req.queue.put_nowait(
             TokenChunk(
-                request_id=req.rid, token_ids=ids, logprobs=logprobs, versions=versions, finish_reason=reason
+                request_id=req.rid,
+                token_ids=ids,
+                logprobs=logprobs,
+                versions=versions,
+                top_logprobs=tops,
+                finish_reason=reason,
             )
         )
 
