@@ -10,6 +10,7 @@ Each mistake is a ``ConfigError`` naming its setting."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import msgspec
@@ -52,6 +53,8 @@ def preflight(config: Config) -> Checked:
             f"data.reward.reward_model.node={node}: the run has {placement.nodes} node(s), 0 to {placement.nodes - 1} "
             "(a node of its own: raise cluster.nodes)"
         )
+    if config.trainer.lora.rank and importlib.util.find_spec("peft") is None:
+        raise ConfigError("trainer.lora needs the peft package: pip install 'rlasync[lora]'")
     files = read_rows(config) if config.data.train_files or config.data.source else None
     if files is None and cfg.val_size > synthetic_capacity(cfg.task, "val"):
         raise ConfigError(

@@ -16,6 +16,23 @@ DEFAULT_MAX_NEW_TOKENS = 48
 default and ``SamplingParams.max_new_tokens``'s (the engines take it from here)."""
 
 
+class LoraSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """LoRA adapters on the trainer (``trainer.lora.*``, verl's ``lora_rank``/``lora_alpha``/
+    ``target_modules``; needs ``rlasync[lora]``, peft): the base model frozen, only the adapters
+    trained, so gradients and AdamW's state are the adapters' alone. Engines load the merged
+    model; checkpoints hold it and the adapter in PEFT's format (``rlasync.trainer.lora``)."""
+
+    rank: NonNegativeInt = 0
+    """The adapters' rank (verl's ``lora_rank``); 0: no LoRA, the whole model trains."""
+    alpha: Annotated[int, msgspec.Meta(gt=0)] = 32
+    """Their scale is ``alpha / rank`` (verl's ``lora_alpha``)."""
+    dropout: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input while training (0: the step is deterministic)."""
+    target_modules: str | list[str] = "all-linear"
+    """The layers adapted: module names (``[q_proj, v_proj]``), or ``all-linear`` (every linear
+    layer of the transformer blocks, the LM head excepted)."""
+
+
 class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The optimiser and the policy loss (``trainer.*``)."""
 
@@ -51,6 +68,8 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     long) then trains as a fraction of its rows; the same logprobs and gradients up to rounding.
     Needs a transformers model whose attention takes packed position ids (Llama, Qwen2 and
     most others; flash-attention on GPU)."""
+    lora: LoraSettings = LoraSettings()
+    """LoRA adapters instead of training the whole model (``rank`` above 0 turns them on)."""
     gradient_checkpointing: bool = False
     """Activation checkpointing per transformer block (verl's
     ``actor_rollout_ref.model.enable_gradient_checkpointing``): a block keeps only its input for

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
+from . import lora
 from .packing import packed_logits
 from .types import TrainBatch, micro_plan, reduce_metrics
 
@@ -43,6 +44,8 @@ class PolicyTrainer:
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         if cfg.gradient_checkpointing:
             enable_checkpointing(model)
+        if cfg.lora.rank:  # the base frozen: only the adapters train (rlasync.trainer.lora)
+            model = self.model = lora.wrap(model, cfg.lora).train()
         self.sharded = cfg.strategy == "fsdp2" and _world_size() > 1
         if self.sharded:
             _fully_shard(model, self.device)
@@ -240,16 +243,35 @@ class PolicyTrainer:
     def weights(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
         """The current parameters by name, full (gathered when sharded: every rank must call
         it), detached copies on the CPU: what engines load. Tied weights appear once.
-        ``copy=False`` returns the live tensors themselves when it can (to send them at once)."""
+        ``copy=False`` returns the live tensors themselves when it can (to send them at once).
+        With LoRA: the merged model, by the base model's names."""
         if not self.sharded:
-            if not copy:
-                return {name: p.detach() for name, p in self.model.named_parameters()}
-            return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
-        sd = _state_dict()
-        full: dict[str, Any] = sd.get_model_state_dict(
-            self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-        return {name: full[name] for name, _ in self.model.named_parameters() if name in full}
+            named = {
+                name: p.detach() if not copy else p.detach().to("cpu", copy=True)
+                for name, p in self.model.named_parameters()
+            }
+        else:
+            sd = _state_dict()
+            full: dict[str, Any] = sd.get_model_state_dict(
+                self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            named = {name: full[name] for name, _ in self.model.named_parameters() if name in full}
+        return lora.merged(named, lora.scaling(self.model)) if self.config.lora.rank else named
+
+    def weight_layout(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """What ``weights`` returns, as (name, shape, dtype) in its order: a weight sync's plan."""
+        named = self.model.named_parameters()
+        if self.config.lora.rank:
+            return [
+                (lora.base_name(n), tuple(p.shape), _dtype(p)) for n, p in named if not lora.is_adapter(n)
+            ]
+        return [(n, tuple(p.shape), _dtype(p)) for n, p in named]
+
+    @property
+    def sends_parameters(self) -> bool:
+        """Whether ``weights`` are the parameters themselves (they may then live in the weight
+        sync's buffer): not when sharded (gathered), nor with LoRA (merged)."""
+        return not self.sharded and not self.config.lora.rank
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, folder: str | Path, *, write: bool = True) -> None:
@@ -327,7 +349,14 @@ class PolicyTrainer:
     def write_saved(self, folder: str | Path, state: dict[str, Any]) -> None:
         """Write a ``state_to_save`` into ``folder`` (blocking: any thread)."""
         folder = Path(folder)
-        self.model.save_pretrained(folder / "model", state_dict=state["model"], safe_serialization=True)
+        if self.config.lora.rank:  # the merged model to serve, and the adapter in PEFT's format
+            merged = lora.merged(state["model"], lora.scaling(self.model))
+            self.model.get_base_model().save_pretrained(
+                folder / "model", state_dict=merged, safe_serialization=True
+            )
+            self.model.save_pretrained(folder / "adapter", state_dict=lora.adapter_state(state["model"]))
+        else:
+            self.model.save_pretrained(folder / "model", state_dict=state["model"], safe_serialization=True)
         torch.save(
             {"optimizer": state["optimizer"], "scheduler": state["scheduler"], "steps": state["steps"]},
             folder / "optimizer.pt",
@@ -336,11 +365,19 @@ class PolicyTrainer:
     def load(self, folder: str | Path) -> None:
         """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""
         folder = Path(folder)
-        state = read_safetensors(folder / "model")
+        trained = [
+            name for name, p in self.model.named_parameters() if p.requires_grad or not self.config.lora.rank
+        ]
+        if self.config.lora.rank:  # the adapter onto the base this trainer started from
+            from safetensors.torch import load_file
+
+            state = lora.from_saved(load_file(str(folder / "adapter" / "adapter_model.safetensors")))
+        else:
+            state = read_safetensors(folder / "model")
         unexpected = sorted(
             set(state) - {name for name, _ in self.model.named_parameters()} - set(self.model.state_dict())
         )
-        missing = [name for name, _ in self.model.named_parameters() if name not in state]
+        missing = [name for name in trained if name not in state]
         if missing or unexpected:
             raise ValueError(
                 f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}"
@@ -374,6 +411,10 @@ def read_safetensors(folder: Path) -> dict[str, Any]:
     for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
         state.update(load_file(str(folder / shard)))
     return state
+
+
+def _dtype(p: torch.Tensor) -> str:
+    return str(p.dtype).removeprefix("torch.")
 
 
 def _world_size() -> int:

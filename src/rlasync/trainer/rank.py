@@ -262,10 +262,7 @@ class TrainerRank(Actor):
         """The bucket plan of this model's parameters (names, shapes, dtypes), as msgpack."""
         from ..weights import plan_buckets
 
-        named = [
-            (name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
-            for name, p in self._trainer().model.named_parameters()
-        ]
+        named = self._trainer().weight_layout()
         return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
 
     @endpoint
@@ -288,7 +285,9 @@ class TrainerRank(Actor):
         self.shared = SharedWeights.create(
             directory, msgspec.msgpack.decode(plan, type=BucketPlan), slots=slots
         )
-        if not trainer.sharded and slots == 1:  # the optimizer then updates the parameters in the file itself
+        if (
+            trainer.sends_parameters and slots == 1
+        ):  # the optimizer then updates the parameters in the file itself
             self.flat = flat_layout(
                 self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data
             )
@@ -348,7 +347,7 @@ class TrainerRank(Actor):
             bucket_plan = msgspec.msgpack.decode(plan, type=BucketPlan)
             self.senders = PeerSenders(bucket_plan, device=self.device)
             trainer = self._trainer()
-            if not trainer.sharded and self.device.type == "cpu" and self.flat is None:
+            if trainer.sends_parameters and self.device.type == "cpu" and self.flat is None:
                 # Parameters move into one buffer laid out as the buckets: each bucket is then sent
                 # straight from the parameters' memory (no packing copy).
                 self.flat = flat_layout(bucket_plan, dict(trainer.model.named_parameters()))
