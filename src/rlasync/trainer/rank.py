@@ -285,9 +285,8 @@ class TrainerRank(Actor):
         self.shared = SharedWeights.create(
             directory, msgspec.msgpack.decode(plan, type=BucketPlan), slots=slots
         )
-        if (
-            trainer.sends_parameters and slots == 1
-        ):  # the optimizer then updates the parameters in the file itself
+        # The optimizer then updates the parameters in the file itself.
+        if trainer.sends_parameters and slots == 1:
             self.flat = flat_layout(
                 self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data
             )
