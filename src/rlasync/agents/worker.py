@@ -31,6 +31,7 @@ from ..config.agent import AgentConfig
 from ..config.engine import RouterConfig
 from ..engines.router import Router
 from ..engines.types import SamplingParams
+from ..envs.base import Environment
 from ..rewards import RewardOutput
 from ..runtime import Actor, ActorRef, endpoint
 from ..runtime.stall import off_loop
@@ -82,6 +83,7 @@ class AgentLoopWorker(Actor):
         self._reward_fn = reward_fn
         self._interactions: RowInteractions | None = None  # the config's and rows' simulated users
         self._environment: Any = None  # the run's environment, built and opened on start (rlasync.envs)
+        self._scores_groups = False  # whether it has group rewards (Environment.score_group) to ask for
         self._mcp: Any = None  # agent.mcp_servers, started (rlasync.tools.mcp.MCPServers)
         self.rolled_out = 0
         self._loops: dict[str, AgentLoop] = {}  # trajectory id -> its loop, while its call runs
@@ -118,6 +120,7 @@ class AgentLoopWorker(Actor):
                 functools.partial(make_environment, self.spec.source, seed=self.spec.seed)
             )
             await self._environment.open()
+            self._scores_groups = type(self._environment).score_group is not Environment.score_group
         if self._reward_fn is None:
             self._reward_fn = self._spec_reward()
         self._interactions = RowInteractions(self.spec.agent.interaction, conversation_score(self._reward_fn))
@@ -180,7 +183,7 @@ class AgentLoopWorker(Actor):
         finally:
             for loop in loops:
                 self._loops.pop(loop.trajectory_id, None)
-        if self._environment is not None:  # the groups at once (a group reward may call a judge)
+        if self._scores_groups:  # the groups at once (a group reward may call a judge)
             size = max(1, group)
             uids = [loop.trajectory_id for loop in loops]
             spans = range(0, len(trajectories), size)

@@ -253,13 +253,12 @@ class ClusterFleet:
         """The environment the agent-loop workers build (``environment_source``); a reward model
         on a node of its own (``data.reward: {reward_model: {node: N}}``) started there first, its
         ref put into the reward's options, so every worker's calls go to that one model."""
-        from ..rewards import factory_options
+        from ..rewards.reward_model import served_options
 
         source = environment_source(self.config)
         files: dict[str, Any] = (source.get("files") or {}) if isinstance(source, dict) else {}
-        reward = files.get("reward", "")
-        options = factory_options(reward) if isinstance(reward, dict) else {}
-        if options.get("name") != "reward_model" or options.get("node") is None:
+        options = served_options(files.get("reward", ""))
+        if options is None:
             return source
         from ..agents.reward_server import RewardModelServer
 

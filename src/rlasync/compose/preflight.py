@@ -22,7 +22,7 @@ from ..config import Config, ConfigError
 from ..data import DataGenerator, Row, make_generator, synthetic_rows
 from ..data.synthetic import synthetic_capacity
 from ..metrics.trackers import tracker_names
-from ..rewards import factory_options
+from ..rewards.reward_model import served_options
 from ..serving import OpenAIAgentLoop, load_agent
 from ..tools import SandboxUnavailable, build_agent_tools
 from .feed import read_rows, tool_loop
@@ -45,9 +45,8 @@ def preflight(config: Config) -> Checked:
     plugins.load_all(config.plugins)  # first: the names below may be theirs
     placement = Placement.of(config)  # every placement mistake before anything starts
     check_sources(config)
-    data_reward = config.data.reward if config.data.train_files else ""  # the files' reward, if any
-    reward = factory_options(data_reward) if isinstance(data_reward, dict) else {}
-    node = reward.get("node") if reward.get("name") == "reward_model" else None
+    served = served_options(config.data.reward) if config.data.train_files else None  # the files' reward
+    node = served["node"] if served else None
     if isinstance(node, int) and not 0 <= node < placement.nodes:
         raise ConfigError(
             f"data.reward.reward_model.node={node}: the run has {placement.nodes} node(s), 0 to {placement.nodes - 1} "

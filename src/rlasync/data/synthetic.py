@@ -150,12 +150,14 @@ def loop_reward(task: str) -> Callable[[dict[str, Any], Any], float]:
 
     def score(row: dict[str, Any], trajectory: Any) -> float:
         answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
-        problem = row["problem"]
-        if not isinstance(problem, Problem):  # a row that crossed the wire: plain data again
-            problem = msgspec.convert(problem, Problem)
-        return reward(problem, str(answers[-1]["content"]) if answers else "")
+        return reward(as_problem(row["problem"]), str(answers[-1]["content"]) if answers else "")
 
     return score
+
+
+def as_problem(value: Any) -> Problem:
+    """A row's ``problem``: the ``Problem`` itself, or (a row that crossed the wire) its plain data."""
+    return value if isinstance(value, Problem) else msgspec.convert(value, Problem)
 
 
 def _rng(task: str, seed: int, split: Split) -> random.Random:

@@ -13,13 +13,16 @@ is the ``files`` environment, and no files at all the ``synthetic`` one of ``tra
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from typing import Any
 
 import msgspec
 
 from ..data import Row, load_rows, synthetic_rows
-from ..data.synthetic import Problem, get_task, synthetic_capacity
+from ..data.synthetic import as_problem, get_task, synthetic_capacity
 from ..rewards import RewardInput, load_compute_score, make_reward
+from ..rewards.registry import is_async
 from ..rewards.verl import CustomRewardError
 from .base import EnvError, Environment, Split, register_environment
 
@@ -62,10 +65,7 @@ class SyntheticTask(Environment):
         )
 
     async def score(self, inp: RewardInput) -> float:  # async: a string comparison needs no thread
-        problem = inp.extra["problem"]
-        if not isinstance(problem, Problem):  # a row that crossed the wire: plain data again
-            problem = msgspec.convert(problem, Problem)
-        return self.reward(problem, inp.response_text)
+        return self.reward(as_problem(inp.extra["problem"]), inp.response_text)
 
 
 class CustomReward(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -118,6 +118,7 @@ class DataFiles(Environment):
             raise EnvError(
                 message if message.startswith("data.reward") else f"data.reward: {message}"
             ) from None
+        self._async = is_async(self._reward)
         timeout_s = getattr(self._reward, "timeout_s", None)  # a judge's, a reward model's deadline
         self.score_timeout_s = float(timeout_s) if timeout_s else None
         del seed  # the files' order is theirs; data.shuffle shuffles them
@@ -135,7 +136,10 @@ class DataFiles(Environment):
             raise EnvError(f"data.{split}_files hold no rows")
         return rows[:n] if n is not None else rows
 
-    def score(self, inp: RewardInput) -> Any:
-        """The reward's result (awaitable for an async one): the worker's ``compute_reward`` runs
-        a sync reward in a thread and bounds either."""
-        return self._reward(inp)
+    async def score(self, inp: RewardInput) -> Any:
+        """The reward's result: an async reward (a judge, a reward model) awaited here, a sync one
+        (a parser, sympy) run in a thread, as ``compute_reward`` runs them; the worker bounds both."""
+        if self._async:
+            return await self._reward(inp)
+        result = await asyncio.to_thread(self._reward, inp)
+        return await result if inspect.isawaitable(result) else result  # a function that returned a coroutine

@@ -32,9 +32,9 @@ from ..rewards import RewardOutput
 from .base import EnvError, Environment, MissingExtraError, Split, import_extra, register_environment
 
 MODEL = "policy"
+"""The model name the environment's calls carry (the run's endpoint serves its policy under any)."""
 MAX_UNSCORED = 65536
 """Rollouts kept for their group's scoring at most (far more than a node runs at once)."""
-"""The model name the environment's calls carry (the run's endpoint serves its policy under any)."""
 
 
 def _package() -> Any:

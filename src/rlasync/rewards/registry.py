@@ -173,7 +173,8 @@ def registered_rewards() -> list[str]:
     return _REGISTRY.names()
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (an async function, a partial of one, an object whose ``__call__`` is one)."""
     # partials of coroutine functions are recognised by inspect; callable objects by their __call__
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
@@ -218,7 +219,7 @@ async def compute_reward(
     try:
         fn = get_reward(name_or_fn) if isinstance(name_or_fn, str) else name_or_fn
         async with deadline:
-            if _is_async(fn):
+            if is_async(fn):
                 result = await fn(inp)  # type: ignore[misc]
             else:
                 result = await asyncio.to_thread(fn, inp)

@@ -28,7 +28,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .registry import RewardInput, RewardOutput
+from .registry import RewardInput, RewardOutput, factory_options
+
+
+def served_options(spec: str | dict[str, Any]) -> dict[str, Any] | None:
+    """A reward setting's ``reward_model`` options (``name`` included) when it asks for a node of
+    its own (``node`` set); else None."""
+    options = factory_options(spec) if isinstance(spec, dict) else {}
+    return options if options.get("name") == "reward_model" and options.get("node") is not None else None
 
 
 class RewardModel:
