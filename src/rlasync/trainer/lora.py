@@ -4,9 +4,12 @@
     model = wrap(model, LoraSettings(rank=16, alpha=32))      # a peft model: only adapters train
     weights = merged(dict(model.named_parameters()), scaling(model))   # what engines load
 
-What engines load is the merged model under the base model's own names (``W + alpha/rank B A``
-for each adapted layer, every other weight as it is), so every engine and every weight path takes
-a LoRA run unchanged. A checkpoint holds the merged model (``model/``: serve or evaluate it as any
+A weight sync sends engines the adapters alone (``trainer.lora.sync: adapter``, the default):
+``sync_tensors`` names them ``<layer>.lora_A.weight``/``<layer>.lora_B.weight`` after the base
+model's layers (PEFT's file names without its prefix), and each engine adds ``alpha/rank B A`` to
+the base weights it started from (``rlasync.weights.adapters``). With ``sync: merged`` engines
+load the merged model under the base model's own names (``W + alpha/rank B A`` for each adapted
+layer, every other weight as it is), as for a run without LoRA. A checkpoint holds the merged model (``model/``: serve or evaluate it as any
 model folder) and the adapter in PEFT's format (``adapter/``: ``adapter_model.safetensors`` and
 ``adapter_config.json``, loadable with ``PeftModel.from_pretrained``); resuming reads the adapter
 back onto the base the run starts from.
@@ -87,6 +90,16 @@ def merged(named: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.T
         target = base_name(f"{layer}.weight")
         out[target] = out[target] + scale * (b.to(out[target].dtype) @ a.to(out[target].dtype))
     return out
+
+
+def sync_name(name: str) -> str:
+    """An adapter parameter's name in a weight sync: ``<base layer>.lora_A.weight``."""
+    return base_name(name).replace(f".{ADAPTER}.", ".")
+
+
+def sync_tensors(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters of a peft model's parameters, as a weight sync sends them (``sync_name``)."""
+    return {sync_name(name): tensor for name, tensor in named.items() if is_adapter(name)}
 
 
 def adapter_state(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
 from . import lora
 from .packing import packed_logits
+from .state import owned, read_safetensors, whole_state
 from .types import TrainBatch, micro_plan, reduce_metrics
 
 BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
@@ -258,9 +259,35 @@ class PolicyTrainer:
             named = {name: full[name] for name, _ in self.model.named_parameters() if name in full}
         return lora.merged(named, lora.scaling(self.model)) if self.config.lora.rank else named
 
+    @property
+    def syncs_adapters(self) -> bool:
+        """Whether a weight sync sends the LoRA adapters alone (``trainer.lora.sync: adapter``)."""
+        return bool(self.config.lora.rank) and self.config.lora.sync == "adapter"
+
+    @property
+    def sync_scale(self) -> float:
+        """What engines scale the adapters a weight sync sends by (``alpha / rank``); 0: a sync
+        sends weights."""
+        return lora.scaling(self.model) if self.syncs_adapters else 0.0
+
+    def sync_tensors(self) -> dict[str, torch.Tensor]:
+        """What a weight sync sends, the live tensors where it can (every rank: gathering shards
+        is collective): ``weights``, or with adapter sync the adapters (``lora.sync_tensors``)."""
+        if not self.syncs_adapters:
+            return self.weights(copy=False)
+        if not self.sharded:
+            return lora.sync_tensors({n: p.detach() for n, p in self.model.named_parameters()})
+        sd = _state_dict()
+        full: dict[str, Any] = sd.get_model_state_dict(
+            self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        return lora.sync_tensors(full)
+
     def weight_layout(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """What ``weights`` returns, as (name, shape, dtype) in its order: a weight sync's plan."""
+        """What ``sync_tensors`` returns, as (name, shape, dtype) in its order: a weight sync's plan."""
         named = self.model.named_parameters()
+        if self.syncs_adapters:
+            return [(lora.sync_name(n), tuple(p.shape), _dtype(p)) for n, p in named if lora.is_adapter(n)]
         if self.config.lora.rank:
             return [
                 (lora.base_name(n), tuple(p.shape), _dtype(p)) for n, p in named if not lora.is_adapter(n)
@@ -269,8 +296,8 @@ class PolicyTrainer:
 
     @property
     def sends_parameters(self) -> bool:
-        """Whether ``weights`` are the parameters themselves (they may then live in the weight
-        sync's buffer): not when sharded (gathered), nor with LoRA (merged)."""
+        """Whether ``sync_tensors`` are the parameters themselves (they may then live in the
+        weight sync's buffer): not when sharded (gathered), nor with LoRA (merged, or a few)."""
         return not self.sharded and not self.config.lora.rank
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -288,7 +315,13 @@ class PolicyTrainer:
         copies the training that goes on cannot change: ``write_saved`` may then write it while
         the next steps run. None where not ``keep`` (the ranks that do not write)."""
         if not self.sharded:  # a whole copy here: no collective, and copies made directly (2x faster)
-            return self._whole_state() if keep else None
+            if not keep:
+                return None
+            return {
+                **whole_state(self.model, self.optimizer),
+                "scheduler": self.scheduler.state_dict(),
+                "steps": self.steps,
+            }
         sd = _state_dict()
         full = sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state = sd.get_model_state_dict(self.model, options=full)
@@ -302,46 +335,9 @@ class PolicyTrainer:
             for t in group.values()
             if isinstance(t, torch.Tensor)
         }
-
-        def owned(value: Any) -> Any:  # a tensor still shared with the model or the optimizer is copied
-            if isinstance(value, torch.Tensor):
-                return value.clone() if value.data_ptr() in live else value
-            if isinstance(value, dict):
-                return {k: owned(v) for k, v in value.items()}
-            if isinstance(value, (list, tuple)):
-                return type(value)(owned(v) for v in value)
-            return value
-
         return {
-            "model": owned(model_state),
-            "optimizer": owned(optimizer_state),
-            "scheduler": self.scheduler.state_dict(),
-            "steps": self.steps,
-        }
-
-    def _whole_state(self) -> dict[str, Any]:
-        """``state_to_save`` of an unsharded model, in the layout ``torch.distributed.checkpoint``
-        gives a whole one (optimizer state and groups by parameter name), as copies."""
-        name = {id(p): n for n, p in self.model.named_parameters()}
-        order = [
-            name[id(p)] for group in self.optimizer.param_groups for p in group["params"]
-        ]  # the optimizer's own indices
-        saved = self.optimizer.state_dict()
-        optimizer = {
-            "state": {
-                order[i]: {
-                    k: v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in state.items()
-                }
-                for i, state in saved["state"].items()
-            },
-            "param_groups": [
-                {**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]
-            ],
-        }
-        model = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        return {
-            "model": model,
-            "optimizer": optimizer,
+            "model": owned(model_state, live),
+            "optimizer": owned(optimizer_state, live),
             "scheduler": self.scheduler.state_dict(),
             "steps": self.steps,
         }
@@ -395,22 +391,6 @@ class PolicyTrainer:
         )
         self.scheduler.load_state_dict(saved["scheduler"])
         self.steps = int(saved["steps"])
-
-
-def read_safetensors(folder: Path) -> dict[str, Any]:
-    """The tensors of a Hugging Face folder's weights: ``model.safetensors``, or every shard its
-    ``model.safetensors.index.json`` names (a sharded save)."""
-    import json
-
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        return dict(load_file(str(folder / "model.safetensors")))
-    state: dict[str, Any] = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        state.update(load_file(str(folder / shard)))
-    return state
 
 
 def _dtype(p: torch.Tensor) -> str:

@@ -259,11 +259,14 @@ class TrainerRank(Actor):
     # -- weight sync (rank 0 sends; the others take part in gathering sharded parameters) -------
     @endpoint
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
-        """The bucket plan of this model's parameters (names, shapes, dtypes), as msgpack."""
+        """The bucket plan of what a sync sends (names, shapes, dtypes: the parameters, or the
+        LoRA adapters with the scale engines apply them by), as msgpack."""
         from ..weights import plan_buckets
 
-        named = self._trainer().weight_layout()
-        return msgspec.msgpack.encode(plan_buckets(named, bucket_bytes, alone_bytes=alone_bytes))
+        layout, scale = self._trainer().weight_layout(), self._trainer().sync_scale
+        return msgspec.msgpack.encode(
+            plan_buckets(layout, bucket_bytes, alone_bytes=alone_bytes, lora_scale=scale)
+        )
 
     @endpoint
     async def share_weights(self, directory: str, plan: bytes, slots: int = 1) -> list[Any] | None:
@@ -365,7 +368,7 @@ class TrainerRank(Actor):
         return float(await self._run(self._send_weights, version, peers))
 
     def _send_weights(self, version: int, peers: list[str] | None) -> float:
-        weights = self._trainer().weights(copy=False)  # every rank: gathering shards is collective
+        weights = self._trainer().sync_tensors()  # every rank: gathering shards is collective
         if self.rank != 0:
             return 0.0
         started = time.perf_counter()

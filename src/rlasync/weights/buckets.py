@@ -37,6 +37,10 @@ class BucketPlan(msgspec.Struct, frozen=True):
 
     tensors: list[TensorSpec]
     sizes: list[int]
+    lora_scale: float = 0.0
+    """Non-zero: the tensors are LoRA adapters (``<layer>.lora_A.weight``, ``<layer>.lora_B.weight``)
+    that each engine adds, times this scale, to its base ``<layer>.weight``
+    (``rlasync.weights.adapters``); 0: they are the weights themselves."""
 
     @property
     def total_bytes(self) -> int:
@@ -53,7 +57,11 @@ class BucketPlan(msgspec.Struct, frozen=True):
 
 
 def plan_buckets(
-    named: Iterable[tuple[str, tuple[int, ...], str]], bucket_bytes: int, *, alone_bytes: int | None = None
+    named: Iterable[tuple[str, tuple[int, ...], str]],
+    bucket_bytes: int,
+    *,
+    alone_bytes: int | None = None,
+    lora_scale: float = 0.0,
 ) -> BucketPlan:
     """Pack ``(name, shape, dtype)`` in order into buckets of at most ``bucket_bytes``. A tensor
     of at least ``alone_bytes`` (default: ``bucket_bytes``) travels alone: its bucket is the
@@ -77,7 +85,7 @@ def plan_buckets(
             start = 0
         tensors.append(msgspec.structs.replace(spec, offset=start, bucket=len(sizes) - 1))
         sizes[-1] = start + spec.nbytes
-    return BucketPlan(tensors=tensors, sizes=sizes)
+    return BucketPlan(tensors=tensors, sizes=sizes, lora_scale=lora_scale)
 
 
 def _is_alone(tensors: list[TensorSpec], bucket: int, alone_at: int) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import msgspec
 import torch
 
+from .adapters import EngineAdapters, engine_adapters
 from .buckets import BucketPlan
 from .commit import Commit, Interrupt, take_version
 from .errors import SyncError
@@ -55,6 +56,7 @@ class EngineWeights:
         self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
         self._node: NodeRelay | None = None  # this node's relay: filled by this engine, or copied from
         self._node_key = ""
+        self._adapters: EngineAdapters | None = None  # a LoRA plan: how this engine takes adapters
 
     @property
     def version(self) -> int:
@@ -76,6 +78,8 @@ class EngineWeights:
         node's other engines copy from there (``node``); without it, every engine takes the
         broadcast."""
         self.plan = msgspec.msgpack.decode(plan, type=BucketPlan)
+        if self.plan.lora_scale and self._adapters is None:  # once: later, the engine's weights are merged
+            self._adapters = engine_adapters(self.engine, self.plan)
         # Swapping by reference needs the version served to outlive the next one's staging.
         depth = 2 if double_buffer and hasattr(self.engine, "swap_weights") else 1
         self._ring = StagingRing(self.plan, device=self.device, depth=depth)
@@ -128,6 +132,8 @@ class EngineWeights:
                 await asyncio.to_thread(self._node.put, version, self._ring.last)
         else:
             raise SyncError("stage before join: this engine is in no weight group and maps no shared memory")
+        if self._adapters is not None:  # merged into weights here, while the engine decodes
+            staged = (version, await asyncio.to_thread(self._adapters.prepare, staged[1]))
         self._staged = staged
         return time.perf_counter() - started
 
@@ -146,6 +152,8 @@ class EngineWeights:
         )
 
         async def swap() -> float | None:
+            if self._adapters is not None:
+                return await self._adapters.take(self.engine, tensors, version)
             if by_reference:
                 return float(await self.engine.swap_weights(tensors, version))
             await self.engine.update_weights(tensors, version)  # copies: the staging buffer is reused

@@ -1,0 +1,120 @@
+"""LoRA adapters a weight sync sends instead of weights (``BucketPlan.lora_scale``, the trainer's
+``trainer.lora.sync: adapter``), taken on the engine's side.
+
+    adapters = engine_adapters(engine, plan)          # at attach: how this engine takes them
+    staged = adapters.prepare(received)                # at staging, while the engine decodes
+    await adapters.take(engine, staged, version)       # at the commit, inside the engine's pause
+
+A version is the adapters alone, ``<layer>.lora_A.weight`` (rank x in) and ``<layer>.lora_B.weight``
+(out x rank) for each adapted layer: tens of MB where the model is GBs. An engine takes them one
+of two ways:
+
+- ``MergedAdapters``, for an engine whose model lives in this process (the torch engine): each
+  adapted layer's weight becomes ``W0 + scale * B @ A``, computed from the base weights ``W0`` the
+  engine started from, at staging (off the pause), and swapped in like a full version's tensors.
+  The base is kept by reference when the engine swaps by reference (``swap_weights`` puts new
+  tensors in place and never writes into the old ones), else copied once. Merging beats applying
+  the adapters on the fly in the engine's forward: decoding then runs the plain model, not two more
+  matmuls per adapted layer at every step (``benchmarks/lora_bench.py`` measures both).
+- ``LoadedAdapters``, for an engine with ``load_adapter`` (vLLM, with its own LoRA support): the
+  tensors are handed to it, which serves every later request with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+from .buckets import BucketPlan
+from .errors import SyncError
+
+A, B = ".lora_A.weight", ".lora_B.weight"
+
+
+def adapted_layers(plan: BucketPlan) -> list[str]:
+    """The layers a plan of adapters adapts, in its order (each has an A and a B)."""
+    names = {spec.name for spec in plan.tensors}
+    layers = sorted(name.removesuffix(A) for name in names if name.endswith(A))
+    pairs = {f"{layer}{end}" for layer in layers for end in (A, B)}
+    if names != pairs:
+        raise SyncError(f"a LoRA plan holds tensors that are not A/B pairs: {sorted(names ^ pairs)[:5]}")
+    return layers
+
+
+class EngineAdapters(Protocol):
+    def prepare(self, adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    async def take(self, engine: Any, staged: Mapping[str, torch.Tensor], version: int) -> float | None: ...
+
+
+class MergedAdapters:
+    """Adapters merged into the engine's own weights: ``W0 + scale * B @ A`` per adapted layer."""
+
+    def __init__(self, base: Mapping[str, torch.Tensor], scale: float) -> None:
+        self.base = dict(base)  # "<layer>.weight" -> W0
+        self.scale = scale
+
+    @classmethod
+    def of(cls, engine: Any, plan: BucketPlan) -> MergedAdapters:
+        if int(getattr(engine, "weight_version", 0)) != 0:  # W0 must be the base, not a merged version
+            raise SyncError(
+                f"LoRA adapters merge into the base weights an engine starts from; this one already serves "
+                f"weight version {engine.weight_version} (attach the sync before its first version)"
+            )
+        params = dict(engine.model.named_parameters())
+        keep = hasattr(engine, "swap_weights")  # new tensors go in; W0's memory is never written
+        base = {}
+        for layer in adapted_layers(plan):
+            weight = params.get(f"{layer}.weight")
+            if weight is None:
+                raise SyncError(
+                    f"the trainer sends a LoRA adapter for {layer}, which this engine's model does not have "
+                    "(the engines must start from the trainer's base model)"
+                )
+            base[f"{layer}.weight"] = weight.detach() if keep else weight.detach().clone()
+        return cls(base, plan.lora_scale)
+
+    def prepare(self, adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The merged weights of every adapted layer, as new tensors (in W0's dtype, on its device)."""
+        with torch.no_grad():
+            out = {}
+            for name, w0 in self.base.items():
+                layer = name.removesuffix(".weight")
+                a, b = adapters[f"{layer}{A}"].to(w0), adapters[f"{layer}{B}"].to(w0)
+                out[name] = torch.addmm(w0, b, a, alpha=self.scale)
+            return out
+
+    async def take(self, engine: Any, staged: Mapping[str, torch.Tensor], version: int) -> float | None:
+        if hasattr(engine, "swap_weights"):  # the merged tensors are new: handed over by reference
+            return float(await engine.swap_weights(staged, version))
+        await engine.update_weights(staged, version)
+        return None
+
+
+class LoadedAdapters:
+    """Adapters the engine applies itself (``load_adapter``: vLLM's LoRA support)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def prepare(self, adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(adapters)
+
+    async def take(self, engine: Any, staged: Mapping[str, torch.Tensor], version: int) -> float | None:
+        await engine.load_adapter(staged, self.scale, version)
+        return None
+
+
+def engine_adapters(engine: Any, plan: BucketPlan) -> EngineAdapters:
+    """How ``engine`` takes the adapters of ``plan``: loaded by the engine if it can, else merged
+    into its model's weights; an engine with neither is a ``SyncError`` naming the setting."""
+    if hasattr(engine, "load_adapter"):
+        return LoadedAdapters(plan.lora_scale)
+    if isinstance(getattr(engine, "model", None), torch.nn.Module):
+        return MergedAdapters.of(engine, plan)
+    raise SyncError(
+        f"{type(engine).__name__} cannot take LoRA adapters from the trainer: set trainer.lora.sync=merged "
+        "(engines then load the merged model)"
+    )
