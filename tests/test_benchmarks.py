@@ -36,6 +36,7 @@ def test_every_benchmark_script_is_listed() -> None:
         "replay_bench.py",
         "repack_bench.py",
         "memory_bench.py",
+        "lora_bench.py",
     } <= set(SCRIPTS)
 
 

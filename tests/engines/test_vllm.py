@@ -268,3 +268,61 @@ async def test_structured_outputs_and_top_logprobs_on_vllm(calc_model: Path) -> 
             (lp for _, lp in alternatives), reverse=True
         )
         assert alternatives[0][0] == token and alternatives[0][1] == pytest.approx(logprob, abs=1e-4)
+
+
+@pytest.mark.timeout(600)
+async def test_a_lora_sync_reaches_vllm_as_its_own_lora_adapter(calc_model: Path) -> None:
+    """A LoRA trainer (``trainer.lora.sync: adapter``) takes a big step; the synchroniser sends
+    only the adapters: vLLM loads them as a LoRA adapter (its own LoRA support on CPU), the
+    torch engine merges them into its weights; both then answer greedily as one."""
+    from rlasync.config import TrainerConfig, WeightsConfig
+    from rlasync.config.train import LoraSettings
+    from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine, build_engine
+    from rlasync.trainer import TrainBatch, TrainerActor
+    from rlasync.weights import ParameterSynchronizer
+
+    pytest.importorskip("peft", reason="needs peft (the dev extra)")
+    _, tokenizer = load_pretrained_dir(calc_model)
+    prompts = [
+        tokenizer.encode(f"What is {a}*{b}?") for a, b in ((12, 7), (31, 4), (9, 88), (45, 45), (3, 71))
+    ]
+
+    async def greedy(engine: object, tag: str) -> list[list[int]]:
+        params = SamplingParams(temperature=0, max_new_tokens=12)
+        outs = [
+            await engine.generate(GenerateRequest(request_id=f"{tag}{i}", prompt_ids=p, params=params))  # type: ignore[attr-defined]
+            for i, p in enumerate(prompts)
+        ]
+        return [list(o.token_ids) for o in outs]
+
+    vllm_engine = await build_engine(
+        VLLMEngineConfig(model=str(calc_model), max_seq_len=512, max_lora_rank=8)
+    )
+    torch_engine = TorchEngine.from_pretrained(str(calc_model))
+    before = await greedy(vllm_engine, "b")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor([prompts[0] + prompts[1][:4]] * 4)
+    batch = TrainBatch(
+        prompts=ids[:, :-4],
+        responses=ids[:, -4:],
+        response_mask=torch.ones(4, 4, dtype=torch.long),
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(ids.shape[1]).expand(4, -1).clone(),
+        logprobs=-torch.rand(4, 4, generator=g) * 3,
+        advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]),
+    )
+    async with TrainerActor(TrainerConfig(lr=5e-2, lora=LoraSettings(rank=8, alpha=16))) as trainer:
+        await trainer.start(calc_model)
+        for _ in range(2):  # B starts at zero: the second step moves A too
+            await trainer.step(batch)
+        sync = ParameterSynchronizer(WeightsConfig(bucket_mb=0.25), trainer, [vllm_engine, torch_engine])
+        await sync.start()
+        assert sync.total_bytes < 0.2 * sum(p.numel() * 4 for p in torch_engine.model.parameters())
+        report = await sync.sync(1)
+        sync.close()
+    assert report.engines == {"local-0": 1, "local-1": 1}
+    after_vllm, after_torch = await greedy(vllm_engine, "a"), await greedy(torch_engine, "t")
+    assert after_vllm != before  # vLLM serves the adapter
+    assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (after_vllm, after_torch)
+    await vllm_engine.close()
+    await torch_engine.close()

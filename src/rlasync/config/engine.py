@@ -93,6 +93,11 @@ class VLLMEngineConfig(EngineConfig, tag="vllm", frozen=True):
     """The fraction of each of its GPUs' memory the engine may take (weights, activations and
     the KV cache). Lower it when a trainer rank shares the GPU."""
 
+    max_lora_rank: NonNegativeInt = 0
+    """vLLM's LoRA support on (``enable_lora``) for adapters of up to this rank, the ones a LoRA
+    run's weight sync sends (``trainer.lora.sync: adapter``); the run sets it from
+    ``trainer.lora.rank``. 0: off."""
+
     engine_kwargs: dict[str, Any] = {}
     """Further fields of vLLM's ``AsyncEngineArgs``, passed as they are, after the settings
     above (so they win): ``{max_num_batched_tokens: 4096, enable_prefix_caching: false}``."""

@@ -20,7 +20,14 @@ from .agent import AgentConfig
 from .async_training import AsyncTrainingConfig
 from .cluster import ClusterConfig
 from .data import CustomRewardFunctionConfig, DataConfig
-from .engine import AnyEngineConfig, EngineConfig, RouterConfig, engine_message, with_backend
+from .engine import (
+    AnyEngineConfig,
+    EngineConfig,
+    RouterConfig,
+    VLLMEngineConfig,
+    engine_message,
+    with_backend,
+)
 from .errors import ConfigError
 from .launch import LaunchConfig
 from .runtime import RuntimeConfig
@@ -60,6 +67,15 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     Python files (``./my_plugin.py``) whose registrations (loops, tools, rewards, samplers,
     generators, interactions) the config then names (``rlasync.plugins``); ``rlasync train
     --plugin PATH`` adds one."""
+
+    def __post_init__(self) -> None:
+        # A LoRA run whose sync sends adapters has vLLM serve them: its LoRA support sized for them.
+        lora, engine = self.trainer.lora, self.engine
+        if lora.rank and lora.sync == "adapter" and isinstance(engine, VLLMEngineConfig):
+            if engine.max_lora_rank < lora.rank:
+                msgspec.structs.force_setattr(
+                    self, "engine", msgspec.structs.replace(engine, max_lora_rank=lora.rank)
+                )
 
 
 def registry_choice(

@@ -18,6 +18,9 @@ test-vllm`` builds a CPU environment). What each protocol method uses (vLLM 0.32
 - update_weights: ``AsyncLLM.collective_rpc("rlasync_load_weights", …)`` on the worker
   extension ``rlasync.engines.vllm_worker.WeightLoader`` (the model's own ``load_weights``),
   then ``reset_prefix_cache()``, so no cached prefix from the old weights is reused.
+- load_adapter (a LoRA run's weight sync): the adapter written as a PEFT folder,
+  ``AsyncLLM.add_lora(LoRARequest(..., load_inplace=True))``, and every later request sent with
+  that ``lora_request`` (``enable_lora``, ``max_lora_rank`` from ``engine.max_lora_rank``).
 - stats: this adapter's own counters (vLLM's scheduler stats go to its loggers).
 
 Tokens are tagged with the weight version current when they reach this process: a token
@@ -36,6 +39,8 @@ import contextlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
@@ -105,6 +110,14 @@ def engine_args(config: VLLMEngineConfig) -> dict[str, Any]:
         # serving layer writes for every engine): vLLM's guidance backend reads them as they are.
         "structured_outputs_config": {"backend": "guidance"},
     }
+    if config.max_lora_rank:  # the adapters a LoRA run's weight sync sends (``load_adapter``)
+        ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM accepts as max_lora_rank
+        fits = [rank for rank in ranks if rank >= config.max_lora_rank]
+        if not fits:
+            raise EngineError(
+                f"engine.max_lora_rank={config.max_lora_rank}: vLLM serves LoRA ranks up to 512"
+            )
+        args.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1)
     return {**args, **config.engine_kwargs}
 
 
@@ -153,6 +166,8 @@ class VLLMEngine:
         self._finished = 0
         self._closed = False
         self._rate = TokenRate()
+        self._lora: Any = None  # the LoRA adapter every request is served with (``load_adapter``)
+        self._lora_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
     async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
@@ -219,7 +234,10 @@ class VLLMEngine:
         self._requests[rid] = tracked
         try:
             stream = self.llm.generate(
-                {"prompt_token_ids": list(request.prompt_ids)}, self._params(request), rid
+                {"prompt_token_ids": list(request.prompt_ids)},
+                self._params(request),
+                rid,
+                lora_request=self._lora,
             )
             async for out in stream:
                 completion = out.outputs[0]
@@ -312,6 +330,33 @@ class VLLMEngine:
         await self.llm.reset_prefix_cache()
         self._version = version
 
+    async def load_adapter(self, adapters: Mapping[str, Any], scale: float, version: int) -> None:
+        """Serve every request from now on with the LoRA ``adapters`` (a weight sync's names) times
+        ``scale``, through vLLM's own LoRA support (``engine.max_lora_rank``): written as a PEFT
+        folder and loaded in place of the previous version (one adapter id, ``load_inplace``)."""
+        from vllm.lora.request import LoRARequest
+
+        from ..weights.adapters import write_peft_adapter
+
+        if self.llm.vllm_config.lora_config is None:
+            raise EngineError(
+                "load_adapter: this vLLM engine was started without LoRA (engine.max_lora_rank=0); a LoRA "
+                "run sets it from trainer.lora.rank, or set trainer.lora.sync=merged"
+            )
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="rlasync-lora-")
+        folder = Path(self._lora_dir.name) / f"v{version}"
+        await asyncio.to_thread(write_peft_adapter, folder, adapters, scale)
+        request = LoRARequest("rlasync", 1, str(folder), load_inplace=True)
+        try:
+            await self.llm.add_lora(request)
+        except Exception as exc:
+            raise EngineError(f"load_adapter: vLLM could not load the adapter: {exc}") from exc
+        await self.llm.reset_prefix_cache()
+        previous, self._lora, self._version = self._lora, request, version
+        if previous is not None and previous.lora_path != request.lora_path:  # loaded: its files are done
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
     @property
     def weight_version(self) -> int:
         return self._version
@@ -337,6 +382,8 @@ class VLLMEngine:
         for rid in [rid for rid, t in self._requests.items() if t.finish is None]:
             await self.llm.abort(rid)
         await asyncio.to_thread(self.llm.shutdown)
+        if self._lora_dir is not None:
+            self._lora_dir.cleanup()
 
 
 def _alternatives(positions: Any, k: int) -> list[Alternatives]:

@@ -22,7 +22,9 @@ of two ways:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -105,6 +107,30 @@ class LoadedAdapters:
     async def take(self, engine: Any, staged: Mapping[str, torch.Tensor], version: int) -> float | None:
         await engine.load_adapter(staged, self.scale, version)
         return None
+
+
+def write_peft_adapter(folder: Path, adapters: Mapping[str, torch.Tensor], scale: float) -> Path:
+    """``adapters`` (a sync's names) as a PEFT adapter folder: ``adapter_model.safetensors`` under
+    PEFT's names and ``adapter_config.json`` (rank, ``lora_alpha = scale * rank``, the adapted
+    modules), what vLLM's and SGLang's LoRA support load."""
+    from safetensors.torch import save_file
+
+    layers = sorted({name.removesuffix(A).removesuffix(B) for name in adapters})
+    rank = int(adapters[f"{layers[0]}{A}"].shape[0])
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"base_model.model.{name}": t.detach().contiguous().cpu() for name, t in adapters.items()}
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": round(scale * rank),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": sorted({layer.rsplit(".", 1)[-1] for layer in layers}),
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
 
 
 def engine_adapters(engine: Any, plan: BucketPlan) -> EngineAdapters:
