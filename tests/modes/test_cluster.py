@@ -310,7 +310,9 @@ async def test_one_step_off_on_the_cluster_placement_trains_one_version_behind(
 @pytest.mark.timeout(600)
 async def test_on_gpus_the_cluster_placement_trains_with_nccl(tmp_path: Path, nano_model_dir: Path) -> None:
     """The real GPU path: the engine on node-1's GPU, trainer ranks on GPUs, NCCL between the
-    ranks and to the engine (one GPU is enough: the engine and rank 0 then share it)."""
+    ranks and to the engine. With one GPU the engine and rank 0 share it, which NCCL refuses:
+    they colocate (``cluster.colocate``), the engine asleep through each step and the weights
+    copied through host shared memory."""
     import torch
 
     ranks = 2 if torch.cuda.device_count() >= 2 else 1
@@ -323,7 +325,9 @@ async def test_on_gpus_the_cluster_placement_trains_with_nccl(tmp_path: Path, na
         f"trainer.world_size={ranks}",
         "trainer.device=cuda",
         "engine.device=cuda",
+        "engine.offload_weights=true",
         "weights.backend=auto",
+        f"cluster.colocate={str(ranks == 1).lower()}",
     )
     records: list[dict[str, Any]] = []
     run, result = await _run(config, train_sync, lambda run, record: records.append(record))
@@ -332,4 +336,6 @@ async def test_on_gpus_the_cluster_placement_trains_with_nccl(tmp_path: Path, na
         and run.trainer.info["backend"] == "nccl"
         and run.trainer.info["device"].startswith("cuda")
     )
+    if ranks == 1:
+        assert all(r["colocate/engines_asleep"] == 1 for r in records if r["step"])
     assert all(r["weights/transfer_s"] > 0 for r in records)

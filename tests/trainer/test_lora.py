@@ -147,3 +147,42 @@ async def test_a_lora_run_from_yaml_trains_checkpoints_and_resumes(
     )
     assert [r["step"] for r in resumed] == [0, 1, 2, 3]
     assert resumed[3]["reward"] == expected[3]["reward"]  # the same model after the resume: the same samples
+    _exports(load_config(CONFIG, [*overrides, f"train.run_dir={whole}"]), whole, nano_model_dir, tmp_path)
+
+
+def _exports(config: Any, run: Path, base: Path, tmp_path: Path) -> None:
+    """``rlasync export``: the adapter in PEFT's format pointing at the base, and with ``--merge``
+    the base with peft's merge of it, which is the model the checkpoint serves, bit for bit."""
+    from typer.testing import CliRunner
+
+    from rlasync.cli import app
+    from rlasync.compose.export import export_checkpoint
+    from rlasync.config import ConfigError
+
+    newest = run / "checkpoints" / "step_000003"
+    adapter = export_checkpoint(config, "newest", tmp_path / "adapter")
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    assert settings["base_model_name_or_path"] == str(base.resolve()) and settings["r"] == 4
+    assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "tokenizer_config.json").is_file()
+    merged = tmp_path / "merged"
+    done = CliRunner().invoke(
+        app,
+        [
+            "export",
+            str(CONFIG),
+            f"train.run_dir={run}",
+            f"train.model_dir={base}",
+            "--merge",
+            "--out",
+            str(merged),
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    theirs, served = load_pretrained_dir(merged)[0], load_pretrained_dir(newest / "model")[0]
+    expected = dict(served.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert torch.equal(p, expected[name]), name
+    with pytest.raises(ConfigError, match="exists: remove it"):
+        export_checkpoint(config, "newest", merged, merge=True)
+    with pytest.raises(ConfigError, match="no such folder"):
+        export_checkpoint(config, str(tmp_path / "nowhere"), tmp_path / "other")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from . import eval, launch, node, plan, serve, status, train
+from . import eval, export, launch, node, plan, serve, status, train
 
 app = typer.Typer(
     help="rlasync: asynchronous RL post-training without Ray.",
@@ -31,5 +31,6 @@ for command in (
 app.command("eval")(
     eval.evaluate
 )  # after plan in `--help`; `eval` is Python's builtin, so not the function's name
+app.command()(export.export)
 
 __all__ = ["app"]

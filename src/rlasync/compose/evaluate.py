@@ -89,31 +89,37 @@ def scores(groups: Sequence[Sequence[tuple[str, float]]], *, correct: float = 1.
 
 
 def model_to_evaluate(config: Config, checkpoint: str) -> Path:
-    """The model folder: a checkpoint's ``model/`` (checked against its manifest; ``newest``:
-    the newest sound one in ``train.run_dir``), or with ``checkpoint`` "" the one the run
-    starts from."""
-    from ..trainer.checkpoint import CheckpointError, Checkpoints, verify
+    """The model folder: a checkpoint's ``model/`` (``checkpoint_folder``), or with ``checkpoint``
+    "" the one the run starts from."""
     from .model_dir import starting_model_dir
 
     if not checkpoint:
         return starting_model_dir(config)
-    if checkpoint == "newest":
-        try:
-            folder = Checkpoints(config.train.run_dir, keep=config.train.keep_checkpoints).latest()
-        except CheckpointError as exc:
-            raise ConfigError(f"--checkpoint newest: {exc}") from None
-    else:
-        folder = Path(checkpoint)
-        if not folder.is_dir():
-            raise ConfigError(
-                f"--checkpoint {checkpoint}: no such folder (a checkpoint is runs/<run>/checkpoints/step_N)"
-            )
-        problem = verify(folder)
-        if problem:
-            raise ConfigError(f"--checkpoint {checkpoint}: not a sound checkpoint ({problem})")
+    folder = checkpoint_folder(config, checkpoint)
     if not (folder / "model" / "config.json").is_file():
         raise ConfigError(f"--checkpoint {folder}: it holds no model/ folder")
     return folder / "model"
+
+
+def checkpoint_folder(config: Config, checkpoint: str) -> Path:
+    """A checkpoint folder, checked against its manifest; ``newest``: the newest sound one in
+    ``train.run_dir``. A missing or torn one is a ``ConfigError`` naming it."""
+    from ..trainer.checkpoint import CheckpointError, Checkpoints, verify
+
+    if checkpoint == "newest":
+        try:
+            return Checkpoints(config.train.run_dir, keep=config.train.keep_checkpoints).latest()
+        except CheckpointError as exc:
+            raise ConfigError(f"--checkpoint newest: {exc}") from None
+    folder = Path(checkpoint)
+    if not folder.is_dir():
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: no such folder (a checkpoint is runs/<run>/checkpoints/step_N)"
+        )
+    problem = verify(folder)
+    if problem:
+        raise ConfigError(f"--checkpoint {checkpoint}: not a sound checkpoint ({problem})")
+    return folder
 
 
 async def evaluate(

@@ -64,6 +64,8 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
                 "cluster.start=external needs cluster.listen, the head's TCP address the other nodes join "
                 "(e.g. tcp://10.0.0.1:29600)"
             )
+        if c.colocate:
+            _check_colocation(config, engines, trainer)
         return cls(nodes=nodes, engines=engines, trainer=trainer, loops=c.agent_loops)
 
     def workers(self) -> dict[int, list[int]]:
@@ -91,7 +93,8 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
         gpu_engines = config.engine.device.startswith("cuda")
         devices = []
         for rank, node in enumerate(self.trainer):
-            taken = self.engines.count(node) * config.engine.tensor_parallel_size if gpu_engines else 0
+            shared = gpu_engines and not config.cluster.colocate  # colocated: rank 0 on the engines' GPU
+            taken = self.engines.count(node) * config.engine.tensor_parallel_size if shared else 0
             devices.append(taken + self.trainer[:rank].count(node))
         return devices
 
@@ -103,6 +106,34 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
         return (
             f"{self.nodes} node(s); engine replicas on {where(self.engines)}; agent loops {loops}; "
             f"trainer ranks on {where(self.trainer)}"
+        )
+
+
+def _check_colocation(config: Config, engines: list[int], trainer: list[int]) -> None:
+    """What ``cluster.colocate`` needs: one device the engines sleep on while trainer rank 0 steps."""
+    if config.train.mode != "sync":
+        raise ConfigError(
+            f"cluster.colocate needs train.mode=sync (train.mode={config.train.mode} generates while it trains, "
+            "so the engines never sleep); set train.mode=sync or cluster.colocate=false"
+        )
+    if config.weights.transport == "broadcast":
+        raise ConfigError(
+            "cluster.colocate moves weights through host shared memory (NCCL refuses two ranks on one GPU): "
+            "set weights.transport=shm or auto"
+        )
+    if config.cluster.start == "external" and set(engines) != {trainer[0]}:
+        raise ConfigError(
+            f"cluster.colocate puts the engines on trainer rank 0's machine: with cluster.start=external set "
+            f"cluster.engines to [{trainer[0]}] (its node), not {engines}"
+        )
+    if config.engine.backend in ("vllm", "sglang") and not config.engine.device.startswith("cuda"):
+        raise ConfigError(
+            f"cluster.colocate with engine.backend={config.engine.backend} sleeps the engine through its GPU "
+            "memory release: use engine.device=cuda, or engine.backend=torch on a CPU"
+        )
+    if config.engine.backend == "sim":
+        raise ConfigError(
+            "cluster.colocate: a simulated engine has no memory to free; set cluster.colocate=false"
         )
 
 

@@ -67,6 +67,15 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     node starts and supervises (torch.distributed wants a process per rank). Empty: every rank
     on the head."""
 
+    colocate: bool = False
+    """The engines and trainer rank 0 share one device (verl's hybrid engine): a GPU, or on a CPU
+    machine its cores. During each train step every engine sleeps, its KV cache freed (with
+    ``engine.offload_weights`` its weights moved to host memory too), and it wakes for the next
+    rollout, the new weights copied in through host shared memory (``weights.transport=shm``,
+    which this sets). Needs ``train.mode=sync`` (the other modes generate while they train) and
+    the engines on this machine; the step's record says how many KV bytes the engines held while
+    the trainer ran (``colocate/kv_bytes_training``: 0)."""
+
     agent_loops: Literal["engines", "head"] = "engines"
     """Where agent loops run: ``engines``, an ``AgentLoopWorker`` on every engine's node drives
     that node's engines, so a trajectory stays next to its engine and the head only sends

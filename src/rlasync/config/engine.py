@@ -72,6 +72,11 @@ class EngineConfig(
     each other: measured 3x slower decode steps at 2 threads on 2 cores, while one thread costs
     10-25% against an uncontended two. Raise it for larger models on machines with cores to spare."""
 
+    offload_weights: bool = False
+    """With ``cluster.colocate``: an engine asleep (during each train step) keeps its weights in
+    host memory, not on its GPU (the torch engine; vLLM's sleep level 1, SGLang's weight release).
+    On a CPU the weights are in host memory already."""
+
     @property
     def backend(self) -> str:
         """Which engine serves (the tag: ``torch``, ``vllm``, ``sglang`` or ``sim``)."""
@@ -97,6 +102,10 @@ class VLLMEngineConfig(EngineConfig, tag="vllm", frozen=True):
     """vLLM's LoRA support on (``enable_lora``) for adapters of up to this rank, the ones a LoRA
     run's weight sync sends (``trainer.lora.sync: adapter``); the run sets it from
     ``trainer.lora.rank``. 0: off."""
+
+    sleep_mode: bool = False
+    """vLLM's sleep mode (``enable_sleep_mode``: its GPU memory can be released and taken back),
+    which ``cluster.colocate`` needs and sets; GPUs only."""
 
     engine_kwargs: dict[str, Any] = {}
     """Further fields of vLLM's ``AsyncEngineArgs``, passed as they are, after the settings

@@ -69,13 +69,21 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     --plugin PATH`` adds one."""
 
     def __post_init__(self) -> None:
-        # A LoRA run whose sync sends adapters has vLLM serve them: its LoRA support sized for them.
+        # Settings one section implies for another, filled in here so that every process of the
+        # run reads them the same (``Placement.of`` checks what cannot be filled in).
         lora, engine = self.trainer.lora, self.engine
-        if lora.rank and lora.sync == "adapter" and isinstance(engine, VLLMEngineConfig):
-            if engine.max_lora_rank < lora.rank:
-                msgspec.structs.force_setattr(
-                    self, "engine", msgspec.structs.replace(engine, max_lora_rank=lora.rank)
-                )
+        if isinstance(engine, VLLMEngineConfig):
+            vllm = msgspec.structs.replace(
+                engine,
+                # a LoRA run whose sync sends adapters has vLLM serve them: its LoRA support sized for them
+                max_lora_rank=max(engine.max_lora_rank, lora.rank if lora.sync == "adapter" else 0),
+                sleep_mode=engine.sleep_mode or (self.cluster.colocate and engine.device.startswith("cuda")),
+            )
+            msgspec.structs.force_setattr(self, "engine", vllm)
+        if self.cluster.colocate and self.weights.transport == "auto":  # the same-device path
+            msgspec.structs.force_setattr(
+                self, "weights", msgspec.structs.replace(self.weights, transport="shm")
+            )
 
 
 def registry_choice(

@@ -37,8 +37,10 @@ class WeightsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     transport: Literal["auto", "broadcast", "shm"] = "auto"
     """``auto``: engines that share the trainer's machine copy each version from its shared
     memory (no socket), the others take the broadcast; ``broadcast``: all take the broadcast;
-    ``shm``: all must share the machine (an error at start-up otherwise). Shared memory is
-    used for CPU parameters; on GPUs NCCL is the path."""
+    ``shm``: all must share the machine (an error at start-up otherwise). With ``auto``, shared
+    memory is used for CPU parameters and NCCL for GPU ones; with ``shm`` a GPU trainer copies
+    each version into host shared memory too, and the engines copy it onto their GPU: the
+    same-device path of ``cluster.colocate`` (NCCL refuses two ranks on one GPU)."""
     shm_dir: str = "/dev/shm"
     """Where the trainer's shared-memory file lives (a tmpfs, so it is memory, not disk). It
     holds a copy of the parameters' size; the trainer's rank 0 keeps its parameters there."""

@@ -20,7 +20,7 @@ from ..config.engine import EngineConfig, engine_settings
 from ..runtime import Actor, endpoint
 from ..weights.protocol import GroupAddress  # at import: weight_join's hint must resolve
 from .backends import build_engine
-from .protocol import Engine
+from .protocol import Engine, EngineError, SleepingEngine
 from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 if TYPE_CHECKING:
@@ -104,6 +104,23 @@ class EngineActor(Actor):
         if self._paused_at is not None:
             self._paused_s += time.monotonic() - self._paused_at
             self._paused_at = None
+
+    @endpoint
+    async def sleep(self, offload_weights: bool = False) -> EngineStats:
+        """The engine sleeps (``SleepingEngine``): returns its stats once asleep."""
+        engine = self._engine()
+        if not isinstance(engine, SleepingEngine):
+            raise EngineError(
+                f"{type(engine).__name__} cannot sleep: cluster.colocate needs an engine that can"
+            )
+        await engine.sleep(offload_weights)
+        return engine.stats()
+
+    @endpoint
+    async def wake_up(self) -> None:
+        engine = self._engine()
+        if isinstance(engine, SleepingEngine):
+            await engine.wake_up()
 
     @endpoint
     async def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:

@@ -5,7 +5,7 @@
     await group.pause("abort"); ...; await group.resume()        # every engine at once
 
 Requests go through the router (least loaded, sticky sessions); ``pause``, ``resume`` and
-``update_weights`` fan out to every engine in rotation, so a schedule written against one
+``update_weights`` (and ``sleep``/``wake_up``) fan out to every engine in rotation, so a schedule written against one
 engine drives a fleet unchanged. An engine whose node is lost during one of those leaves
 rotation (its requests move, as the router moves them) and the others go on; with none left,
 ``NoEngineError``.
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from .router import NoEngineError, Router
-from .types import GenerateOutput, GenerateRequest, PauseMode, TokenChunk
+from .types import EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 T = TypeVar("T")
 
@@ -45,6 +45,18 @@ class EngineGroup:
 
     async def resume(self) -> None:
         await self._each(lambda ref: ref.resume())
+
+    async def sleep(self, offload_weights: bool = False) -> int:
+        """Every engine sleeps (``cluster.colocate``); the KV cache bytes they then hold, summed."""
+        stats = await self._each(lambda ref: ref.sleep(offload_weights))
+        return sum(s.kv_cache_bytes for s in stats)
+
+    async def wake_up(self) -> None:
+        await self._each(lambda ref: ref.wake_up())
+
+    async def stats(self) -> list[EngineStats]:
+        """Every engine's stats now."""
+        return await self._each(lambda ref: ref.stats())
 
     async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
         await self._each(lambda ref: ref.update_weights(dict(named_tensors), version))

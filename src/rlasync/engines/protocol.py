@@ -130,3 +130,19 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SleepingEngine(Engine, Protocol):
+    """An engine that can give its device memory to a trainer on the same device
+    (``cluster.colocate``): the torch engine, vLLM (sleep mode), SGLang (memory release)."""
+
+    async def sleep(self, offload_weights: bool = False) -> None:
+        """Free the KV cache and, with ``offload_weights``, move the weights to host memory, until
+        ``wake_up``; requests that arrive meanwhile wait. Only an idle engine sleeps: one with
+        requests in flight is an ``EngineError`` (pause it with "wait" or "abort" first)."""
+        ...
+
+    async def wake_up(self) -> None:
+        """The weights back on the device and the engine serving again."""
+        ...

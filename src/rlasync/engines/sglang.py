@@ -196,6 +196,7 @@ class SGLangEngine:
         self._seed_warned = False
         self._version = 0
         self._paused = False
+        self._asleep: list[str] = []  # what SGLang released while asleep (its memory saver's tags)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._order = itertools.count()
@@ -543,6 +544,24 @@ class SGLangEngine:
             raise EngineError(f"update_weights: SGLang did not load the weights: {message}")
         self._version = version
 
+    async def sleep(self, offload_weights: bool = False) -> None:
+        """(``SleepingEngine``, GPU only: SGLang's memory saver, ``enable_memory_saver`` in
+        ``engine.engine_kwargs``) Its KV cache released, and with ``offload_weights`` its weights."""
+        if self._by_id:
+            raise EngineError(f"sleep with {len(self._by_id)} requests running: pause the engine first")
+        io_struct = importlib.import_module("sglang.srt.managers.io_struct")
+        tags = ["kv_cache", "weights"] if offload_weights else ["kv_cache"]
+        await self._tm.release_memory_occupation(io_struct.ReleaseMemoryOccupationReqInput(tags=tags), None)
+        self._asleep = tags
+
+    async def wake_up(self) -> None:
+        if self._asleep:
+            io_struct = importlib.import_module("sglang.srt.managers.io_struct")
+            await self._tm.resume_memory_occupation(
+                io_struct.ResumeMemoryOccupationReqInput(tags=self._asleep), None
+            )
+        self._asleep = []
+
     @property
     def weight_version(self) -> int:
         return self._version
@@ -554,9 +573,10 @@ class SGLangEngine:
             running=running,
             waiting=len(self._waiting) + len(self._live) - running,
             tokens_per_s=rate,
-            kv_cache_bytes=self.kv_cache_bytes,
+            kv_cache_bytes=0 if self._asleep else self.kv_cache_bytes,
             weight_version=self._version,
             paused=self._paused,
+            sleeping=bool(self._asleep),
             finished=self._finished,
             generated_tokens=self._rate.total,
         )

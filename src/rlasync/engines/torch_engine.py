@@ -94,6 +94,7 @@ class TorchEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._asleep: torch.device | None = None  # sleeping: where its weights live when awake
 
     @classmethod
     def from_pretrained(
@@ -227,6 +228,26 @@ class TorchEngine:
         await self._command(swap)
         return self.last_swap_s
 
+    async def sleep(self, offload_weights: bool = False) -> None:
+        """(``SleepingEngine``) An idle batch holds no KV cache; on a GPU the allocator's cached
+        blocks go back to the device, and ``offload_weights`` moves the weights to host memory."""
+        if not self._idle.is_set() or self._waiting:
+            raise EngineError(f"sleep with {self._running} requests running: pause the engine first")
+        with self._lock:
+            self._paused = True
+        self._asleep = device = self.model.device
+        if device.type == "cuda":  # on the worker, between two steps
+            await self._command(
+                lambda: (self.model.to("cpu") if offload_weights else None, torch.cuda.empty_cache())
+            )
+
+    async def wake_up(self) -> None:
+        device = self._asleep
+        if device is not None and self.model.device != device:
+            await self._command(lambda: self.model.to(device))
+        self._asleep = None
+        await self.resume()
+
     @property
     def weight_version(self) -> int:
         return self._version
@@ -240,17 +261,11 @@ class TorchEngine:
             kv_cache_bytes=self._batch.nbytes(),
             weight_version=self._version,
             paused=self._paused,
+            sleeping=self._asleep is not None,
             finished=self._finished,
             generated_tokens=self._rate.total,
             batch_size=self._rate.last,
-            oldest_running_version=min(
-                (
-                    seq.versions[0]
-                    for seq in list(self._by_id.values())
-                    if seq.finish is None and seq.versions
-                ),
-                default=-1,
-            ),
+            oldest_running_version=_oldest_version(list(self._by_id.values())),
         )
 
     async def close(self) -> None:
@@ -475,3 +490,8 @@ class TorchEngine:
             self._batch.keep(keep)
             self._rows = [rows[i] for i in keep]
         return events
+
+
+def _oldest_version(sequences: list[TorchSequence]) -> int:
+    """The oldest weight version among the tokens of the running ``sequences``; -1: none runs."""
+    return min((seq.versions[0] for seq in sequences if seq.finish is None and seq.versions), default=-1)

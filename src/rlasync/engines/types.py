@@ -109,6 +109,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     finished: int = 0  # requests finished (any reason) since the engine started
     generated_tokens: int = 0  # tokens generated since the engine started
     batch_size: int = 0  # sequences in the last decode step (0: the engine does not say)
+    sleeping: bool = False  # between ``sleep`` and ``wake_up`` (``cluster.colocate``)
     oldest_running_version: int = -1
     """The oldest weight version among the tokens of the requests being decoded (a request
     carried across a swap with ``interrupt=keep`` holds tokens of its older version); -1: none

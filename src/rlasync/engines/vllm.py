@@ -110,6 +110,8 @@ def engine_args(config: VLLMEngineConfig) -> dict[str, Any]:
         # serving layer writes for every engine): vLLM's guidance backend reads them as they are.
         "structured_outputs_config": {"backend": "guidance"},
     }
+    if config.sleep_mode:  # cluster.colocate: the engine sleeps while the trainer steps
+        args["enable_sleep_mode"] = True
     if config.max_lora_rank:  # the adapters a LoRA run's weight sync sends (``load_adapter``)
         ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM accepts as max_lora_rank
         fits = [rank for rank in ranks if rank >= config.max_lora_rank]
@@ -166,6 +168,7 @@ class VLLMEngine:
         self._finished = 0
         self._closed = False
         self._rate = TokenRate()
+        self._asleep = False
         self._lora: Any = None  # the LoRA adapter every request is served with (``load_adapter``)
         self._lora_dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -330,6 +333,26 @@ class VLLMEngine:
         await self.llm.reset_prefix_cache()
         self._version = version
 
+    async def sleep(self, offload_weights: bool = False) -> None:
+        """(``SleepingEngine``, GPU only: vLLM's sleep mode, ``engine.sleep_mode``) The KV cache
+        released (``release_kv_cache_memory``), or with ``offload_weights`` sleep level 1: the
+        weights moved to host memory as well."""
+        if not self.llm.vllm_config.model_config.enable_sleep_mode:
+            raise EngineError(
+                "sleep: vLLM was started without its sleep mode (cluster.colocate sets it, on GPUs)"
+            )
+        if any(t.finish is None for t in self._requests.values()):
+            raise EngineError("sleep with requests running: pause the engine first")
+        if offload_weights:
+            await self.llm.sleep(level=1)
+        else:
+            await self.llm.release_kv_cache_memory()
+        self._asleep = True
+
+    async def wake_up(self) -> None:
+        await self.llm.wake_up()
+        self._asleep = False
+
     async def load_adapter(self, adapters: Mapping[str, Any], scale: float, version: int) -> None:
         """Serve every request from now on with the LoRA ``adapters`` (a weight sync's names) times
         ``scale``, through vLLM's own LoRA support (``engine.max_lora_rank``): written as a PEFT
@@ -371,6 +394,7 @@ class VLLMEngine:
             kv_cache_bytes=0,
             weight_version=self._version,
             paused=self._paused,
+            sleeping=self._asleep,
             finished=self._finished,
             generated_tokens=self._rate.total,
         )

@@ -19,9 +19,10 @@ schedules use it.
 from __future__ import annotations
 
 from .reduce import REDUCTIONS, Reduction, reduce_metrics, reduction
-from .step import Flat, Processing, QueueStats, Rollouts, Staleness, Stamp, StepRecord, Weights
+from .step import Colocation, Flat, Processing, QueueStats, Rollouts, Staleness, Stamp, StepRecord, Weights
 
 __all__ = [
+    "Colocation",
     "REDUCTIONS",
     "Flat",
     "Processing",

@@ -234,6 +234,18 @@ class Stamp(Flat, kw_only=True):
     reward_errors: int = msgspec.field(name="reward/errors")
 
 
+class Colocation(Flat, kw_only=True):
+    """The engines' sleep around a colocated train step (``cluster.colocate``)."""
+
+    kv_bytes_training: int = msgspec.field(name="colocate/kv_bytes_training")
+    """KV cache bytes the engines held while the trainer stepped (the most of two readings: once
+    asleep, and once the step was under way): 0 when they gave their cache up."""
+    engines_asleep: int = msgspec.field(name="colocate/engines_asleep")
+    """Engines that said they were asleep once the step was under way (all of them)."""
+    sleep_s: float = msgspec.field(name="colocate/sleep_s")
+    wake_s: float = msgspec.field(name="colocate/wake_s")
+
+
 class StepRecord(Flat, kw_only=True):
     """One step of any schedule (step 0: the starting weights' validation)."""
 
@@ -246,6 +258,7 @@ class StepRecord(Flat, kw_only=True):
     updates: int | None = None  # optimiser updates (asynchronous schedules: one per mini-batch)
     train: dict[str, float] = msgspec.field(default_factory=dict, name="train/")  # the trainer's, reduced
     weights: Weights | None = None
+    colocation: Colocation | None = None
     data_rows: list[tuple[int, int]] | None = msgspec.field(default=None, name="data/rows")  # (epoch, row)
     sampler: dict[str, float] = msgspec.field(default_factory=dict, name="sampler/")  # Sampler.metrics
     staleness: Staleness | None = None
@@ -264,4 +277,4 @@ class StepRecord(Flat, kw_only=True):
     stamp: Stamp | None = None  # added by ``Run.write``
 
 
-__all__ = ["Flat", "Processing", "QueueStats", "Stamp", "Staleness", "StepRecord", "Weights"]
+__all__ = ["Colocation", "Flat", "Processing", "QueueStats", "Stamp", "Staleness", "StepRecord", "Weights"]

@@ -277,11 +277,11 @@ class TrainerActor:
     async def weight_plan(self, bucket_bytes: int, alone_bytes: int) -> bytes:
         return bytes((await self._call_ranks({0: [bucket_bytes, alone_bytes]}, "weight_plan"))[0])
 
-    async def share_weights(self, directory: str, plan: bytes, slots: int = 1) -> Any:
+    async def share_weights(self, directory: str, plan: bytes, slots: int = 1, host: bool = False) -> Any:
         """Rank 0 makes a shared-memory file in ``directory`` for engines on its machine (its
         parameters' home with one slot, its relay with more); returns the offer to send them
-        (None on GPUs)."""
-        offer = (await self._call_ranks({0: [directory, plan, slots]}, "share_weights"))[0]
+        (None on GPUs, unless ``host``: ``weights.transport=shm``)."""
+        offer = (await self._call_ranks({0: [directory, plan, slots, host]}, "share_weights"))[0]
         if offer is not None:
             self._shared_files.append(str(offer[0]))
         return offer

@@ -25,7 +25,6 @@ import datetime
 import gc
 import logging
 import os
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from ..runtime.errors import first_line
 from ..weights.protocol import GroupAddress  # at import: join_weights's hint must resolve
 from .background import in_background
 from .policy import PolicyTrainer
+from .state import rng_state, set_rng_state
 from .thread import WorkThread
 from .types import TrainBatch
 
@@ -269,27 +269,30 @@ class TrainerRank(Actor):
         )
 
     @endpoint
-    async def share_weights(self, directory: str, plan: bytes, slots: int = 1) -> list[Any] | None:
-        """Rank 0 on a CPU: a shared-memory file in ``directory`` engines on this machine copy
-        versions from, and return its ``ShmOffer``; else None. One slot: the parameters live
+    async def share_weights(
+        self, directory: str, plan: bytes, slots: int = 1, host: bool = False
+    ) -> list[Any] | None:
+        """Rank 0 on a CPU (on a GPU too with ``host``: ``weights.transport=shm``, the same-device
+        path of ``cluster.colocate``): a shared-memory file in ``directory`` engines on this machine
+        copy versions from, and return its ``ShmOffer``; else None. One slot: CPU parameters live
         in it. More: it is the relay (``weights.max_live_versions``), each version a snapshot."""
         if self.rank != 0:
             return None
-        return await self._run(self._share_weights, directory, plan, slots)
+        return await self._run(self._share_weights, directory, plan, slots, host)
 
-    def _share_weights(self, directory: str, plan: bytes, slots: int) -> list[Any] | None:
+    def _share_weights(self, directory: str, plan: bytes, slots: int, host: bool) -> list[Any] | None:
         from ..weights import BucketPlan, SharedWeights, flat_layout
 
         trainer = self._trainer()
-        if self.device.type != "cpu":
-            return None  # GPU parameters: NCCL is the fast path (CUDA IPC is not written)
+        if self.device.type != "cpu" and not host:
+            return None  # GPU parameters: NCCL is the fast path
         if self.shared is not None:
             self.shared.close()
         self.shared = SharedWeights.create(
             directory, msgspec.msgpack.decode(plan, type=BucketPlan), slots=slots
         )
         # The optimizer then updates the parameters in the file itself.
-        if trainer.sends_parameters and slots == 1:
+        if trainer.sends_parameters and slots == 1 and self.device.type == "cpu":
             self.flat = flat_layout(
                 self.shared.plan, dict(trainer.model.named_parameters()), out=self.shared.data
             )
@@ -443,7 +446,7 @@ class TrainerRank(Actor):
             await writing
 
     def _state_to_save(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        return self._trainer().state_to_save(keep=self.rank == 0), _rng_state()
+        return self._trainer().state_to_save(keep=self.rank == 0), rng_state()
 
     def _write(self, folder: str, state: dict[str, Any] | None, rng: dict[str, Any]) -> None:
         path = Path(folder)
@@ -462,7 +465,7 @@ class TrainerRank(Actor):
         self._trainer().load(path)
         rng = path / f"rng_rank{self.rank}.pt"
         if rng.is_file():
-            _set_rng_state(torch.load(rng, weights_only=False))
+            set_rng_state(torch.load(rng, weights_only=False))
         return self._trainer().steps
 
 
@@ -472,20 +475,6 @@ def _exit_now() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(0)
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def pick_device(setting: str, index: int) -> torch.device:

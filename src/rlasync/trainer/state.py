@@ -1,10 +1,11 @@
 """The trainer's state as a checkpoint holds it: copies of the model's and the optimiser's
 tensors, laid out as ``torch.distributed.checkpoint`` lays out a whole model's (optimiser state
-and groups keyed by parameter name), and the model folder's tensors read back."""
+and groups keyed by parameter name), the model folder's tensors read back, and a rank's RNGs."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,18 @@ def read_safetensors(folder: Path) -> dict[str, Any]:
     for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
         state.update(load_file(str(folder / shard)))
     return state
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch (CPU and CUDA) and Python random states."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -84,7 +84,7 @@ class EngineWeights:
         depth = 2 if double_buffer and hasattr(self.engine, "swap_weights") else 1
         self._ring = StagingRing(self.plan, device=self.device, depth=depth)
         self._shared = None
-        if offer is not None and self.device.type == "cpu":
+        if offer is not None:  # on a GPU too: each version copied from host memory onto it
             self._shared = SharedWeights.open(msgspec.convert(offer, ShmOffer), self.plan)
         self.transport = "shm" if self._shared is not None else "broadcast"
         if self._shared is None and node_relay:

@@ -103,7 +103,7 @@ class ParameterSynchronizer(ReleasedDelivery):
         # every send is from a snapshot; its file is offered only to engines allowed to map it.
         slots = cfg.max_live_versions
         shared = (
-            await self.source.share_weights(cfg.shm_dir, self.plan_bytes, slots)
+            await self.source.share_weights(cfg.shm_dir, self.plan_bytes, slots, cfg.transport == "shm")
             if cfg.transport != "broadcast" or slots > 1
             else None
         )
