@@ -328,9 +328,10 @@ def _trainer_batch() -> Any:
     )
 
 
-async def _sync_from_trainer(model_dir: Path, sglang: Any) -> None:
+async def _sync_from_trainer(model_dir: Path, sglang: Any, lora: Any = None) -> None:
     """A trainer step on ``model_dir``'s weights, synchronised into ``sglang`` and into a torch
-    engine together: both then answer greedily alike, and not as before."""
+    engine together: both then answer greedily alike, and not as before. ``lora``: a LoRA
+    trainer's (``LoraSettings``), whose sync sends the adapters alone."""
     from rlasync.config import TrainerConfig, WeightsConfig
     from rlasync.engines import TorchEngine
     from rlasync.trainer import TrainerActor
@@ -345,9 +346,11 @@ async def _sync_from_trainer(model_dir: Path, sglang: Any) -> None:
             *[sglang.generate(_req(f"b{i}", x, _greedy(12))) for i, x in enumerate(ids)]
         )
     ]
-    async with TrainerActor(TrainerConfig(world_size=1, lr=5e-2)) as trainer:
+    settings = {"lora": lora} if lora is not None else {}
+    async with TrainerActor(TrainerConfig(world_size=1, lr=5e-2, **settings)) as trainer:
         await trainer.start(model_dir)
-        await trainer.step(_trainer_batch())
+        for _ in range(2 if lora is not None else 1):  # LoRA's B starts at zero: a second step moves A
+            await trainer.step(_trainer_batch())
         sync = ParameterSynchronizer(WeightsConfig(), trainer, [sglang, torch_engine])
         await sync.start()
         report = await sync.sync(1)
@@ -599,6 +602,40 @@ async def test_real_sglang_takes_a_weight_sync_from_the_trainer(tmp_path: Path) 
     engine, _, _ = await _real_engine(tmp_path, enable_deterministic_inference=True)
     try:  # the trainer on the CPU: the version reaches SGLang's GPU through update_weights
         await _sync_from_trainer(tmp_path / "micro", engine)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.gpu
+@uvloop
+async def test_real_sglang_takes_a_lora_sync_as_its_own_adapter(tmp_path: Path) -> None:
+    from rlasync.config.train import LoraSettings
+
+    engine, _, _ = await _real_engine(
+        tmp_path,
+        enable_deterministic_inference=True,
+        enable_lora=True,
+        max_lora_rank=8,
+        lora_target_modules="all",
+    )
+    try:  # only the adapters travel; SGLang loads them as a LoRA adapter, the torch engine merges them
+        await _sync_from_trainer(tmp_path / "micro", engine, lora=LoraSettings(rank=8, alpha=16))
+    finally:
+        await engine.close()
+
+
+@pytest.mark.gpu
+@uvloop
+async def test_real_sglang_sleeps_and_wakes_for_colocation(tmp_path: Path) -> None:
+    engine, _, tok = await _real_engine(tmp_path, enable_memory_saver=True)
+    try:
+        ids = tok.encode("Reverse abcd")
+        before = await engine.generate(_req("before", ids, _greedy(16)))
+        await engine.sleep(offload_weights=True)
+        assert engine.stats().sleeping and engine.stats().kv_cache_bytes == 0
+        await engine.wake_up()
+        after = await engine.generate(_req("after", ids, _greedy(16)))
+        assert after.token_ids == before.token_ids and not engine.stats().sleeping
     finally:
         await engine.close()
 

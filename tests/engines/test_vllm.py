@@ -326,3 +326,27 @@ async def test_a_lora_sync_reaches_vllm_as_its_own_lora_adapter(calc_model: Path
     assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (after_vllm, after_torch)
     await vllm_engine.close()
     await torch_engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+async def test_on_a_gpu_vllm_sleeps_and_wakes_for_colocation(calc_model: Path) -> None:
+    """vLLM's sleep mode (``cluster.colocate``): asleep at level 1 its weights and KV cache leave
+    the GPU; awake it answers as before."""
+    from rlasync.engines import GenerateRequest, SamplingParams, build_engine
+
+    engine = await build_engine(
+        VLLMEngineConfig(model=str(calc_model), device="cuda", max_seq_len=512, sleep_mode=True)
+    )
+    try:
+        prompt = load_pretrained_dir(calc_model)[1].encode("What is 12*7?")
+        params = SamplingParams(temperature=0, max_new_tokens=12)
+        before = await engine.generate(GenerateRequest(request_id="b", prompt_ids=prompt, params=params))
+        free = torch.cuda.mem_get_info()[0]
+        await engine.sleep(offload_weights=True)  # type: ignore[attr-defined]
+        assert engine.stats().sleeping and torch.cuda.mem_get_info()[0] > free
+        await engine.wake_up()  # type: ignore[attr-defined]
+        after = await engine.generate(GenerateRequest(request_id="a", prompt_ids=prompt, params=params))
+        assert after.token_ids == before.token_ids
+    finally:
+        await engine.close()

@@ -69,11 +69,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib
 import itertools
 import json
 import logging
+import shutil
 import struct
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +199,8 @@ class SGLangEngine:
         self._seed_warned = False
         self._version = 0
         self._paused = False
+        self._lora = ""  # the LoRA adapter every request is served with (``load_adapter``)
+        self._lora_dir: tempfile.TemporaryDirectory[str] | None = None
         self._asleep: list[str] = []  # what SGLang released while asleep (its memory saver's tags)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -349,7 +354,10 @@ class SGLangEngine:
                 return_logprob=True,
                 stream=True,
                 rid=req.rid,
-                **({"top_logprobs_num": top} if top else {}),  # then meta_info's output_top_logprobs
+                **({"top_logprobs_num": top} if top else {}),
+                **(
+                    {"lora_path": self._lora} if self._lora else {}
+                ),  # the adapter of load_adapter  # then meta_info's output_top_logprobs
             )
             async for out in stream:
                 new = self._record(req, out)
@@ -544,6 +552,37 @@ class SGLangEngine:
             raise EngineError(f"update_weights: SGLang did not load the weights: {message}")
         self._version = version
 
+    async def load_adapter(self, adapters: Mapping[str, Any], scale: float, version: int) -> None:
+        """Serve every request from now on with the LoRA ``adapters`` (a weight sync's names) times
+        ``scale``, through SGLang's own LoRA support (``enable_lora`` and ``max_lora_rank`` in
+        ``engine.engine_kwargs``; GPU only): written as a PEFT folder, loaded under a name of its
+        version, and the previous version's unloaded."""
+        from ..weights.adapters import write_peft_adapter
+
+        if not getattr(getattr(self.engine, "server_args", None), "enable_lora", False):
+            raise EngineError(
+                "load_adapter: SGLang was started without LoRA: add enable_lora: true and max_lora_rank to "
+                "engine.engine_kwargs, or set trainer.lora.sync=merged"
+            )
+        io_struct = importlib.import_module("sglang.srt.managers.io_struct")
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="rlasync-lora-")
+        folder = Path(self._lora_dir.name) / f"v{version}"
+        await asyncio.to_thread(write_peft_adapter, folder, adapters, scale)
+        name = f"rlasync-v{version}"
+        load = io_struct.LoadLoRAAdapterReqInput(lora_name=name, lora_path=str(folder))
+        result = await self._tm.load_lora_adapter(load, None)
+        if not getattr(result, "success", True):
+            raise EngineError(
+                f"load_adapter: SGLang did not load the adapter: {getattr(result, 'error_message', '')}"
+            )
+        previous, self._lora, self._version = self._lora, name, version
+        if previous:  # requests admitted from now on use the new one
+            unload = io_struct.UnloadLoRAAdapterReqInput(lora_name=previous)
+            with contextlib.suppress(Exception):  # still in use by a running request: it stays loaded
+                await self._tm.unload_lora_adapter(unload, None)
+            shutil.rmtree(Path(self._lora_dir.name) / f"v{previous.rsplit('v', 1)[1]}", ignore_errors=True)
+
     async def sleep(self, offload_weights: bool = False) -> None:
         """(``SleepingEngine``, GPU only: SGLang's memory saver, ``enable_memory_saver`` in
         ``engine.engine_kwargs``) Its KV cache released, and with ``offload_weights`` its weights."""
@@ -598,6 +637,8 @@ class SGLangEngine:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.to_thread(self.engine.shutdown)
+        if self._lora_dir is not None:
+            self._lora_dir.cleanup()
 
 
 def _model_attr(engine: Any, name: str) -> Any:

@@ -237,9 +237,7 @@ class TorchEngine:
             self._paused = True
         self._asleep = device = self.model.device
         if device.type == "cuda":  # on the worker, between two steps
-            await self._command(
-                lambda: (self.model.to("cpu") if offload_weights else None, torch.cuda.empty_cache())
-            )
+            await self._command(lambda: _release(self.model, offload_weights))
 
     async def wake_up(self) -> None:
         device = self._asleep
@@ -495,3 +493,10 @@ class TorchEngine:
 def _oldest_version(sequences: list[TorchSequence]) -> int:
     """The oldest weight version among the tokens of the running ``sequences``; -1: none runs."""
     return min((seq.versions[0] for seq in sequences if seq.finish is None and seq.versions), default=-1)
+
+
+def _release(model: Any, offload_weights: bool) -> None:
+    """A sleeping engine's GPU memory back to the device: its weights too with ``offload_weights``."""
+    if offload_weights:
+        model.to("cpu")
+    torch.cuda.empty_cache()
