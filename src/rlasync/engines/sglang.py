@@ -74,15 +74,14 @@ import importlib
 import itertools
 import json
 import logging
-import shutil
 import struct
-import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config.engine import SGLangEngineConfig
+from ..weights.adapters import AdapterFolders
 from .meter import TokenRate
 from .protocol import EngineError, until_finished
 from .types import (
@@ -200,7 +199,7 @@ class SGLangEngine:
         self._version = 0
         self._paused = False
         self._lora = ""  # the LoRA adapter every request is served with (``load_adapter``)
-        self._lora_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._lora_files = AdapterFolders()
         self._asleep: list[str] = []  # what SGLang released while asleep (its memory saver's tags)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -557,18 +556,13 @@ class SGLangEngine:
         ``scale``, through SGLang's own LoRA support (``enable_lora`` and ``max_lora_rank`` in
         ``engine.engine_kwargs``; GPU only): written as a PEFT folder, loaded under a name of its
         version, and the previous version's unloaded."""
-        from ..weights.adapters import write_peft_adapter
-
         if not getattr(getattr(self.engine, "server_args", None), "enable_lora", False):
             raise EngineError(
                 "load_adapter: SGLang was started without LoRA: add enable_lora: true and max_lora_rank to "
                 "engine.engine_kwargs, or set trainer.lora.sync=merged"
             )
         io_struct = importlib.import_module("sglang.srt.managers.io_struct")
-        if self._lora_dir is None:
-            self._lora_dir = tempfile.TemporaryDirectory(prefix="rlasync-lora-")
-        folder = Path(self._lora_dir.name) / f"v{version}"
-        await asyncio.to_thread(write_peft_adapter, folder, adapters, scale)
+        folder = await self._lora_files.write(adapters, scale, version)
         name = f"rlasync-v{version}"
         load = io_struct.LoadLoRAAdapterReqInput(lora_name=name, lora_path=str(folder))
         result = await self._tm.load_lora_adapter(load, None)
@@ -581,7 +575,7 @@ class SGLangEngine:
             unload = io_struct.UnloadLoRAAdapterReqInput(lora_name=previous)
             with contextlib.suppress(Exception):  # still in use by a running request: it stays loaded
                 await self._tm.unload_lora_adapter(unload, None)
-            shutil.rmtree(Path(self._lora_dir.name) / f"v{previous.rsplit('v', 1)[1]}", ignore_errors=True)
+        self._lora_files.loaded(folder)
 
     async def sleep(self, offload_weights: bool = False) -> None:
         """(``SleepingEngine``, GPU only: SGLang's memory saver, ``enable_memory_saver`` in
@@ -637,8 +631,7 @@ class SGLangEngine:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.to_thread(self.engine.shutdown)
-        if self._lora_dir is not None:
-            self._lora_dir.cleanup()
+        self._lora_files.close()
 
 
 def _model_attr(engine: Any, name: str) -> Any:

@@ -39,14 +39,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..config.engine import VLLMEngineConfig
+from ..weights.adapters import AdapterFolders
 from .meter import TokenRate
 from .protocol import EngineError, check_request, collect
 from .types import (
@@ -170,7 +169,7 @@ class VLLMEngine:
         self._rate = TokenRate()
         self._asleep = False
         self._lora: Any = None  # the LoRA adapter every request is served with (``load_adapter``)
-        self._lora_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._lora_files = AdapterFolders()
 
     @classmethod
     async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
@@ -359,26 +358,20 @@ class VLLMEngine:
         folder and loaded in place of the previous version (one adapter id, ``load_inplace``)."""
         from vllm.lora.request import LoRARequest
 
-        from ..weights.adapters import write_peft_adapter
-
         if self.llm.vllm_config.lora_config is None:
             raise EngineError(
                 "load_adapter: this vLLM engine was started without LoRA (engine.max_lora_rank=0); a LoRA "
                 "run sets it from trainer.lora.rank, or set trainer.lora.sync=merged"
             )
-        if self._lora_dir is None:
-            self._lora_dir = tempfile.TemporaryDirectory(prefix="rlasync-lora-")
-        folder = Path(self._lora_dir.name) / f"v{version}"
-        await asyncio.to_thread(write_peft_adapter, folder, adapters, scale)
+        folder = await self._lora_files.write(adapters, scale, version)
         request = LoRARequest("rlasync", 1, str(folder), load_inplace=True)
         try:
             await self.llm.add_lora(request)
         except Exception as exc:
             raise EngineError(f"load_adapter: vLLM could not load the adapter: {exc}") from exc
         await self.llm.reset_prefix_cache()
-        previous, self._lora, self._version = self._lora, request, version
-        if previous is not None and previous.lora_path != request.lora_path:  # loaded: its files are done
-            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self._lora, self._version = request, version
+        self._lora_files.loaded(folder)
 
     @property
     def weight_version(self) -> int:
@@ -406,8 +399,7 @@ class VLLMEngine:
         for rid in [rid for rid, t in self._requests.items() if t.finish is None]:
             await self.llm.abort(rid)
         await asyncio.to_thread(self.llm.shutdown)
-        if self._lora_dir is not None:
-            self._lora_dir.cleanup()
+        self._lora_files.close()
 
 
 def _alternatives(positions: Any, k: int) -> list[Alternatives]:

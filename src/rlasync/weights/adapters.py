@@ -22,7 +22,10 @@ of two ways:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -131,6 +134,32 @@ def write_peft_adapter(folder: Path, adapters: Mapping[str, torch.Tensor], scale
     }
     (folder / "adapter_config.json").write_text(json.dumps(config))
     return folder
+
+
+class AdapterFolders:
+    """An engine's versions of a LoRA adapter as PEFT folders (``write_peft_adapter``), in a
+    temporary directory of its own: what vLLM and SGLang load by path. The newest is kept, the
+    one before it removed once the engine has loaded the newest."""
+
+    def __init__(self) -> None:
+        self._root: tempfile.TemporaryDirectory[str] | None = None
+        self.current: Path | None = None
+
+    async def write(self, adapters: Mapping[str, torch.Tensor], scale: float, version: int) -> Path:
+        if self._root is None:
+            self._root = tempfile.TemporaryDirectory(prefix="rlasync-lora-")
+        folder = Path(self._root.name) / f"v{version}"
+        return await asyncio.to_thread(write_peft_adapter, folder, adapters, scale)
+
+    def loaded(self, folder: Path) -> None:
+        """The engine serves ``folder`` now: the previous version's files go."""
+        if self.current is not None and self.current != folder:
+            shutil.rmtree(self.current, ignore_errors=True)
+        self.current = folder
+
+    def close(self) -> None:
+        if self._root is not None:
+            self._root.cleanup()
 
 
 def engine_adapters(engine: Any, plan: BucketPlan) -> EngineAdapters:
