@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,41 +98,30 @@ async def test_sync_grpo_with_vllm_serving_keeps_the_engine_on_the_trainers_weig
         assert 0.99 < record["train/ratio_min"] <= record["train/ratio_max"] < 1.01, record
 
 
-@pytest.mark.timeout(600)
-async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same_weights(
-    calc_model: Path,
-) -> None:
-    """The trainer takes a big step; the synchroniser moves its parameters into a vLLM engine
-    and into a torch engine. vLLM's greedy answers change, and equal the torch engine's."""
-    from rlasync.config import TrainerConfig, WeightsConfig
-    from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine, build_engine
-    from rlasync.trainer import TrainBatch, TrainerActor
-    from rlasync.weights import ParameterSynchronizer
+def _prompts(model_dir: Path) -> list[list[int]]:
+    tokenizer = load_pretrained_dir(model_dir)[1]
+    return [tokenizer.encode(f"What is {a}*{b}?") for a, b in ((12, 7), (31, 4), (9, 88), (45, 45), (3, 71))]
 
-    _, tokenizer = load_pretrained_dir(calc_model)
-    prompts = [
-        tokenizer.encode(f"What is {a}*{b}?") for a, b in ((12, 7), (31, 4), (9, 88), (45, 45), (3, 71))
+
+async def _greedy(engine: Any, prompts: list[list[int]], tag: str) -> list[list[int]]:
+    from rlasync.engines import GenerateRequest, SamplingParams
+
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    outs = [
+        await engine.generate(GenerateRequest(request_id=f"{tag}{i}", prompt_ids=p, params=params))
+        for i, p in enumerate(prompts)
     ]
+    return [list(o.token_ids) for o in outs]
 
-    async def greedy(engine: object, tag: str) -> list[list[int]]:
-        outs = [
-            await engine.generate(
-                GenerateRequest(
-                    request_id=f"{tag}{i}",
-                    prompt_ids=p,
-                    params=SamplingParams(temperature=0, max_new_tokens=12),
-                )
-            )
-            for i, p in enumerate(prompts)
-        ]  # type: ignore[attr-defined]
-        return [list(o.token_ids) for o in outs]
 
-    vllm_engine = await build_engine(VLLMEngineConfig(model=str(calc_model), max_seq_len=512))
-    torch_engine = TorchEngine.from_pretrained(str(calc_model))
-    before = await greedy(vllm_engine, "b")
+def _big_step_batch(prompts: list[list[int]]) -> Any:
+    """Four rows of one prompt, advantages of alternating sign: at lr 5e-2, a step that changes
+    greedy answers."""
+    from rlasync.trainer import TrainBatch
+
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor([prompts[0] + prompts[1][:4]] * 4)
-    batch = TrainBatch(
+    return TrainBatch(
         prompts=ids[:, :-4],
         responses=ids[:, -4:],
         response_mask=torch.ones(4, 4, dtype=torch.long),
@@ -140,6 +130,24 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
         logprobs=-torch.rand(4, 4, generator=g) * 3,
         advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]),
     )
+
+
+@pytest.mark.timeout(600)
+async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same_weights(
+    calc_model: Path,
+) -> None:
+    """The trainer takes a big step; the synchroniser moves its parameters into a vLLM engine
+    and into a torch engine. vLLM's greedy answers change, and equal the torch engine's."""
+    from rlasync.config import TrainerConfig, WeightsConfig
+    from rlasync.engines import TorchEngine, build_engine
+    from rlasync.trainer import TrainerActor
+    from rlasync.weights import ParameterSynchronizer
+
+    prompts = _prompts(calc_model)
+    vllm_engine = await build_engine(VLLMEngineConfig(model=str(calc_model), max_seq_len=512))
+    torch_engine = TorchEngine.from_pretrained(str(calc_model))
+    before = await _greedy(vllm_engine, prompts, "b")
+    batch = _big_step_batch(prompts)
     async with TrainerActor(TrainerConfig(lr=5e-2)) as trainer:
         await trainer.start(calc_model)
         await trainer.step(batch)  # a step big enough to change greedy answers
@@ -153,7 +161,10 @@ async def test_after_a_sync_vllm_answers_as_the_torch_engine_does_under_the_same
         "local-0": "shm",
         "local-1": "shm",
     }
-    after_vllm, after_torch = await greedy(vllm_engine, "a"), await greedy(torch_engine, "t")
+    after_vllm, after_torch = (
+        await _greedy(vllm_engine, prompts, "a"),
+        await _greedy(torch_engine, prompts, "t"),
+    )
     assert vllm_engine.weight_version == torch_engine.weight_version == 1
     assert after_vllm != before  # vLLM serves the new weights
     assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (
@@ -277,40 +288,18 @@ async def test_a_lora_sync_reaches_vllm_as_its_own_lora_adapter(calc_model: Path
     torch engine merges them into its weights; both then answer greedily as one."""
     from rlasync.config import TrainerConfig, WeightsConfig
     from rlasync.config.train import LoraSettings
-    from rlasync.engines import GenerateRequest, SamplingParams, TorchEngine, build_engine
-    from rlasync.trainer import TrainBatch, TrainerActor
+    from rlasync.engines import TorchEngine, build_engine
+    from rlasync.trainer import TrainerActor
     from rlasync.weights import ParameterSynchronizer
 
     pytest.importorskip("peft", reason="needs peft (the dev extra)")
-    _, tokenizer = load_pretrained_dir(calc_model)
-    prompts = [
-        tokenizer.encode(f"What is {a}*{b}?") for a, b in ((12, 7), (31, 4), (9, 88), (45, 45), (3, 71))
-    ]
-
-    async def greedy(engine: object, tag: str) -> list[list[int]]:
-        params = SamplingParams(temperature=0, max_new_tokens=12)
-        outs = [
-            await engine.generate(GenerateRequest(request_id=f"{tag}{i}", prompt_ids=p, params=params))  # type: ignore[attr-defined]
-            for i, p in enumerate(prompts)
-        ]
-        return [list(o.token_ids) for o in outs]
-
+    prompts = _prompts(calc_model)
     vllm_engine = await build_engine(
         VLLMEngineConfig(model=str(calc_model), max_seq_len=512, max_lora_rank=8)
     )
     torch_engine = TorchEngine.from_pretrained(str(calc_model))
-    before = await greedy(vllm_engine, "b")
-    g = torch.Generator().manual_seed(0)
-    ids = torch.tensor([prompts[0] + prompts[1][:4]] * 4)
-    batch = TrainBatch(
-        prompts=ids[:, :-4],
-        responses=ids[:, -4:],
-        response_mask=torch.ones(4, 4, dtype=torch.long),
-        attention_mask=torch.ones_like(ids),
-        position_ids=torch.arange(ids.shape[1]).expand(4, -1).clone(),
-        logprobs=-torch.rand(4, 4, generator=g) * 3,
-        advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]),
-    )
+    before = await _greedy(vllm_engine, prompts, "b")
+    batch = _big_step_batch(prompts)
     async with TrainerActor(TrainerConfig(lr=5e-2, lora=LoraSettings(rank=8, alpha=16))) as trainer:
         await trainer.start(calc_model)
         for _ in range(2):  # B starts at zero: the second step moves A too
@@ -321,7 +310,10 @@ async def test_a_lora_sync_reaches_vllm_as_its_own_lora_adapter(calc_model: Path
         report = await sync.sync(1)
         sync.close()
     assert report.engines == {"local-0": 1, "local-1": 1}
-    after_vllm, after_torch = await greedy(vllm_engine, "a"), await greedy(torch_engine, "t")
+    after_vllm, after_torch = (
+        await _greedy(vllm_engine, prompts, "a"),
+        await _greedy(torch_engine, prompts, "t"),
+    )
     assert after_vllm != before  # vLLM serves the adapter
     assert sum(a == b for a, b in zip(after_vllm, after_torch)) >= len(prompts) - 1, (after_vllm, after_torch)
     await vllm_engine.close()

@@ -13,9 +13,10 @@ import msgspec
 import pytest
 import torch
 from inspect_engine import InspectableEngine
+from test_engines_sync import FAST
 from tiny_batch import tiny_batch
 
-from rlasync import LocalCluster, RuntimeConfig
+from rlasync import LocalCluster
 from rlasync.config import TrainerConfig, WeightsConfig
 from rlasync.config.train import LoraSettings
 from rlasync.engines import EngineConfig, Router, RouterConfig, TorchEngine
@@ -27,13 +28,6 @@ from rlasync.weights.adapters import adapted_layers, engine_adapters
 pytest.importorskip("peft", reason="needs peft: pip install 'rlasync[lora]'")
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])
 
-FAST = RuntimeConfig(
-    heartbeat_interval_s=0.2,
-    node_dead_after_s=2.0,
-    call_timeout_s=60,
-    join_timeout_s=60,
-    preload_modules=("rlasync.engines", "inspect_engine"),
-)
 LORA = LoraSettings(rank=4, alpha=8)
 
 
