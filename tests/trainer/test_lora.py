@@ -73,6 +73,17 @@ def test_a_checkpoint_resumes_onto_the_base_and_takes_the_same_next_step(tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(first.weights().values(), again.weights().values()))
 
 
+def test_the_kl_reference_of_a_lora_trainer_is_its_base_not_a_copy() -> None:
+    base, batch = _model(), long_tailed(seed=4)
+    plain = PolicyTrainer(copy.deepcopy(base), TrainerConfig(kl_coef=0.1))
+    adapted = PolicyTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-2, kl_coef=0.1, lora=LORA))
+    assert adapted.reference is None  # no second model in memory
+    for _ in range(2):
+        metrics = adapted.step(batch)
+    assert metrics["kl_ref"] > 0  # the adapters moved the policy off its start
+    assert torch.equal(adapted.reference_logprobs(batch), plain.reference_logprobs(batch))
+
+
 def test_a_missing_peft_or_an_unknown_layer_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlasync.compose.preflight import preflight
     from rlasync.config import ConfigError

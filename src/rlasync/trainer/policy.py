@@ -41,8 +41,10 @@ class PolicyTrainer:
         # bf16 autocast on GPU (weights and AdamW state stay float32); CPU runs float32.
         self.autocast = self.device.type == "cuda" and cfg.autocast_bf16
         # The KL penalty's reference: a frozen copy of the policy as it starts (the warm-start or
-        # the SFT model), kept (whole, on every rank) only when the penalty is on.
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        # the SFT model), kept (whole, on every rank) only when the penalty is on. With LoRA none
+        # is copied: the model with its adapters switched off is that policy (B starts at zero).
+        copied = cfg.kl_coef > 0 and not cfg.lora.rank
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
         if cfg.gradient_checkpointing:
             enable_checkpointing(model)
         if cfg.lora.rank:  # the base frozen: only the adapters train (rlasync.trainer.lora)
@@ -109,14 +111,21 @@ class PolicyTrainer:
     @torch.no_grad()
     def reference_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
         """``[B, R]`` logprobs under the frozen reference policy (needs ``trainer.kl_coef > 0``)."""
-        if self.reference is None:
+        if not self.config.kl_coef > 0:
             raise RuntimeError("no reference policy: set trainer.kl_coef > 0 to keep one")
         micro = self.config.micro_batch_size or max(batch.size, 1)
         parts = []
         for start in range(0, batch.size, micro):
             part = batch.rows(slice(start, start + micro)).to(self.device)
-            parts.append(self._pick(self._logits(self.reference, part, temperature), part.responses).cpu())
+            parts.append(self._pick(self._reference_logits(part, temperature), part.responses).cpu())
         return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
+
+    def _reference_logits(self, part: TrainBatch, temperature: float) -> torch.Tensor:
+        """Logits under the frozen reference: its copy, or with LoRA the model's base alone."""
+        if self.reference is not None:
+            return self._logits(self.reference, part, temperature)
+        with self.model.disable_adapter():
+            return self._logits(self.model, part, temperature)
 
     def _plan(self, batch: TrainBatch, count: int | None) -> list[tuple[Any, bool]]:
         """The micro-batches (row slices or index tensors, see ``micro_plan``), each with whether
@@ -190,9 +199,9 @@ class PolicyTrainer:
                 proximal_logprobs=part.proximal_logprobs,
                 is_weights=part.is_weights,
             )
-            if self.reference is not None:  # KL(pi || pi_ref) penalty, estimated per token
+            if cfg.kl_coef > 0:  # KL(pi || pi_ref) penalty, estimated per token
                 with torch.no_grad():
-                    ref = self._pick(self._logits(self.reference, part, temperature), part.responses)
+                    ref = self._pick(self._reference_logits(part, temperature), part.responses)
                 kl = kl_penalty(new, ref, cfg.kl_estimator)
                 loss = loss + cfg.kl_coef * aggregate(kl, part_mask, cfg.loss_agg)
                 metrics["kl_ref"] = float((kl.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
