@@ -43,7 +43,8 @@ class PolicyTrainer:
         # The KL penalty's reference: a frozen copy of the policy as it starts (the warm-start or
         # the SFT model), kept (whole, on every rank) only when the penalty is on. With LoRA none
         # is copied: the model with its adapters switched off is that policy (B starts at zero).
-        copied = cfg.kl_coef > 0 and not cfg.lora.rank
+        self.keeps_reference = cfg.kl_coef > 0
+        copied = self.keeps_reference and not cfg.lora.rank
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
         if cfg.gradient_checkpointing:
             enable_checkpointing(model)
@@ -111,7 +112,7 @@ class PolicyTrainer:
     @torch.no_grad()
     def reference_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
         """``[B, R]`` logprobs under the frozen reference policy (needs ``trainer.kl_coef > 0``)."""
-        if not self.config.kl_coef > 0:
+        if not self.keeps_reference:
             raise RuntimeError("no reference policy: set trainer.kl_coef > 0 to keep one")
         micro = self.config.micro_batch_size or max(batch.size, 1)
         parts = []
@@ -199,7 +200,7 @@ class PolicyTrainer:
                 proximal_logprobs=part.proximal_logprobs,
                 is_weights=part.is_weights,
             )
-            if cfg.kl_coef > 0:  # KL(pi || pi_ref) penalty, estimated per token
+            if self.keeps_reference:  # KL(pi || pi_ref) penalty, estimated per token
                 with torch.no_grad():
                     ref = self._pick(self._reference_logits(part, temperature), part.responses)
                 kl = kl_penalty(new, ref, cfg.kl_estimator)
