@@ -18,9 +18,11 @@ class MCPServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     command: str
     """The program, e.g. ``python``, ``npx``, ``uvx``."""
     args: list[str] = []
+    """Its arguments, e.g. ``["-m", "my_mcp_server"]``."""
     env: dict[str, str] = {}
     """Added to the few variables MCP passes on (``PATH``, ``HOME``...)."""
     cwd: str | None = None
+    """The folder it starts in; None: the node's own."""
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     """Deadline of one tool call (the model then reads a timeout error)."""
     start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0

@@ -145,8 +145,9 @@ class SimEngineConfig(EngineConfig, tag="sim", frozen=True):
     re-submitted turn that was cut goes on to the same end)."""
 
     sigma: NonNegative = 0.8
+    """Sigma of the log-normal response lengths."""
     cap: PositiveInt = 16000
-    """Sigma of the log-normal response lengths, and the longest response in tokens."""
+    """The longest response, in tokens."""
 
     token_block: PositiveInt = 1
     """Tokens one simulated token stands for: the step time is multiplied by it, which keeps

@@ -51,16 +51,19 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """Learning rate (peak, after warm-up). With AdamW on the 0.8M-parameter quickstart model
     1e-3 learned and 2e-3 was unstable (measured on 2 cores)."""
     beta1: float = 0.9
+    """AdamW's first-moment decay (``sgd`` has none)."""
     beta2: float = 0.99
-    """AdamW's moment decays (``sgd`` has none)."""
+    """AdamW's second-moment decay."""
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay; for ``sgd``, an L2 term added to the gradient."""
     grad_clip: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     """Gradient norm clipping."""
     warmup_steps: NonNegativeInt = 0
+    """Steps over which the learning rate rises linearly to ``lr``; 0: none."""
     cosine: bool = False
     """Cosine decay after warm-up (to ``min_lr_ratio`` of the peak); else constant."""
     min_lr_ratio: Fraction = 0.1
+    """Where the cosine decay ends, as a fraction of ``lr``."""
     micro_batch_size: NonNegativeInt = 0
     """Sequences per forward/backward (gradients accumulate over them); 0: the whole batch."""
     micro_batch_tokens: NonNegativeInt = 0
@@ -83,8 +86,9 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     the backward and recomputes the rest then, so training memory no longer grows with the layers
     times the tokens, for about one more forward's time. The same gradients; works with FSDP2."""
     clip_low: Fraction = 0.2
+    """PPO's clip range below 1: ratios under ``1 - clip_low`` are clipped."""
     clip_high: Fraction = 0.2
-    """PPO clip range [1 - clip_low, 1 + clip_high] (clip-higher: raise ``clip_high``)."""
+    """PPO's clip range above 1: ratios over ``1 + clip_high`` are clipped (clip-higher: raise it)."""
     dual_clip_c: float | None = None
     """Dual clip for negative advantages (e.g. 3.0); None: off."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
@@ -143,11 +147,15 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """Start RL from this Hugging Face causal-LM folder instead of building and warm-starting
     ``preset`` (it must speak the task's format)."""
     seed: int = 0
+    """Seeds the data order, the sampling and the warm-start: a run is reproducible from it."""
     steps: PositiveInt = 300
+    """Training steps (optimiser steps in sync mode; weight versions in the asynchronous ones)."""
     prompts_per_step: PositiveInt = 16
+    """Rows drawn per step, each rolled out ``group_size`` times."""
     group_size: PositiveInt = 8
     """Samples per prompt (GRPO groups)."""
     temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    """Sampling temperature of the rollouts; the trainer's logprobs use the same."""
     max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS
     """New tokens one model turn may sample (a turn cut there ends with finish reason
     ``length``); the whole response has its own budget, ``agent.response_length``."""
@@ -161,7 +169,10 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     warmstart_sampled_threshold: Fraction = 0.15
     """...or once its sampled accuracy (temperature 1) reaches this."""
     advantage: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    """The advantage estimator (``rlasync.algorithms.advantages``): GRPO's group-relative,
+    RLOO's leave-one-out, or REINFORCE++'s batch-normalised."""
     std_normalize: bool = True
+    """GRPO: divide each group's centred rewards by their standard deviation (Dr. GRPO: false)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): groups whose rewards are all
     equal (no GRPO signal) are dropped and more prompts are rolled out until the step has
@@ -179,6 +190,7 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     overlong_penalty: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     """The reward a response at ``agent.response_length`` loses (``overlong_buffer``)."""
     validate_every: PositiveInt = 25
+    """Score the held-out rows every this many steps (and at step 0 and the last)."""
     val_size: PositiveInt = 128
     """Held-out problems scored at each validation."""
     val_temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
@@ -211,6 +223,7 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     """How long an interrupted run may take to finish its step and checkpoint
     (``checkpoint_on_interrupt``); whatever it is doing, the process is gone 5 s after that."""
     run_dir: str = "runs/quickstart"
+    """Where the run writes: ``metrics.jsonl``, ``summary.json``, ``checkpoints/``, traces, the warm-start."""
     trace_every: NonNegativeInt = 10
     """Every this many steps, write ``trace_samples`` of the step's trajectories as text (turns,
     tool calls and results, reward, weight versions) to ``<run_dir>/traces.jsonl``; ``rlasync
