@@ -102,9 +102,7 @@ def settings(cls: type = Config, prefix: str = "") -> list[Setting]:
     out: dict[str, Setting] = {}
     docs = field_docs(cls)
     parent = cls.__mro__[1]
-    backend = parent is not msgspec.Struct and bool(
-        getattr(cls, "__struct_config__").tag
-    )  # an engine backend's own
+    backend = parent is not msgspec.Struct and bool(cls.__struct_config__.tag)  # an engine backend's own
     base = {f.name for f in msgspec.structs.fields(parent)} if backend else set()
     for field in msgspec.structs.fields(cls):
         path = f"{prefix}{field.encode_name}"
@@ -115,7 +113,7 @@ def settings(cls: type = Config, prefix: str = "") -> list[Setting]:
                 only = ", ".join(filter(None, [seen.only, entry.only])) if seen is not None else entry.only
                 out[entry.path] = msgspec.structs.replace(seen or entry, only=only)
         if not inner:
-            only = str(getattr(cls, "__struct_config__").tag) if backend and field.name not in base else ""
+            only = str(cls.__struct_config__.tag) if backend and field.name not in base else ""
             out[path] = Setting(path, _type_name(field.type), _default(field), docs.get(field.name, ""), only)
     return list(out.values())
 

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import importlib
 import itertools
 import json
@@ -84,6 +83,7 @@ from ..config.engine import SGLangEngineConfig
 from ..weights.adapters import AdapterFolders
 from .meter import TokenRate
 from .protocol import EngineError, until_finished
+from .sglang_memory import SGLangBetweenRequests
 from .types import (
     Alternatives,
     EngineStats,
@@ -168,7 +168,7 @@ def _new_part(values: Sequence[Any], seen: int, total: int, n: int) -> list[Any]
     return list(values[len(values) - n :])
 
 
-class SGLangEngine:
+class SGLangEngine(SGLangBetweenRequests):
     """The Engine protocol over an ``sglang.Engine`` (or anything with its API)."""
 
     def __init__(
@@ -550,50 +550,6 @@ class SGLangEngine:
         if not success:
             raise EngineError(f"update_weights: SGLang did not load the weights: {message}")
         self._version = version
-
-    async def load_adapter(self, adapters: Mapping[str, Any], scale: float, version: int) -> None:
-        """Serve every request from now on with the LoRA ``adapters`` (a weight sync's names) times
-        ``scale``, through SGLang's own LoRA support (``enable_lora`` and ``max_lora_rank`` in
-        ``engine.engine_kwargs``; GPU only): written as a PEFT folder, loaded under a name of its
-        version, and the previous version's unloaded."""
-        if not getattr(getattr(self.engine, "server_args", None), "enable_lora", False):
-            raise EngineError(
-                "load_adapter: SGLang was started without LoRA: add enable_lora: true and max_lora_rank to "
-                "engine.engine_kwargs, or set trainer.lora.sync=merged"
-            )
-        io_struct = importlib.import_module("sglang.srt.managers.io_struct")
-        folder = await self._lora_files.write(adapters, scale, version)
-        name = f"rlasync-v{version}"
-        load = io_struct.LoadLoRAAdapterReqInput(lora_name=name, lora_path=str(folder))
-        result = await self._tm.load_lora_adapter(load, None)
-        if not getattr(result, "success", True):
-            raise EngineError(
-                f"load_adapter: SGLang did not load the adapter: {getattr(result, 'error_message', '')}"
-            )
-        previous, self._lora, self._version = self._lora, name, version
-        if previous:  # requests admitted from now on use the new one
-            unload = io_struct.UnloadLoRAAdapterReqInput(lora_name=previous)
-            with contextlib.suppress(Exception):  # still in use by a running request: it stays loaded
-                await self._tm.unload_lora_adapter(unload, None)
-        self._lora_files.loaded(folder)
-
-    async def sleep(self, offload_weights: bool = False) -> None:
-        """(``SleepingEngine``, GPU only: SGLang's memory saver, ``enable_memory_saver`` in
-        ``engine.engine_kwargs``) Its KV cache released, and with ``offload_weights`` its weights."""
-        if self._by_id:
-            raise EngineError(f"sleep with {len(self._by_id)} requests running: pause the engine first")
-        io_struct = importlib.import_module("sglang.srt.managers.io_struct")
-        tags = ["kv_cache", "weights"] if offload_weights else ["kv_cache"]
-        await self._tm.release_memory_occupation(io_struct.ReleaseMemoryOccupationReqInput(tags=tags), None)
-        self._asleep = tags
-
-    async def wake_up(self) -> None:
-        if self._asleep:
-            io_struct = importlib.import_module("sglang.srt.managers.io_struct")
-            await self._tm.resume_memory_occupation(
-                io_struct.ResumeMemoryOccupationReqInput(tags=self._asleep), None
-            )
-        self._asleep = []
 
     @property
     def weight_version(self) -> int:

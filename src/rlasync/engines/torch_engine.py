@@ -32,7 +32,7 @@ from .grammar import Grammars
 from .meter import TokenRate
 from .protocol import EngineError, check_request, until_finished, wait_until_idle
 from .sampling import sample, uniforms
-from .torch_sequence import SequenceEvent, TorchSequence
+from .torch_sequence import SequenceEvent, TorchSequence, oldest_version
 from .types import Alternatives, EngineStats, GenerateOutput, GenerateRequest, PauseMode, TokenChunk
 
 _NO_ALTERNATIVES: Alternatives = []  # a row that asked for no top_logprobs (never appended to)
@@ -263,7 +263,7 @@ class TorchEngine:
             finished=self._finished,
             generated_tokens=self._rate.total,
             batch_size=self._rate.last,
-            oldest_running_version=_oldest_version(list(self._by_id.values())),
+            oldest_running_version=oldest_version(list(self._by_id.values())),
         )
 
     async def close(self) -> None:
@@ -488,11 +488,6 @@ class TorchEngine:
             self._batch.keep(keep)
             self._rows = [rows[i] for i in keep]
         return events
-
-
-def _oldest_version(sequences: list[TorchSequence]) -> int:
-    """The oldest weight version among the tokens of the running ``sequences``; -1: none runs."""
-    return min((seq.versions[0] for seq in sequences if seq.finish is None and seq.versions), default=-1)
 
 
 def _release(model: Any, offload_weights: bool) -> None:

@@ -65,3 +65,8 @@ class TorchSequence(RequestProgress):
             versions=_NO_TOKEN,
             finish_reason=reason,
         )
+
+
+def oldest_version(sequences: list[TorchSequence]) -> int:
+    """The oldest weight version among the tokens of the running ``sequences``; -1: none runs."""
+    return min((seq.versions[0] for seq in sequences if seq.finish is None and seq.versions), default=-1)
