@@ -59,7 +59,7 @@ def _is_docstring(node: ast.stmt | None) -> bool:
     )
 
 
-def _structs(kind: Any) -> list[type]:
+def _structs(kind: Any) -> list[type[msgspec.Struct]]:
     """The Structs a field of type ``kind`` holds (itself, in a union, a list or a dict)."""
     options = typing.get_args(kind) or (kind,)
     found = [o for o in options if isinstance(o, type) and issubclass(o, msgspec.Struct)]
@@ -97,7 +97,7 @@ def _default(field: msgspec.structs.FieldInfo) -> str:
     return "(required)"
 
 
-def settings(cls: type = Config, prefix: str = "") -> list[Setting]:
+def settings(cls: type[msgspec.Struct] = Config, prefix: str = "") -> list[Setting]:
     """Every setting under ``cls``, in field order (the engine's backends each in turn)."""
     out: dict[str, Setting] = {}
     docs = field_docs(cls)
