@@ -4,9 +4,9 @@
     out = await group.generate(request, session_id="traj-3")   # the router picks the engine
     await group.pause("abort"); ...; await group.resume()        # every engine at once
 
-Requests go through the router (least loaded, sticky sessions); ``pause``, ``resume`` and
-``update_weights`` (and ``sleep``/``wake_up``) fan out to every engine in rotation, so a schedule written against one
-engine drives a fleet unchanged. An engine whose node is lost during one of those leaves
+Requests go through the router (least loaded, sticky sessions); ``pause``, ``resume``,
+``update_weights``, ``sleep`` and ``wake_up`` fan out to every engine in rotation, so a schedule
+written against one engine drives a fleet unchanged. An engine whose node is lost during one of those leaves
 rotation (its requests move, as the router moves them) and the others go on; with none left,
 ``NoEngineError``.
 """

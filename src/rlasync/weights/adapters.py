@@ -16,8 +16,8 @@ of two ways:
   tensors in place and never writes into the old ones), else copied once. Merging beats applying
   the adapters on the fly in the engine's forward: decoding then runs the plain model, not two more
   matmuls per adapted layer at every step (``benchmarks/lora_bench.py`` measures both).
-- ``LoadedAdapters``, for an engine with ``load_adapter`` (vLLM, with its own LoRA support): the
-  tensors are handed to it, which serves every later request with them.
+- ``LoadedAdapters``, for an engine with ``load_adapter`` (vLLM and SGLang, with their own LoRA
+  support): the tensors are handed to it, which serves every later request with them.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class MergedAdapters:
 
 
 class LoadedAdapters:
-    """Adapters the engine applies itself (``load_adapter``: vLLM's LoRA support)."""
+    """Adapters the engine applies itself (``load_adapter``: vLLM's or SGLang's LoRA support)."""
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
