@@ -158,8 +158,11 @@ def train(config: Path, run_dir: Path, overrides: list[str]) -> list[tuple[float
 
 
 def gain_within(curve: list[tuple[float, float]], seconds: float) -> float:
-    """The accuracy at the last validation within ``seconds``, less the one at step 0."""
-    return max((t, acc) for t, acc in curve if t <= seconds)[1] - curve[0][1]
+    """The accuracy at the last validation within ``seconds``, less the one at step 0 (0 when
+    the run had not validated again by then: the start's validation can itself end later than
+    ``seconds`` on a loaded machine)."""
+    within = [(t, acc) for t, acc in curve if t <= seconds] or curve[:1]
+    return max(within)[1] - curve[0][1]
 
 
 def main() -> None:
