@@ -33,21 +33,21 @@ def export_checkpoint(config: Config, checkpoint: str, out: Path, *, merge: bool
         shutil.copytree(folder / "model", partial)
     else:
         from ..models import load_pretrained_dir
+        from ..models.tiny import load_tokenizer
 
         base = starting_model_dir(config).resolve()
-        model, tokenizer = load_pretrained_dir(base)
-        if merge:
+        if merge:  # only a merge needs the base's weights; the adapter alone points at them
             try:
                 import peft
             except ImportError:
                 raise ConfigError("rlasync export --merge needs peft: pip install 'rlasync[lora]'") from None
-            merged = peft.PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            merged = peft.PeftModel.from_pretrained(load_pretrained_dir(base)[0], adapter).merge_and_unload()
             merged.save_pretrained(partial, safe_serialization=True)
         else:
             shutil.copytree(adapter, partial)
             settings = json.loads((partial / "adapter_config.json").read_text())
             settings["base_model_name_or_path"] = str(base)
             (partial / "adapter_config.json").write_text(json.dumps(settings, indent=2))
-        tokenizer.save_pretrained(partial)
+        load_tokenizer(base).save_pretrained(partial)
     partial.rename(out)
     return out

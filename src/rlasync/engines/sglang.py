@@ -16,7 +16,9 @@ differ. What it calls:
   ``finish_reason`` (``None`` or ``{"type": "stop"|"length"|"abort", ...}``),
   ``completion_tokens`` and ``output_token_logprobs`` (``(logprob, token_id, text)`` tuples);
   a request that asks for ``top_logprobs`` adds ``top_logprobs_num=k``, and ``meta_info`` then
-  has ``output_top_logprobs`` (each position's k likeliest, as such tuples). SGLang streams deltas with ``--incremental-streaming-output`` and cumulative lists without
+  has ``output_top_logprobs`` (each position's k likeliest, as such tuples); with a LoRA adapter
+  loaded (``load_adapter``), ``lora_path=<its name>``. SGLang streams deltas with
+  ``--incremental-streaming-output`` and cumulative lists without
   it (the default), and may fold several steps into one chunk; the new tokens of a chunk are
   found from ``completion_tokens``, which works for both.
 * ``engine.tokenizer_manager.abort_request(rid)`` to end one request. SGLang drops an abort
@@ -353,10 +355,8 @@ class SGLangEngine(SGLangBetweenRequests):
                 return_logprob=True,
                 stream=True,
                 rid=req.rid,
-                **({"top_logprobs_num": top} if top else {}),
-                **(
-                    {"lora_path": self._lora} if self._lora else {}
-                ),  # the adapter of load_adapter  # then meta_info's output_top_logprobs
+                **({"top_logprobs_num": top} if top else {}),  # then meta_info's output_top_logprobs
+                **({"lora_path": self._lora} if self._lora else {}),  # the adapter of load_adapter
             )
             async for out in stream:
                 new = self._record(req, out)

@@ -9,8 +9,8 @@ A weight sync sends engines the adapters alone (``trainer.lora.sync: adapter``, 
 model's layers (PEFT's file names without its prefix), and each engine adds ``alpha/rank B A`` to
 the base weights it started from (``rlasync.weights.adapters``). With ``sync: merged`` engines
 load the merged model under the base model's own names (``W + alpha/rank B A`` for each adapted
-layer, every other weight as it is), as for a run without LoRA. A checkpoint holds the merged model (``model/``: serve or evaluate it as any
-model folder) and the adapter in PEFT's format (``adapter/``: ``adapter_model.safetensors`` and
+layer, every other weight as it is), as for a run without LoRA. A checkpoint holds the merged
+model (``model/``: serve or evaluate it as any model folder) and the adapter in PEFT's format (``adapter/``: ``adapter_model.safetensors`` and
 ``adapter_config.json``, loadable with ``PeftModel.from_pretrained``); resuming reads the adapter
 back onto the base the run starts from.
 """
