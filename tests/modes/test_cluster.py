@@ -114,7 +114,7 @@ async def test_the_quickstart_cluster_learns(
     tmp_path: Path, reverse_model: Path, mode: str, loop: str
 ) -> None:
     """3 node processes: 2 engine replicas with their loops on nodes 1 and 2, trainer ranks on
-    nodes 0 and 1. A short run (the README has the full one): its reward rises. The sync
+    nodes 0 and 1. A short run (docs/clusters.md has the full one): its reward rises. The sync
     run's rows are answered by an agent of plain OpenAI-client calls (the ``openai`` loop: each
     worker's endpoint next to its engine; validation greedy because the agent leaves the
     temperature to the run). The async run learns a little slower on a loaded machine (more of

@@ -1,8 +1,8 @@
-"""The README's monitoring in a real Prometheus (Debian's ``prometheus`` and ``promtool``).
+"""The monitoring of docs/observability.md in a real Prometheus (Debian's ``prometheus`` and ``promtool``).
 
 ``launch/monitoring/prometheus.yml`` passes ``promtool check config``. Prometheus then runs on it
 (copied beside a ``runs/`` folder of the test's own, its intervals shortened) while two short
-runs of the README's cluster quickstart train side by side: the synchronous one, and a fully
+runs of the cluster quickstart train side by side: the synchronous one, and a fully
 asynchronous one whose agents offer a tool. Every node of both is ``up``; every expression of
 every Grafana panel returns a number for each run the panel is for (the panels only some runs
 fill say so in their "No value" text); a run stopped with Ctrl-C leaves discovery and its series
@@ -48,7 +48,7 @@ ONLY_IN = {
     "Tool calls/s and failures/s by tool (runs with tools)": "tools",
 }
 # The runs, by name: what each is (the ONLY_IN keys it satisfies) and its overrides of the
-# README's `rlasync train configs/quickstart_cluster.yaml runtime.metrics_port=0`.
+# docs/observability.md's `rlasync train configs/quickstart_cluster.yaml runtime.metrics_port=0`.
 RUNS = {
     "sync": (set(), []),
     "async": (
@@ -111,7 +111,7 @@ def _empty_expressions(prometheus: Prometheus, run: str, has: set[str]) -> list[
 
 
 def _start_run(runs: Path, name: str, overrides: list[str], model_dir: Path) -> subprocess.Popen[str]:
-    """``rlasync train`` of the README's cluster quickstart, short steps, output in ``runs/<name>.log``."""
+    """``rlasync train`` of the cluster quickstart, short steps, output in ``runs/<name>.log``."""
     command = [
         sys.executable,
         "-m",

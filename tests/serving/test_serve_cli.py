@@ -1,5 +1,5 @@
 """``rlasync serve MODEL_DIR`` or ``rlasync serve CONFIG`` (the model its run starts from): the
-endpoint alone, for chat and evaluation, stopped by Ctrl-C. The README's line runs as written."""
+endpoint alone, for chat and evaluation, stopped by Ctrl-C. The docs' line runs as written."""
 
 from __future__ import annotations
 
@@ -66,13 +66,15 @@ def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(nano_model_dir: Pat
 
 
 @pytest.mark.timeout(180)  # the warm-start, when no test before built it: about 15 s
-def test_the_readme_serve_line_serves_the_quickstart_model(reverse_model: Path) -> None:
-    """The README's ``rlasync serve`` line, with a free port, and the warm-start cache of this
-    test run instead of ``runs/quickstart``: seed 4 with the quickstart's settings, which the
-    ``reverse_model`` fixture warm-started there (a clone with no run finds no cache and
-    warm-starts seed 2 in ``runs/quickstart`` the same way)."""
+def test_the_documented_serve_line_serves_the_quickstart_model(reverse_model: Path) -> None:
+    """The ``rlasync serve`` line of the OpenAI endpoint's page (docs/openai.md), with a free port,
+    and the warm-start cache of this test run instead of ``runs/quickstart``: seed 4 with the
+    quickstart's settings, which the ``reverse_model`` fixture warm-started there (a clone with no
+    run finds no cache and warm-starts seed 2 in ``runs/quickstart`` the same way)."""
     (line,) = [
-        line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("rlasync serve ")
+        line
+        for line in (ROOT / "docs" / "openai.md").read_text().splitlines()
+        if line.startswith("rlasync serve ")
     ]
     args = shlex.split(line, comments=True)[2:]
     assert "--port" in args, line

@@ -32,7 +32,7 @@ def _project() -> dict:
 @pytest.mark.parametrize(
     ("lockfile", "extras"),
     [
-        ("requirements.lock", ["dev"]),
+        ("requirements.lock", ["dev", "docs"]),
         ("requirements-vllm.lock", ["dev"]),
         ("requirements-envs.lock", ["envs", "envs-frameworks", "test"]),
     ],

@@ -135,7 +135,34 @@ def pages(entries: list[Setting] | None = None) -> dict[str, str]:
             only = f" (engine.backend={row.only})" if row.only else ""
             lines += [f"## `{row.path}`{only}", "", f"`{row.type}`, default `{row.default}`", "", row.doc, ""]
         out[f"{section}.md"] = "\n".join(lines).rstrip() + "\n"
+    out["index.md"] = _index(list(grouped))
     return out
+
+
+def _index(sections: list[str]) -> str:
+    """The reference's first page: each section with what its Struct's docstring says it is."""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(Config)}
+    docs = field_docs(Config)
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from `rlasync.config` by `python -m rlasync.config.reference` (do not edit).",
+        "",
+        "A run's config is one YAML file of these sections; any setting can be given on the command",
+        "line too, by its dotted path (`rlasync train CONFIG trainer.lr=3e-4 'agent.tools=[calculator]'`).",
+        "A key that is not here, or a value of the wrong type, stops the run before it starts with one",
+        "line naming the setting. `load_config(path, overrides)` reads the same in a script.",
+        "",
+        "| section | what it sets | settings |",
+        "|---|---|---|",
+    ]
+    for section in sections:
+        kinds = _structs(fields[section].type)
+        summary = inspect.getdoc(kinds[0]) if kinds else docs.get(section, "")
+        first = " ".join((summary or "").split("\n\n")[0].split())
+        count = len([s for s in settings() if s.path == section or s.path.startswith(section + ".")])
+        lines.append(f"| [`{section}`]({section}.md) | {first} | {count} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(folder: str) -> None:
