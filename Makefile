@@ -47,17 +47,21 @@ APT_INSTALL = [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 unexport PYTHONDONTWRITEBYTECODE
 
 setup: $(STAMP)
-	@# Two things from apt, installed here as root with apt (CI; once): bubblewrap, the python tool's
-	@# sandbox (rlasync/tools/sandbox/), and Prometheus (prometheus, promtool), which
-	@# tests/modes/test_prometheus.py runs docs/observability.md's monitoring in. Elsewhere, or if that fails,
-	@# the tool needs `isolation: weaker` and that test is skipped.
+	@# Three things from apt, installed here as root with apt (CI; once): bubblewrap, the python tool's
+	@# sandbox (rlasync/tools/sandbox/); Prometheus (prometheus, promtool), which
+	@# tests/modes/test_prometheus.py runs docs/observability.md's monitoring in; tcmalloc, the
+	@# allocator runs take (runtime.allocator=auto). Elsewhere, or if that fails, the tool needs
+	@# `isolation: weaker`, that test is skipped and runs use glibc's malloc.
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal || missing="$$missing libtcmalloc-minimal4"; \
 	[ -z "$$missing" ] || { $(call APT_INSTALL,$$missing); } || true
 	@command -v bwrap >/dev/null 2>&1 \
 		|| echo "bubblewrap (bwrap) is not installed: the python tool will refuse to start unless given isolation=weaker (apt-get install bubblewrap)"
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
 		|| echo "Prometheus is not installed: tests/modes/test_prometheus.py will be skipped (apt-get install prometheus)"
+	@ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal \
+		|| echo "tcmalloc is not installed: runs use glibc's malloc (runtime.allocator=auto; apt-get install libtcmalloc-minimal4)"
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -15,8 +15,10 @@ freed), so its peak RSS holds the allocator's history as well as the tensors ali
 freed, so the peak RSS is the peak of the memory in use (what ``torch.cuda.max_memory_allocated``
 tells on a GPU): the goal (issue 52, peak training memory checkpointed <= 0.6 of without) is
 judged on it, the process's whole peak (weights, gradients and AdamW's state included, which
-checkpointing cannot shrink). Last line: JSON ``{"checkpointed_vs_plain_peak_memory",
-"checkpointed_vs_plain_peak_rss_default_malloc", "checkpointed_vs_plain_step_s",
+checkpointing cannot shrink). A third pair runs under the allocator a run's processes take
+(``runtime.allocator=auto``: tcmalloc where installed), whose peak RSS is what a run's trainer
+holds. Last line: JSON ``{"checkpointed_vs_plain_peak_memory", "allocator",
+"checkpointed_vs_plain_peak_rss", "checkpointed_vs_plain_peak_rss_default_malloc", "checkpointed_vs_plain_step_s",
 "peak_memory_mb", "peak_memory_checkpointed_mb"}`` (step times from the default allocator).
 ``--smoke`` (what ``make test`` runs): the 0.8M-parameter nano model and 256 tokens.
 """
@@ -31,6 +33,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rlasync.runtime.allocator import allocator_env, resolve
 
 
 def _rss_mb() -> float:
@@ -72,7 +76,9 @@ def child(model_dir: str, tokens: int, rows: int, checkpointing: bool) -> None:
     print(json.dumps({"before_mb": before, "peak_mb": peak, "step_s": times[-1]}))
 
 
-LIVE_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+DEFAULT_MALLOC = {"LD_PRELOAD": ""}
+"""glibc's malloc as it comes, whatever this process was started under."""
+LIVE_MEMORY = {**DEFAULT_MALLOC, "MALLOC_MMAP_THRESHOLD_": "65536"}
 """glibc: blocks of 64 KB or more mapped one by one and returned when freed (see the module)."""
 
 
@@ -116,9 +122,16 @@ def main() -> None:
         from rlasync.models import smollm2_dir
 
         model_dir, tokens = str(smollm2_dir()), args.tokens
+    chosen = resolve("auto")
+    ours = chosen[0] if chosen else "glibc"
+    allocators = (
+        ("memory in use", LIVE_MEMORY),
+        ("default malloc", DEFAULT_MALLOC),
+        (ours, allocator_env("auto")),
+    )
     runs = {
         (allocator, checkpointing): measure(model_dir, tokens, args.rows, checkpointing, env)
-        for allocator, env in (("memory in use", LIVE_MEMORY), ("default malloc", {}))
+        for allocator, env in allocators
         for checkpointing in (False, True)
     }
     print(f"SmolLM2-135M, one step on {args.rows} x {tokens} tokens" if not args.smoke else "nano, smoke")
@@ -131,6 +144,8 @@ def main() -> None:
     ratio = runs[live]["peak_mb"] / runs["memory in use", False]["peak_mb"]
     result = {
         "checkpointed_vs_plain_peak_memory": ratio,
+        "allocator": ours,
+        "checkpointed_vs_plain_peak_rss": runs[ours, True]["peak_mb"] / runs[ours, False]["peak_mb"],
         "checkpointed_vs_plain_peak_rss_default_malloc": runs[default]["peak_mb"]
         / runs["default malloc", False]["peak_mb"],
         "checkpointed_vs_plain_step_s": runs[default]["step_s"] / runs["default malloc", False]["step_s"],

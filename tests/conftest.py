@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlasync.config import RuntimeConfig
 from rlasync.config.cluster import NODE_MODULES
 from rlasync.runtime.spawner import COMMANDS_ENV, Spawner, use_spawner
 
@@ -31,7 +32,8 @@ def _node_spawner() -> Iterator[None]:
         yield
         return
     commands = str(Path(tempfile.mkdtemp(prefix="rlasync-commands-")) / "socket")  # short: a socket path
-    spawner = Spawner.launch(PRELOAD, commands=commands)
+    # Under the allocator a run takes by default (runtime.allocator=auto), as its commands would be.
+    spawner = Spawner.launch(PRELOAD, commands=commands, allocator=RuntimeConfig().allocator)
     use_spawner(spawner)
     os.environ[COMMANDS_ENV] = commands
     yield

@@ -56,6 +56,7 @@ def launch(
     A SIGTERM to every node at once (scancel, a time limit, torchrun) stops the run as one
     interrupt, with a checkpoint under train.checkpoint_on_interrupt; `--resume=auto` continues it."""
     from ..config import ConfigError, load_config
+    from ..runtime.allocator import AllocatorError, run_under_allocator
 
     if from_stdin:
         raise typer.Exit(_launched_from_stdin())
@@ -63,11 +64,13 @@ def launch(
         usage = "give a CONFIG and one of --nodes hosts.txt or --from-env (under torchrun or srun)"
         raise typer.Exit(said(WHO, usage, 2))
     wanted = parse_resume(resume, WHO)
-    with exits(WHO, Failure((ConfigError,), 2)):
+    with exits(WHO, Failure((ConfigError, AllocatorError), 2)):
         if nodes is not None:
             code = _launch_hosts(config, overrides or [], nodes, via, plugin, wanted)
         else:
-            code = _launched_from_env(with_plugins(load_config(config, overrides or []), plugin), wanted)
+            cfg = with_plugins(load_config(config, overrides or []), plugin)
+            run_under_allocator(cfg.runtime.allocator)  # before torch loads; the node's processes inherit it
+            code = _launched_from_env(cfg, wanted)
     raise typer.Exit(code)
 
 
@@ -96,15 +99,21 @@ def _launch_hosts(
 
 def _launched_from_stdin() -> int:
     """One host's process of `rlasync launch --nodes`: its ticket on stdin says which node."""
+    import msgspec
+
     from ..config import Config, ConfigError, convert
-    from ..launcher.ticket import read_ticket
+    from ..launcher.ticket import TICKET_ENV, read_ticket
+    from ..runtime.allocator import AllocatorError, run_under_allocator
     from ..runtime.events import print_events
     from ..runtime.types import SECRET_ENV, VERSION
 
     try:
         ticket = read_ticket(version=VERSION)
         cfg = convert(ticket.config, Config)
-    except ConfigError as exc:
+        # Started again under the run's allocator, the ticket (read from stdin, which the
+        # launcher writes once) goes along in the environment, as the secret does to children.
+        run_under_allocator(cfg.runtime.allocator, {TICKET_ENV: msgspec.json.encode(ticket).decode()})
+    except (ConfigError, AllocatorError) as exc:
         return said(WHO, exc, 2)
     os.environ[SECRET_ENV] = ticket.secret  # for the processes this one starts, never their command lines
     print_events()

@@ -42,10 +42,15 @@ class TicketError(ConfigError):
     """The launcher's line on stdin is missing or wrong, or this host runs another version."""
 
 
+TICKET_ENV = "RLASYNC_LAUNCH_TICKET"
+"""The ticket, for a host's process started again under its allocator (stdin gave it once)."""
+
+
 def read_ticket(stream: BinaryIO | None = None, *, version: str) -> Ticket:
-    """Read the ticket (the first line of stdin) and check the versions match."""
-    stream = stream or sys.stdin.buffer
-    line = stream.readline()
+    """Read the ticket (the first line of stdin, or ``TICKET_ENV`` where this process was started
+    again) and check the versions match."""
+    given = os.environ.pop(TICKET_ENV, "")
+    line = given.encode() if given else (stream or sys.stdin.buffer).readline()
     if not line.strip():
         raise TicketError(
             "--from-stdin: stdin closed before the launcher's ticket came (run this through `rlasync launch --nodes`)"

@@ -20,6 +20,7 @@ import sys
 import msgspec
 
 from ..config import RuntimeConfig
+from .allocator import allocator_env
 from .lifeline import PARENT_ENV
 from .spawner import current_spawner
 from .types import CONFIG_ENV, SECRET_ENV
@@ -42,7 +43,8 @@ async def start_node_process(
     env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``python -m rlasync.runtime.worker`` as ``node_id``, joining the head at ``head``."""
-    full_env = dict(os.environ)
+    # Preloaded for a child exec'd below; a forked one already runs under this process's.
+    full_env = allocator_env(config.allocator)
     full_env.update(env or {})
     if secret:
         full_env[SECRET_ENV] = secret

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..plugins import load as load_plugin
+from .allocator import allocator_env
 from .lifeline import set_death_signal
 
 log = logging.getLogger(__name__)
@@ -149,11 +150,14 @@ class Spawner:
         return cls(pid, ours)
 
     @classmethod
-    def launch(cls, preload_modules: Sequence[str] = (), *, commands: str = "") -> Spawner | None:
+    def launch(
+        cls, preload_modules: Sequence[str] = (), *, commands: str = "", allocator: str = "glibc"
+    ) -> Spawner | None:
         """Start a spawner as a process of its own that imports ``preload_modules`` first: for a
         process that already runs threads or an event loop. ``commands``: a path where it also
         listens for ``python -m rlasync`` commands to fork (``forked_commands``; set
-        ``RLASYNC_FORK_COMMANDS`` to it). None where there is no fork."""
+        ``RLASYNC_FORK_COMMANDS`` to it). ``allocator``: the ``runtime.allocator`` it and its
+        children run under. None where there is no fork."""
         if not hasattr(os, "fork"):
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -162,7 +166,7 @@ class Spawner:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             listener.bind(commands)
             listener.listen(64)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**allocator_env(allocator), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         env.pop(COMMANDS_ENV, None)
         fds = [theirs.fileno()] + ([listener.fileno()] if listener is not None else [])
         argv = [str(theirs.fileno()), str(os.getpid()), str(fds[1] if listener else -1), *preload_modules]
