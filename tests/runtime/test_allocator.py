@@ -54,7 +54,11 @@ def test_the_allocator_is_preloaded_ahead_of_what_was_there(installed: set[str])
     env = allocator_env("auto", {"LD_PRELOAD": "libother.so", "A": "1"})
     assert env == {"LD_PRELOAD": "libtcmalloc_minimal.so.9 libother.so", "A": "1"}
     assert allocator_env("auto", env)["LD_PRELOAD"] == env["LD_PRELOAD"]  # not twice
-    assert allocator_env("glibc", {"A": "1"}) == {"A": "1"}
+    assert allocator_env("glibc", env) == {"LD_PRELOAD": "libother.so", "A": "1"}  # ours taken out
+    assert allocator_env("glibc", {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == {}
+    installed.add("jemalloc")
+    allocator._library.cache_clear()
+    assert allocator_env("jemalloc", env)["LD_PRELOAD"] == "libjemalloc.so.9 libother.so"  # one at a time
 
 
 def _listening(path: Path, process: subprocess.Popen[bytes], deadline_s: float) -> bool:

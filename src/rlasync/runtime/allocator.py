@@ -5,12 +5,14 @@ trainer frees many large temporaries a step: a LoRA step on SmolLM2-135M held 8.
 under it for 3.9 GB in use, 4.1 GB under tcmalloc (``benchmarks/lora_bench.py``). tcmalloc and
 jemalloc hand such memory back; tcmalloc's steps were also the fastest (full fine-tuning 16.1 s
 against glibc's 17.8 s and jemalloc's 21.1 s), so ``auto`` prefers it. PyTorch's CPU tuning
-guide and vLLM's CPU build recommend them for the same reason. An allocator is chosen when a process starts, so a command
-that is not running under the one its config names starts again under it
-(``run_under_allocator``, before anything heavy is imported), and every process it starts (node
-processes, trainer ranks, forked or exec'd) inherits it.
+guide and vLLM's CPU build recommend them for the same reason.
 
-    env = allocator_env("auto")   # {"LD_PRELOAD": "libtcmalloc_minimal.so.4"} where installed, else {}
+An allocator is chosen when a process starts, so a command that is not running under the one
+its config names starts again under it (``run_under_allocator``, before anything heavy is
+imported), and every process it starts (node processes, trainer ranks, forked or exec'd)
+inherits it.
+
+    env = allocator_env("auto")   # os.environ, LD_PRELOAD=libtcmalloc_minimal.so.4 ahead where installed
     run_under_allocator("auto")   # execs this command again under it, once; else returns
 """
 
@@ -18,13 +20,10 @@ from __future__ import annotations
 
 import ctypes.util
 import functools
-import logging
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 LIBRARIES = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
 """Each allocator's library names, as ``ctypes.util.find_library`` takes them, in preference."""
@@ -33,7 +32,8 @@ PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}
 AUTO_ORDER = ("tcmalloc", "jemalloc")
 """``auto`` takes the first installed (tcmalloc's steps were the fastest of the three measured)."""
 REEXEC_ENV = "RLASYNC_ALLOCATOR_REEXEC"
-"""Set on the process a command starts again under its allocator: it is never started a third time."""
+"""The allocator a command was started again under: if it still does not run under it (the
+library would not load), it goes on as it is rather than starting again and again."""
 
 
 class AllocatorError(RuntimeError):
@@ -82,14 +82,18 @@ def loaded() -> str | None:
 
 
 def allocator_env(setting: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (this process's by default) with the allocator ``setting`` resolves to preloaded
-    (``LD_PRELOAD``, ahead of what was there), for a process about to be started."""
+    """``env`` (this process's by default) for a process about to be started under the allocator
+    ``setting`` resolves to: it first in ``LD_PRELOAD``, the other allocators taken out (all of
+    them for glibc's), the rest of what was preloaded kept."""
     out = dict(os.environ if env is None else env)
     chosen = resolve(setting)
-    if chosen is not None:
-        preloaded = out.get("LD_PRELOAD", "").split()
-        if chosen[1] not in preloaded:
-            out["LD_PRELOAD"] = " ".join([chosen[1], *preloaded])
+    ours = {f"lib{name}." for names in LIBRARIES.values() for name in names}
+    kept = [p for p in out.get("LD_PRELOAD", "").split() if not any(o in Path(p).name for o in ours)]
+    preload = ([chosen[1]] if chosen is not None else []) + kept
+    if preload:
+        out["LD_PRELOAD"] = " ".join(preload)
+    else:
+        out.pop("LD_PRELOAD", None)
     return out
 
 
@@ -100,7 +104,7 @@ def run_under_allocator(setting: str, extra_env: Mapping[str, str] | None = None
     torch is imported and before any thread starts. ``extra_env``: what the new process needs
     that this one read and cannot read again (a ticket taken from stdin)."""
     chosen = resolve(setting)
-    if chosen is None or loaded() == chosen[0] or os.environ.get(REEXEC_ENV):
+    if chosen is None or loaded() == chosen[0] or os.environ.get(REEXEC_ENV) == chosen[0]:
         return
     env = allocator_env(setting)
     env.update(extra_env or {})
