@@ -50,7 +50,7 @@ setup: $(STAMP)
 	@# Three things from apt, installed here as root with apt (CI; once): bubblewrap, the python tool's
 	@# sandbox (rlasync/tools/sandbox/); Prometheus (prometheus, promtool), which
 	@# tests/modes/test_prometheus.py runs docs/observability.md's monitoring in; tcmalloc, the
-	@# allocator runs take (runtime.allocator=auto). Elsewhere, or if that fails, the tool needs
+	@# allocator runs take with runtime.allocator=auto. Elsewhere, or if that fails, the tool needs
 	@# `isolation: weaker`, that test is skipped and runs use glibc's malloc.
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
@@ -61,7 +61,7 @@ setup: $(STAMP)
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
 		|| echo "Prometheus is not installed: tests/modes/test_prometheus.py will be skipped (apt-get install prometheus)"
 	@ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal \
-		|| echo "tcmalloc is not installed: runs use glibc's malloc (runtime.allocator=auto; apt-get install libtcmalloc-minimal4)"
+		|| echo "tcmalloc is not installed: runtime.allocator=auto falls back to glibc malloc (apt-get install libtcmalloc-minimal4)"
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -206,7 +206,7 @@ def main() -> None:
         model_dir, config, shape = str(data / "model"), ARITH, ("64", "40", "24")
         common = [f"train.steps={args.steps}", f"train.validate_every={args.validate_every}"]
         common += ["train.checkpoint_every=0", "train.trace_every=0"]
-    allocator = resolve("auto")  # what runtime.allocator's default gives a run's processes here
+    allocator = resolve("auto")  # what runtime.allocator=auto gives a run's processes here
     runs_under = allocator_env("auto")
     trainer = {
         lora: _child("trainer", model_dir, str(int(lora)), *shape, env=runs_under) for lora in (False, True)

@@ -15,8 +15,7 @@ freed), so its peak RSS holds the allocator's history as well as the tensors ali
 freed, so the peak RSS is the peak of the memory in use (what ``torch.cuda.max_memory_allocated``
 tells on a GPU): the goal (issue 52, peak training memory checkpointed <= 0.6 of without) is
 judged on it, the process's whole peak (weights, gradients and AdamW's state included, which
-checkpointing cannot shrink). A third pair runs under the allocator a run's processes take
-(``runtime.allocator=auto``: tcmalloc where installed), whose peak RSS is what a run's trainer
+checkpointing cannot shrink). A third pair runs under ``runtime.allocator=auto`` (tcmalloc where installed), whose peak RSS is what a run's trainer
 holds. Last line: JSON ``{"checkpointed_vs_plain_peak_memory", "allocator",
 "checkpointed_vs_plain_peak_rss", "checkpointed_vs_plain_peak_rss_default_malloc", "checkpointed_vs_plain_step_s",
 "peak_memory_mb", "peak_memory_checkpointed_mb"}`` (step times from the default allocator).

@@ -32,7 +32,7 @@ def _node_spawner() -> Iterator[None]:
         yield
         return
     commands = str(Path(tempfile.mkdtemp(prefix="rlasync-commands-")) / "socket")  # short: a socket path
-    # Under the allocator a run takes by default (runtime.allocator=auto), as its commands would be.
+    # Under the allocator a run takes by default (runtime.allocator), as its commands would be.
     spawner = Spawner.launch(PRELOAD, commands=commands, allocator=RuntimeConfig().allocator)
     use_spawner(spawner)
     os.environ[COMMANDS_ENV] = commands

@@ -24,6 +24,9 @@ def run() -> None:
         from rlasync.interrupts import hold_early
 
         hold_early()
+    from rlasync.runtime.allocator import is_the_command
+
+    is_the_command()  # this process is the command: it may start itself again under its allocator
     try:
         from rlasync.cli import app
         from rlasync.cli.common import bare_resume

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,14 +126,24 @@ def _check_page(context, root: str, path: str, screenshots: Path | None) -> list
 
 def _check_search(context, root: str) -> list[str]:  # type: ignore[no-untyped-def]
     """Type the term into the site's search box, as a reader does; the setting's page must be a hit."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = context.new_page()
     try:
         page.goto(root + "reference/config/", wait_until="load")
         box = page.locator("input.md-search__input")
-        box.click()
-        box.fill(SEARCH_TERM)
         hits = page.locator(".md-search-result__item a")
-        hits.first.wait_for(state="attached")
+        deadline = time.monotonic() + PAGE_TIMEOUT_MS / 1000
+        while True:  # typed again until the search index (built in a worker) answers
+            box.click()
+            box.fill("")
+            box.type(SEARCH_TERM)
+            try:
+                hits.first.wait_for(state="attached", timeout=5_000)
+                break
+            except PlaywrightTimeout:
+                if time.monotonic() > deadline:
+                    return [f"search for {SEARCH_TERM!r} found nothing within {PAGE_TIMEOUT_MS / 1000:.0f} s"]
         targets = [hits.nth(i).get_attribute("href") or "" for i in range(hits.count())]
     finally:
         page.close()

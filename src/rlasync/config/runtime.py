@@ -119,13 +119,14 @@ class RuntimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     in a fraction of a second instead of importing torch again; false: each starts from nothing
     (``python -m rlasync.runtime.worker``)."""
 
-    allocator: Literal["auto", "tcmalloc", "jemalloc", "glibc"] = "auto"
+    allocator: Literal["glibc", "auto", "tcmalloc", "jemalloc"] = "glibc"
     """The memory allocator of the processes a run starts and of its command (``rlasync train``,
-    ``node``, ``launch``), which starts itself again under it (``rlasync.runtime.allocator``). glibc's
-    malloc keeps freed blocks a trainer step leaves: a LoRA step on SmolLM2-135M held 2x the RSS
-    it used, tcmalloc and jemalloc hand it back. ``auto``: tcmalloc, else jemalloc, where installed
-    (Debian's ``libtcmalloc-minimal4``, ``libjemalloc2``; ``make setup`` installs tcmalloc as
-    root), else glibc's; a named one that is not installed stops the run before it starts."""
+    ``node``, ``launch``), which starts itself again under it (``rlasync.runtime.allocator``).
+    glibc's malloc (the default) keeps freed blocks a trainer step leaves: a LoRA step on
+    SmolLM2-135M held 2x the RSS it used; tcmalloc hands it back, and its steps were faster.
+    ``auto``: tcmalloc, else jemalloc, where installed (Debian's ``libtcmalloc-minimal4``,
+    ``libjemalloc2``; ``make setup`` installs tcmalloc as root), else glibc's; a named one that
+    is not installed stops the run before it starts."""
 
     preload_modules: tuple[str, ...] = ()
     """Modules every node imports before joining the cluster, e.g. ``["rlasync.engines"]``.

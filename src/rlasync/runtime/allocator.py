@@ -36,6 +36,17 @@ REEXEC_ENV = "RLASYNC_ALLOCATOR_REEXEC"
 library would not load), it goes on as it is rather than starting again and again."""
 
 
+_COMMAND = False
+"""Whether this process is an ``rlasync`` command (``rlasync.__main__.run``), which may start
+itself again; a command called inside another program (a test's runner) never does."""
+
+
+def is_the_command() -> None:
+    """Mark this process as the ``rlasync`` command itself (``rlasync.__main__.run``)."""
+    global _COMMAND
+    _COMMAND = True
+
+
 class AllocatorError(RuntimeError):
     """The allocator ``runtime.allocator`` names is not installed on this machine."""
 
@@ -99,12 +110,13 @@ def allocator_env(setting: str, env: Mapping[str, str] | None = None) -> dict[st
 
 def run_under_allocator(setting: str, extra_env: Mapping[str, str] | None = None) -> None:
     """Start this command again under the allocator ``setting`` names, unless it already runs
-    under it (or glibc's is wanted, or it was started again once already): ``os.execve`` of
+    under it (or glibc's is wanted, or it was started again once already, or this process is
+    not the command but a program that called it): ``os.execve`` of
     ``python -m rlasync`` with the same arguments, standard streams and process id. Call it before
     torch is imported and before any thread starts. ``extra_env``: what the new process needs
     that this one read and cannot read again (a ticket taken from stdin)."""
     chosen = resolve(setting)
-    if chosen is None or loaded() == chosen[0] or os.environ.get(REEXEC_ENV) == chosen[0]:
+    if not _COMMAND or chosen is None or loaded() == chosen[0] or os.environ.get(REEXEC_ENV) == chosen[0]:
         return
     env = allocator_env(setting)
     env.update(extra_env or {})
