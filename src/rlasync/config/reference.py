@@ -135,12 +135,13 @@ def pages(entries: list[Setting] | None = None) -> dict[str, str]:
             only = f" (engine.backend={row.only})" if row.only else ""
             lines += [f"## `{row.path}`{only}", "", f"`{row.type}`, default `{row.default}`", "", row.doc, ""]
         out[f"{section}.md"] = "\n".join(lines).rstrip() + "\n"
-    out["index.md"] = _index(list(grouped))
+    out["index.md"] = _index({section: len(rows) for section, rows in grouped.items()})
     return out
 
 
-def _index(sections: list[str]) -> str:
-    """The reference's first page: each section with what its Struct's docstring says it is."""
+def _index(counts: dict[str, int]) -> str:
+    """The reference's first page: each section (-> its number of settings) with what its
+    Struct's docstring says it is."""
     fields = {f.encode_name: f for f in msgspec.structs.fields(Config)}
     docs = field_docs(Config)
     lines = [
@@ -156,11 +157,10 @@ def _index(sections: list[str]) -> str:
         "| section | what it sets | settings |",
         "|---|---|---|",
     ]
-    for section in sections:
+    for section, count in counts.items():
         kinds = _structs(fields[section].type)
         summary = inspect.getdoc(kinds[0]) if kinds else docs.get(section, "")
         first = " ".join((summary or "").split("\n\n")[0].split())
-        count = len([s for s in settings() if s.path == section or s.path.startswith(section + ".")])
         lines.append(f"| [`{section}`]({section}.md) | {first} | {count} |")
     return "\n".join(lines) + "\n"
 
