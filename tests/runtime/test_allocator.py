@@ -54,8 +54,17 @@ def test_the_allocator_is_preloaded_ahead_of_what_was_there(installed: set[str])
     env = allocator_env("auto", {"LD_PRELOAD": "libother.so", "A": "1"})
     assert env == {"LD_PRELOAD": "libtcmalloc_minimal.so.9 libother.so", "A": "1"}
     assert allocator_env("auto", env)["LD_PRELOAD"] == env["LD_PRELOAD"]  # not twice
-    assert allocator_env("glibc", env) == {"LD_PRELOAD": "libother.so", "A": "1"}  # ours taken out
-    assert allocator_env("glibc", {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == {}
+    # glibc's: what the user preloaded stays; what a start again under tcmalloc put there goes.
+    assert allocator_env("glibc", env) == env
+    assert allocator_env("glibc", {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == {
+        "LD_PRELOAD": "/usr/lib/libjemalloc.so.2"
+    }
+    started_again = {**env, allocator.REEXEC_ENV: "tcmalloc"}
+    assert allocator_env("glibc", started_again) == {
+        "LD_PRELOAD": "libother.so",
+        "A": "1",
+        allocator.REEXEC_ENV: "tcmalloc",
+    }
     installed.add("jemalloc")
     allocator._library.cache_clear()
     assert allocator_env("jemalloc", env)["LD_PRELOAD"] == "libjemalloc.so.9 libother.so"  # one at a time

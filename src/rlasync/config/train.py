@@ -85,6 +85,12 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     ``actor_rollout_ref.model.enable_gradient_checkpointing``): a block keeps only its input for
     the backward and recomputes the rest then, so training memory no longer grows with the layers
     times the tokens, for about one more forward's time. The same gradients; works with FSDP2."""
+    recompute_mlp_activation: bool = True
+    """A gated MLP (``down(act(gate(x)) * up(x))``: Llama, Qwen, Mistral, Gemma) recomputes its
+    activation in the backward instead of keeping its output (Liger-Kernel's SwiGLU): one tensor
+    of the MLP's width less per layer and token (360 MB for SmolLM2-135M at 2,048 tokens) for one
+    elementwise activation more per layer; the same gradients bit for bit
+    (``rlasync.trainer.activations``). False: autograd keeps what it keeps."""
     clip_low: Fraction = 0.2
     """PPO's clip range below 1: ratios under ``1 - clip_low`` are clipped."""
     clip_high: Fraction = 0.2

@@ -94,10 +94,13 @@ def loaded() -> str | None:
 
 def allocator_env(setting: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (this process's by default) for a process about to be started under the allocator
-    ``setting`` resolves to: it first in ``LD_PRELOAD``, the other allocators taken out (all of
-    them for glibc's), the rest of what was preloaded kept."""
+    ``setting`` resolves to: it first in ``LD_PRELOAD``, the other allocators taken out, the rest
+    of what was preloaded kept. glibc's adds nothing and takes out only what a start again under
+    an allocator put there (``REEXEC_ENV`` set): an allocator the user preloaded stays."""
     out = dict(os.environ if env is None else env)
     chosen = resolve(setting)
+    if chosen is None and REEXEC_ENV not in out:
+        return out
     ours = {f"lib{name}." for names in LIBRARIES.values() for name in names}
     kept = [p for p in out.get("LD_PRELOAD", "").split() if not any(o in Path(p).name for o in ours)]
     preload = ([chosen[1]] if chosen is not None else []) + kept

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
 from . import lora
+from .activations import recompute_gated_activations, token_logprobs
 from .packing import packed_logits
 from .state import owned, read_safetensors, whole_state
 from .types import TrainBatch, micro_plan, reduce_metrics
@@ -48,6 +49,8 @@ class PolicyTrainer:
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
         if cfg.gradient_checkpointing:
             enable_checkpointing(model)
+        if cfg.recompute_mlp_activation:  # before LoRA and sharding wrap the MLPs' parts
+            recompute_gated_activations(model)
         if cfg.lora.rank:  # the base frozen: only the adapters train (rlasync.trainer.lora)
             model = self.model = lora.wrap(model, cfg.lora).train()
         self.sharded = cfg.strategy == "fsdp2" and _world_size() > 1
@@ -97,10 +100,8 @@ class PolicyTrainer:
 
     @staticmethod
     def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The tokens' logprobs: their logit less the log-sum-exp, which keeps nothing of the
-        vocabulary's size for the backward but the logits themselves (a log-softmax would keep
-        its whole output too: another [B, R, V], 200 MB for SmolLM2 at 1,024 responses tokens)."""
-        return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        """The tokens' logprobs (``activations.token_logprobs``: only the logits kept)."""
+        return token_logprobs(logits, tokens)
 
     def logprobs(
         self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None
@@ -218,6 +219,7 @@ class PolicyTrainer:
             (loss * share).backward()  # the micro-batch's share of the batch loss
             if real:
                 parts.append((float(part_mask.sum()), {"loss": loss.detach().item(), **metrics}))
+            del logits, new, loss  # not held through the next micro-batch's forward
         if not self.sharded:  # FSDP2 reduce-scatters in backward (summing: see _fully_shard)
             self._all_reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
