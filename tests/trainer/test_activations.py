@@ -17,6 +17,7 @@ from rlasync.trainer import PolicyTrainer, TrainBatch
 from rlasync.trainer.activations import recompute_gated_activations, token_logprobs
 
 
+@pytest.mark.numerics
 def test_token_logprobs_give_autograds_values_and_gradient() -> None:
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(3, 7, 301, generator=g) * 4).requires_grad_()
@@ -48,6 +49,7 @@ def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return sum(kept.values())
 
 
+@pytest.mark.numerics
 def test_gated_mlps_recompute_their_activation_keep_one_tensor_less_and_give_the_same_gradients() -> None:
     model, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=1))
     lean = copy.deepcopy(model)
@@ -82,6 +84,7 @@ def test_an_mlp_that_computes_something_else_is_left_as_it_was() -> None:
     assert torch.equal(odd(x), expected)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 def test_a_step_with_mlp_activations_recomputed_is_the_same_step(lora: int) -> None:
     model, _ = build_tiny_lm(TinyLMConfig.preset("nano", seed=3))

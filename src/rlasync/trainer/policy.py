@@ -216,10 +216,13 @@ class PolicyTrainer:
                 )
             local = part_mask.sum() if cfg.loss_agg == "token-mean" else (part_mask.sum(-1) > 0).sum()
             share = float(local) / denominator if real else 0.0  # a filler adds nothing
+            # The graph keeps what its backward needs of the logits and frees it there; a name
+            # holding them would keep them [B, R, V] through the whole backward.
+            del logits, new
             (loss * share).backward()  # the micro-batch's share of the batch loss
             if real:
                 parts.append((float(part_mask.sum()), {"loss": loss.detach().item(), **metrics}))
-            del logits, new, loss  # not held through the next micro-batch's forward
+            del loss
         if not self.sharded:  # FSDP2 reduce-scatters in backward (summing: see _fully_shard)
             self._all_reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
