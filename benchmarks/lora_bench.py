@@ -11,7 +11,7 @@ Four measures, each configuration in a fresh process of its own (``ru_maxrss`` i
   installed, ``rlasync.runtime.allocator``): the goal and the step times are judged there. Two
   more peaks under glibc's malloc, as in ``memory_bench.py``: its default, which also holds what
   it kept of freed blocks (peft's adapted layers, three more temporaries each, freed at once,
-  leave it holding far more: 8.0 GB against 3.9 GB in use), and with
+  leave it holding far more: 6.6 GB against 3.4 GB in use), and with
   ``MALLOC_MMAP_THRESHOLD_=65536`` (every block of 64 KB or more mapped alone and returned when
   freed), whose peak RSS is the peak of the memory in use;
 - the bytes one weight sync sends: the plan the trainer builds (``weight_layout``), the whole

@@ -1,8 +1,8 @@
 """The memory allocator a run's processes use (``runtime.allocator``).
 
 glibc's malloc keeps the memory of freed blocks below its mapping threshold for reuse, and a
-trainer frees many large temporaries a step: a LoRA step on SmolLM2-135M held 8.0 GB of RSS
-under it for 3.9 GB in use, 4.1 GB under tcmalloc (``benchmarks/lora_bench.py``). tcmalloc and
+trainer frees many large temporaries a step: a LoRA step on SmolLM2-135M held 6.6 GB of RSS
+under it for 3.4 GB in use, 3.5 GB under tcmalloc (``benchmarks/lora_bench.py``). tcmalloc and
 jemalloc hand such memory back; tcmalloc's steps were also the fastest (full fine-tuning 16.1 s
 against glibc's 17.8 s and jemalloc's 21.1 s), so ``auto`` prefers it. PyTorch's CPU tuning
 guide and vLLM's CPU build recommend them for the same reason.

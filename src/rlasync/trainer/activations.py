@@ -6,7 +6,7 @@ anyway, with the same kernels autograd's own backward runs: the gradients are th
 
 - ``token_logprobs``: a token's logprob is its logit less the log-sum-exp of its row. Autograd
   builds its gradient from three vocabulary-wide temporaries (the softmax, the gather's scattered
-  one-hot, their sum); here it is written into one: 157 MB less at the peak for SmolLM2
+  one-hot, their sum); here it is written into one: about 140 MB less at the peak for SmolLM2
   (49,152 words) at 800 response tokens. Liger-Kernel's and verl's fused log-prob kernels do the
   same on GPU, with a custom kernel.
 - ``recompute_gated_activations`` (``trainer.recompute_mlp_activation``): a gated MLP,
