@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from memory_bench import DEFAULT_MALLOC, LIVE_MEMORY  # glibc as it comes; glibc returning what is freed
+
 from rlasync.runtime.allocator import allocator_env, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,12 +131,6 @@ def child_decode(model_dir: str, on_the_fly: bool, rows: int, prompt: int, respo
     print(json.dumps({"tokens_per_s": asyncio.run(run())}))
 
 
-GLIBC = {"LD_PRELOAD": ""}
-"""glibc's malloc, whatever this process was started under."""
-LIVE_MEMORY = {**GLIBC, "MALLOC_MMAP_THRESHOLD_": "65536"}
-"""glibc: blocks of 64 KB or more mapped one by one and returned when freed."""
-
-
 def _child(*args: str, env: dict[str, str] | None = None) -> dict[str, float]:
     done = subprocess.run(
         [sys.executable, __file__, "--child", *args],
@@ -211,7 +207,10 @@ def main() -> None:
     trainer = {
         lora: _child("trainer", model_dir, str(int(lora)), *shape, env=runs_under) for lora in (False, True)
     }
-    glibc = {lora: _child("trainer", model_dir, str(int(lora)), *shape, env=GLIBC) for lora in (False, True)}
+    glibc = {
+        lora: _child("trainer", model_dir, str(int(lora)), *shape, env=DEFAULT_MALLOC)
+        for lora in (False, True)
+    }
     in_use = {
         lora: _child("trainer", model_dir, str(int(lora)), *shape, env=LIVE_MEMORY) for lora in (False, True)
     }

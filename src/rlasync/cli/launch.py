@@ -56,7 +56,7 @@ def launch(
     A SIGTERM to every node at once (scancel, a time limit, torchrun) stops the run as one
     interrupt, with a checkpoint under train.checkpoint_on_interrupt; `--resume=auto` continues it."""
     from ..config import ConfigError, load_config
-    from ..runtime.allocator import AllocatorError, run_under_allocator
+    from ..runtime.allocator import run_under_allocator
 
     if from_stdin:
         raise typer.Exit(_launched_from_stdin())
@@ -64,7 +64,7 @@ def launch(
         usage = "give a CONFIG and one of --nodes hosts.txt or --from-env (under torchrun or srun)"
         raise typer.Exit(said(WHO, usage, 2))
     wanted = parse_resume(resume, WHO)
-    with exits(WHO, Failure((ConfigError, AllocatorError), 2)):
+    with exits(WHO, Failure((ConfigError,), 2)):
         if nodes is not None:
             code = _launch_hosts(config, overrides or [], nodes, via, plugin, wanted)
         else:
@@ -103,7 +103,7 @@ def _launched_from_stdin() -> int:
 
     from ..config import Config, ConfigError, convert
     from ..launcher.ticket import TICKET_ENV, read_ticket
-    from ..runtime.allocator import AllocatorError, run_under_allocator
+    from ..runtime.allocator import run_under_allocator
     from ..runtime.events import print_events
     from ..runtime.types import SECRET_ENV, VERSION
 
@@ -113,7 +113,7 @@ def _launched_from_stdin() -> int:
         # Started again under the run's allocator, the ticket (read from stdin, which the
         # launcher writes once) goes along in the environment, as the secret does to children.
         run_under_allocator(cfg.runtime.allocator, {TICKET_ENV: msgspec.json.encode(ticket).decode()})
-    except (ConfigError, AllocatorError) as exc:
+    except ConfigError as exc:  # an allocator not installed too
         return said(WHO, exc, 2)
     os.environ[SECRET_ENV] = ticket.secret  # for the processes this one starts, never their command lines
     print_events()

@@ -40,12 +40,12 @@ def node(
     logging.basicConfig(
         level=log_level.upper(), format=f"%(asctime)s node-{rank} %(name)s %(levelname)s %(message)s"
     )
-    from ..runtime.allocator import AllocatorError, run_under_allocator
+    from ..runtime.allocator import run_under_allocator
 
     try:
         cfg = load_config(config, override)
         run_under_allocator(cfg.runtime.allocator)  # before torch loads; its children inherit it
-    except (ConfigError, AllocatorError) as exc:
+    except ConfigError as exc:  # an allocator not installed too
         raise typer.BadParameter(str(exc)) from None
     secret = os.environ.get(SECRET_ENV)
     if listen.startswith("tcp://") and not secret:

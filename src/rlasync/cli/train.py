@@ -32,10 +32,10 @@ def train(
     """Train with the schedule `train.mode` names (sync, one_step_off, fully_async); ends
     with one JSON line of the result."""
     from ..config import ConfigError, load_config
-    from ..runtime.allocator import AllocatorError, run_under_allocator
+    from ..runtime.allocator import run_under_allocator
 
     wanted = parse_resume(resume, WHO)
-    with exits(WHO, Failure((ConfigError, AllocatorError), 2)):
+    with exits(WHO, Failure((ConfigError,), 2)):
         cfg = with_plugins(load_config(config, overrides or []), plugin)
         run_under_allocator(cfg.runtime.allocator)  # before torch loads; the run's processes inherit it
     raise typer.Exit(run_train(cfg, resume=wanted))

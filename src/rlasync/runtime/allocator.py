@@ -25,6 +25,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..config.errors import ConfigError
+
 LIBRARIES = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
 """Each allocator's library names, as ``ctypes.util.find_library`` takes them, in preference."""
 PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}
@@ -47,8 +49,9 @@ def is_the_command() -> None:
     _COMMAND = True
 
 
-class AllocatorError(RuntimeError):
-    """The allocator ``runtime.allocator`` names is not installed on this machine."""
+class AllocatorError(ConfigError):
+    """The allocator ``runtime.allocator`` names is not installed on this machine: a setting to
+    change, so every command reports it as it reports a malformed config."""
 
 
 @functools.cache

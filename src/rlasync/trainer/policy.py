@@ -98,17 +98,12 @@ class PolicyTrainer:
             )
         return _tempered(out.logits[:, :-1], temperature)
 
-    @staticmethod
-    def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The tokens' logprobs (``activations.token_logprobs``: only the logits kept)."""
-        return token_logprobs(logits, tokens)
-
     def logprobs(
         self, batch: TrainBatch, temperature: float = 1.0, *, rows: slice | None = None
     ) -> torch.Tensor:
         """``[B, R]`` logprobs of the response tokens under the current policy (with grad)."""
         part = batch.rows(rows or slice(None)).to(self.device)
-        return self._pick(self._logits(self.model, part, temperature), part.responses)
+        return token_logprobs(self._logits(self.model, part, temperature), part.responses)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -119,7 +114,7 @@ class PolicyTrainer:
         parts = []
         for start in range(0, batch.size, micro):
             part = batch.rows(slice(start, start + micro)).to(self.device)
-            parts.append(self._pick(self._reference_logits(part, temperature), part.responses).cpu())
+            parts.append(token_logprobs(self._reference_logits(part, temperature), part.responses).cpu())
         return torch.cat(parts) if parts else torch.zeros_like(batch.logprobs, dtype=torch.float32)
 
     def _reference_logits(self, part: TrainBatch, temperature: float) -> torch.Tensor:
@@ -158,7 +153,7 @@ class PolicyTrainer:
         out = torch.zeros(batch.logprobs.shape, dtype=torch.float32)
         for rows, real in self._plan(batch, micro_batches):
             part = self._part(batch, rows)
-            logprobs = self._pick(
+            logprobs = token_logprobs(
                 self._logits(self.model, part, temperature), part.responses
             )  # fillers too: the forward is collective
             if real:
@@ -187,7 +182,7 @@ class PolicyTrainer:
         for rows, real in self._plan(batch, micro_batches):
             part = self._part(batch, rows)
             logits = self._logits(self.model, part, temperature)
-            new = self._pick(logits, part.responses)
+            new = token_logprobs(logits, part.responses)
             part_mask = part.response_mask.float()
             loss, metrics = policy_loss(
                 new,
@@ -203,7 +198,7 @@ class PolicyTrainer:
             )
             if self.keeps_reference:  # KL(pi || pi_ref) penalty, estimated per token
                 with torch.no_grad():
-                    ref = self._pick(self._reference_logits(part, temperature), part.responses)
+                    ref = token_logprobs(self._reference_logits(part, temperature), part.responses)
                 kl = kl_penalty(new, ref, cfg.kl_estimator)
                 loss = loss + cfg.kl_coef * aggregate(kl, part_mask, cfg.loss_agg)
                 metrics["kl_ref"] = float((kl.detach() * part_mask).sum() / part_mask.sum().clamp(min=1))
