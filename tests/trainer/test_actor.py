@@ -198,14 +198,17 @@ async def test_ranks_agree_with_the_in_process_trainer_whatever_the_split(model_
 
 
 @pytest.mark.numerics
-async def test_logprobs_are_gathered_in_row_order(model_dir: Path) -> None:
+@pytest.mark.parametrize("balance_batch", [True, False])
+async def test_logprobs_are_gathered_in_row_order(model_dir: Path, balance_batch: bool) -> None:
+    """Shards balanced by tokens (rows 0, 2, 3 on one rank, 1, 4 on the other) or contiguous:
+    either way the logprobs come back in the batch's row order."""
     batch = _batch(5)
     from transformers import AutoConfig
 
     from rlasync.models import load_pretrained_dir
 
     expected = PolicyTrainer(load_pretrained_dir(model_dir)[0]).compute_logprobs(batch, temperature=0.8)
-    async with TrainerActor(TrainerConfig(world_size=2)) as trainer:
+    async with TrainerActor(TrainerConfig(world_size=2, balance_batch=balance_batch)) as trainer:
         await trainer.start(model_dir)
         got = await trainer.compute_logprobs(batch, temperature=0.8)
     # Each rank runs its rows as a smaller batch (other matmul blocking): the same forward up to

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlasync.trainer import TrainBatch, shard_rows
-from rlasync.trainer.types import reduce_metrics
+from rlasync.trainer.types import balanced_shards, reduce_metrics
 
 
 def test_shards_and_metric_reduction() -> None:
@@ -19,6 +19,28 @@ def test_shards_and_metric_reduction() -> None:
     assert reduce_metrics([(0.0, {"ratio_min": 1.0}), (2.0, {"ratio_min": 2.0})]) == {
         "ratio_min": 2.0
     }  # empty parts don't vote
+
+
+def test_balanced_shards_hold_every_row_once_and_nearly_equal_tokens() -> None:
+    import random
+
+    rng = random.Random(0)
+    for world in (2, 3, 8):
+        for _ in range(50):
+            tokens = [int(rng.lognormvariate(4, 1)) + 1 for _ in range(rng.randint(world, 300))]
+            shards = balanced_shards(tokens, world)
+            rows = [int(r) for shard in shards for r in shard]
+            assert sorted(rows) == list(range(len(tokens)))  # each row on exactly one rank
+            assert all(shard.tolist() == sorted(shard.tolist()) for shard in shards)  # in batch order
+            loads = [sum(tokens[r] for r in shard.tolist()) for shard in shards]
+            # Longest first, each to the lightest rank: the heaviest ends within one row of the share.
+            assert max(loads) <= sum(tokens) / world + max(tokens)
+            assert all(len(shard) > 0 for shard in shards)  # FSDP2 needs a row per rank
+    # The long rows of a group side by side (a GRPO batch's order) no longer land on one rank.
+    tokens = [100] * 4 + [10] * 4
+    assert [s.tolist() for s in balanced_shards(tokens, 2)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    # Equal rows: equal counts (the rank with fewer rows breaks the tie).
+    assert [len(s) for s in balanced_shards([5] * 7, 3)] == [3, 2, 2]
 
 
 def _ragged_batch() -> TrainBatch:

@@ -119,6 +119,11 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """Data-parallel ranks: processes the trainer actor starts and owns, one torch.distributed
     rank each (gloo on CPU, NCCL on GPU); the batch is split between them and their gradients
     summed, so any ``world_size`` takes the same step."""
+    balance_batch: bool = True
+    """Split a step's rows over the ranks by tokens, not by position (verl's ``balance_batch``):
+    the longest row first, each to the rank holding the fewest tokens, so no rank carries much
+    more than its share and the others do not wait for it at the gradient all-reduce. The step
+    is the same up to float rounding. False: contiguous, nearly equal row ranges."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """How ranks hold the model: ``ddp``, a whole copy each and one gradient all-reduce per step;
     ``fsdp2``, parameters, gradients and optimiser state sharded over the ranks (PyTorch FSDP2,

@@ -8,9 +8,9 @@
 Each rank runs in a process that its host node starts and supervises (``Node.start_child``);
 without a ``node`` the trainer starts a one-node cluster of its own in this process and every
 rank runs beside it, the local default. Each call goes to every rank (they are collective): the
-batch is split into contiguous row shards, one per rank, and every shard's loss is normalised
-by the whole batch's denominator, so the summed gradients, hence the step, do not depend on
-``world_size``. Calls reach the ranks through the actor runtime; the ranks talk to each other
+batch is split into row shards of nearly equal tokens (``trainer.balance_batch``), one per rank,
+and every shard's loss is normalised by the whole batch's denominator, so the summed gradients,
+hence the step, do not depend on ``world_size``. Calls reach the ranks through the actor runtime; the ranks talk to each other
 over torch.distributed (gloo on CPU, NCCL on GPU), meeting at a TCP store this driver hosts at
 the head's address (or at ``MASTER_ADDR:MASTER_PORT`` when those are set, as under torchrun).
 
@@ -42,7 +42,7 @@ from ..runtime.rendezvous import master_address, master_store
 from ..weights.errors import raised_remotely
 from ..weights.protocol import GroupAddress
 from .rank import GroupBroken, RankSpec, TrainerRank
-from .types import TrainBatch, micro_plan, reduce_metrics, shard_rows
+from .types import TrainBatch, balanced_shards, micro_plan, reduce_metrics, shard_rows
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class TrainerActor:
                 f"trainer.strategy=fsdp2 needs a row per rank: a batch of {batch.size} for {self.world_size} ranks"
             )
         denominator = batch.loss_denominator(self.config.loss_agg)
-        shards = shard_rows(batch.size, self.world_size)
+        shards = self._shards(batch)
         args = [
             [batch.rows(rows).tensors(), temperature, denominator, self._micro_batches(batch, shards)]
             for rows in shards
@@ -262,12 +262,15 @@ class TrainerActor:
         the frozen reference policy (``reference``; needs ``trainer.kl_coef > 0``)."""
         import torch
 
-        shards = shard_rows(batch.size, self.world_size)
+        shards = self._shards(batch)
         count = self._micro_batches(batch, shards)
         parts = await self._call_all(
             "logprobs", [[batch.rows(rows).tensors(), temperature, count, reference] for rows in shards]
         )
-        return torch.cat(parts)
+        sent = torch.cat(parts)  # the ranks' rows one after the other: back to the batch's order
+        gathered = torch.empty_like(sent)
+        gathered[torch.cat([torch.arange(batch.size)[rows] for rows in shards])] = sent
+        return gathered
 
     async def weights(self) -> dict[str, Any]:
         """The parameters by name, whole, on the CPU (gathered by rank 0)."""
@@ -313,7 +316,13 @@ class TrainerActor:
         without touching the parameters: an engine pulling it, or a send tried again."""
         await self._call_ranks({0: [version, peers]}, "relay_weights")
 
-    def _micro_batches(self, batch: TrainBatch, shards: list[slice]) -> int:
+    def _shards(self, batch: TrainBatch) -> list[Any]:
+        """Each rank's rows: index tensors balanced by tokens, or contiguous slices."""
+        if self.config.balance_batch and self.world_size > 1:
+            return balanced_shards(batch.attention_mask.sum(-1).tolist(), self.world_size)
+        return shard_rows(batch.size, self.world_size)
+
+    def _micro_batches(self, batch: TrainBatch, shards: list[Any]) -> int:
         """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
         cfg = self.config
         return max(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import msgspec
@@ -138,6 +139,20 @@ def micro_plan(batch: TrainBatch, micro_batch_size: int, micro_batch_tokens: int
             groups.append([row])
             longest = lengths[row]
     return [torch.tensor(group, dtype=torch.long) for group in groups]
+
+
+def balanced_shards(tokens: list[int], world_size: int) -> list[torch.Tensor]:
+    """Row indices, one tensor per rank, whose token counts are nearly equal (verl's
+    ``balance_batch``): the longest row first, each to the rank holding the fewest tokens (then
+    the fewest rows), so the slowest rank, which every collective waits for, carries little more
+    than its share (at most the even share plus one row's tokens). Each rank's rows stay in batch order."""
+    loads = [(0, 0, rank) for rank in range(world_size)]  # (tokens, rows, rank): a min-heap
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for row in sorted(range(len(tokens)), key=lambda i: -tokens[i]):
+        held, count, rank = heapq.heappop(loads)
+        shards[rank].append(row)
+        heapq.heappush(loads, (held + tokens[row], count + 1, rank))
+    return [torch.tensor(sorted(rows), dtype=torch.long) for rows in shards]
 
 
 def shard_rows(size: int, world_size: int) -> list[slice]:
