@@ -37,21 +37,33 @@ def test_replicas_per_node_and_repeated_nodes() -> None:
     assert _placement("cluster.engines=[0, 0]", "cluster.trainer=[1, 1]", "trainer.world_size=2").nodes == 2
 
 
-def test_gpus_are_shared_out_on_each_node_engines_first() -> None:
-    config = load_config(
-        ROOT / "configs" / "quickstart.yaml",
-        [
-            "cluster.engines=[0, 0, 1]",
-            "cluster.trainer=[0, 1, 1]",
-            "trainer.world_size=3",
-            "engine.device=cuda",
-            "engine.backend=vllm",
-            "engine.tensor_parallel_size=2",
-        ],
-    )
+GPU_PLACEMENT = [
+    "cluster.engines=[0, 0, 1]",
+    "cluster.trainer=[0, 1, 1]",
+    "trainer.world_size=3",
+    "engine.device=cuda",
+    "engine.backend=vllm",
+    "engine.tensor_parallel_size=2",
+]
+
+
+def test_gpus_are_shared_out_on_each_machine_engines_first() -> None:
+    # Started elsewhere, each node is a machine of its own, with its own GPUs.
+    external = ["cluster.start=external", "cluster.listen=tcp://10.0.0.1:29600"]
+    config = load_config(ROOT / "configs" / "quickstart.yaml", GPU_PLACEMENT + external)
     p = Placement.of(config)
     assert [p.engine_device(config, r) for r in range(3)] == ["cuda:0", "cuda:2", "cuda:0"]
     assert p.trainer_devices(config) == [4, 2, 3]  # node-0: engines hold GPUs 0-3; node-1: 0-1
+    # A local cluster's nodes all run on this machine: no two of them get the same GPU (an
+    # engine on node-1 and rank 0 on node-0 both took GPU 0 when each node counted its own).
+    config = load_config(ROOT / "configs" / "quickstart.yaml", GPU_PLACEMENT)
+    p = Placement.of(config)
+    assert [p.engine_device(config, r) for r in range(3)] == ["cuda:0", "cuda:2", "cuda:4"]
+    assert p.trainer_devices(config) == [6, 7, 8]
+    one_gpu_each = ["cluster.nodes=2", "cluster.engines=[1]", "engine.device=cuda", "engine.backend=vllm"]
+    config = load_config(ROOT / "configs" / "quickstart.yaml", one_gpu_each)
+    p = Placement.of(config)
+    assert (p.engine_device(config, 0), p.trainer_devices(config)) == ("cuda:0", [1])
     cpu = load_config(
         ROOT / "configs" / "quickstart.yaml", ["cluster.trainer=[0, 0]", "trainer.world_size=2"]
     )

@@ -28,6 +28,9 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
     """The node of each trainer rank."""
     loops: Literal["engines", "head"]
     """Where agent loops run: next to their engines, or all on the head."""
+    one_machine: bool = False
+    """Every node runs on this machine (``cluster.start=local``), so they share its GPUs; else
+    each node is a machine of its own (one node process per machine: launch, torchrun, Slurm)."""
 
     @classmethod
     def of(cls, config: Config) -> Placement:
@@ -66,7 +69,9 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
             )
         if c.colocate:
             _check_colocation(config, engines, trainer)
-        return cls(nodes=nodes, engines=engines, trainer=trainer, loops=c.agent_loops)
+        return cls(
+            nodes=nodes, engines=engines, trainer=trainer, loops=c.agent_loops, one_machine=c.start == "local"
+        )
 
     def workers(self) -> dict[int, list[int]]:
         """Node -> the engine replicas its agent-loop worker drives (prefers, for ``engines``)."""
@@ -77,25 +82,34 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
             hosts.setdefault(node, []).append(replica)
         return hosts
 
+    def _machine(self, node: int) -> int:
+        return 0 if self.one_machine else node
+
+    def _on_machine(self, nodes: list[int], machine: int) -> int:
+        """How many of ``nodes`` (one entry per replica or rank) run on ``machine``."""
+        return sum(1 for node in nodes if self._machine(node) == machine)
+
     def engine_device(self, config: Config, replica: int) -> str:
-        """``engine.device`` for one replica: on GPUs, replica ``j`` of its node starts at GPU
+        """``engine.device`` for one replica: on GPUs, replica ``j`` of its machine starts at GPU
         ``j * tensor_parallel_size`` (after ``cuda:N``'s ``N``)."""
         device = config.engine.device
         if not device.startswith("cuda"):
             return device
-        node = self.engines[replica]
-        j = self.engines[:replica].count(node)
+        j = self._on_machine(self.engines[:replica], self._machine(self.engines[replica]))
         base = int(device.partition(":")[2] or 0)
         return f"cuda:{base + j * config.engine.tensor_parallel_size}"
 
     def trainer_devices(self, config: Config) -> list[int]:
-        """Each rank's GPU on its machine: after the GPUs its node's engines take."""
+        """Each rank's GPU on its machine: after the GPUs the machine's engines take."""
         gpu_engines = config.engine.device.startswith("cuda")
+        shared = gpu_engines and not config.cluster.colocate  # colocated: rank 0 on the engines' GPU
         devices = []
         for rank, node in enumerate(self.trainer):
-            shared = gpu_engines and not config.cluster.colocate  # colocated: rank 0 on the engines' GPU
-            taken = self.engines.count(node) * config.engine.tensor_parallel_size if shared else 0
-            devices.append(taken + self.trainer[:rank].count(node))
+            machine = self._machine(node)
+            taken = (
+                self._on_machine(self.engines, machine) * config.engine.tensor_parallel_size if shared else 0
+            )
+            devices.append(taken + self._on_machine(self.trainer[:rank], machine))
         return devices
 
     def describe(self) -> str:

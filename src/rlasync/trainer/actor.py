@@ -84,7 +84,8 @@ class TrainerActor:
                 f"trainer.world_size={self.world_size} ranks need as many hosts, got {len(placed)} ({placed})"
             )
         self.hosts = [f"node-{h}" if isinstance(h, int) else h for h in placed]
-        # A rank's GPU on its machine: by default its index among the ranks its node hosts.
+        # A rank's GPU on its machine: by default its index among the ranks its node hosts (the
+        # placement passes its own, which counts the machine's engines and every node on it).
         self.devices = (
             list(devices)
             if devices is not None

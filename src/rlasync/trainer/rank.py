@@ -66,7 +66,7 @@ class RankSpec(msgspec.Struct, frozen=True, kw_only=True):
     group: str
     """The key prefix of this trainer's group in the store (one trainer, one prefix)."""
     device_index: int = 0
-    """This rank's GPU among its machine's (the placement counts the node's engines first)."""
+    """This rank's GPU among its machine's (the placement counts the machine's engines first)."""
     config: TrainerConfig = TrainerConfig()
 
 
