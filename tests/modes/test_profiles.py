@@ -51,13 +51,21 @@ def test_a_shrunk_profile_keeps_every_step_s_time_per_gpu(name: str) -> None:
         profile.shrunk(7)
 
 
-def test_other_lengths_keep_the_published_phase_times() -> None:
+def test_other_lengths_keep_measured_phase_times_and_flop_costs_per_token() -> None:
     verl = PROFILES["verl-qwen2.5-math-7b-h20"]
     longer = verl.with_lengths(LogNormalLengths(median=4000, sigma=0.8, cap=28672))
     rows = verl.prompts * verl.group
     assert longer.mean_tokens_per_step() > verl.mean_tokens_per_step()
     assert longer.update.seconds(longer.mean_tokens_per_step(), rows, 128) == pytest.approx(
         verl.update.seconds(verl.mean_tokens_per_step(), rows, 128)
+    )
+    # AReaL publishes no phase times: its trainer is costed from FLOPs, so a token costs the
+    # same at any lengths and fewer tokens train sooner.
+    areal = PROFILES["areal-r1-distill-1.5b-h800"]
+    shorter = areal.with_lengths(LogNormalLengths(median=2000, sigma=0.8, cap=27648))
+    assert not areal.update.measured and shorter.update == areal.update
+    assert shorter.update.seconds(shorter.mean_tokens_per_step(), rows, 128) < areal.update.seconds(
+        areal.mean_tokens_per_step(), rows, 128
     )
 
 
