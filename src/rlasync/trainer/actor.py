@@ -10,9 +10,10 @@ without a ``node`` the trainer starts a one-node cluster of its own in this proc
 rank runs beside it, the local default. Each call goes to every rank (they are collective): the
 batch is split into row shards of nearly equal tokens (``trainer.balance_batch``), one per rank,
 and every shard's loss is normalised by the whole batch's denominator, so the summed gradients,
-hence the step, do not depend on ``world_size``. Calls reach the ranks through the actor runtime; the ranks talk to each other
-over torch.distributed (gloo on CPU, NCCL on GPU), meeting at a TCP store this driver hosts at
-the head's address (or at ``MASTER_ADDR:MASTER_PORT`` when those are set, as under torchrun).
+hence the step, do not depend on ``world_size``. Calls reach the ranks through the actor
+runtime; the ranks talk to each other over torch.distributed (gloo on CPU, NCCL on GPU),
+meeting at a TCP store this driver hosts at the head's address (or at
+``MASTER_ADDR:MASTER_PORT`` when those are set, as under torchrun).
 
 Nothing waits without a deadline: starting has ``trainer.start_timeout_s``, each call to the
 ranks ``trainer.operation_timeout_s``. A rank whose node is lost, or whose group broke in a

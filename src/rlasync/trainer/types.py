@@ -145,7 +145,8 @@ def balanced_shards(tokens: list[int], world_size: int) -> list[torch.Tensor]:
     """Row indices, one tensor per rank, whose token counts are nearly equal (verl's
     ``balance_batch``): the longest row first, each to the rank holding the fewest tokens (then
     the fewest rows), so the slowest rank, which every collective waits for, carries little more
-    than its share (at most the even share plus one row's tokens). Each rank's rows stay in batch order."""
+    than its share (at most the even share plus one row's tokens). Each rank's rows stay in
+    batch order."""
     loads = [(0, 0, rank) for rank in range(world_size)]  # (tokens, rows, rank): a min-heap
     shards: list[list[int]] = [[] for _ in range(world_size)]
     for row in sorted(range(len(tokens)), key=lambda i: -tokens[i]):
