@@ -73,6 +73,21 @@ def test_a_checkpoint_resumes_onto_the_base_and_takes_the_same_next_step(tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(first.weights().values(), again.weights().values()))
 
 
+def test_a_checkpoint_refuses_to_resume_onto_another_base(tmp_path: Path) -> None:
+    """Adapters trained on one base mean nothing on another: the merged model the checkpoint
+    holds names the weight that differs (here the embeddings of a tiny model of another seed)."""
+    config = TrainerConfig(lr=1e-2, lora=LORA)
+    first = PolicyTrainer(_model(), config)
+    first.step(long_tailed(seed=1))
+    first.save(tmp_path / "ckpt")
+    other = PolicyTrainer(build_tiny_lm(TinyLMConfig.preset("nano", seed=2))[0], config)
+    with pytest.raises(
+        ValueError, match=r"trained on another base model: its model\.embed_tokens\.weight differs"
+    ):
+        other.load(tmp_path / "ckpt")
+    assert other.steps == 0  # nothing of the checkpoint was taken
+
+
 def test_the_kl_reference_of_a_lora_trainer_is_its_base_not_a_copy() -> None:
     base, batch = _model(), long_tailed(seed=4)
     plain = PolicyTrainer(copy.deepcopy(base), TrainerConfig(kl_coef=0.1))

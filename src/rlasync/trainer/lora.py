@@ -12,7 +12,8 @@ load the merged model under the base model's own names (``W + alpha/rank B A`` f
 layer, every other weight as it is), as for a run without LoRA. A checkpoint holds the merged
 model (``model/``: serve or evaluate it as any model folder) and the adapter in PEFT's format (``adapter/``: ``adapter_model.safetensors`` and
 ``adapter_config.json``, loadable with ``PeftModel.from_pretrained``); resuming reads the adapter
-back onto the base the run starts from.
+back onto the base the run starts from, after checking that base is the one the checkpoint's
+merged model was made from (every weight no adapter changes, bit for bit).
 """
 
 from __future__ import annotations
@@ -105,6 +106,16 @@ def sync_tensors(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def adapter_state(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors of a peft model's state, by their peft names."""
     return {name: tensor for name, tensor in named.items() if is_adapter(name)}
+
+
+def unadapted(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base parameters no adapter changes (embeddings, norms, untargeted layers), by the
+    base model's names: what a merged model of this base holds bit for bit."""
+    return {
+        base_name(name): tensor
+        for name, tensor in named.items()
+        if not is_adapter(name) and ".base_layer." not in name
+    }
 
 
 def from_saved(saved: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

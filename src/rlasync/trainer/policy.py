@@ -27,7 +27,7 @@ from ..config.train import TrainerConfig
 from . import lora
 from .activations import recompute_gated_activations, token_logprobs
 from .packing import packed_logits
-from .state import owned, read_safetensors, whole_state
+from .state import owned, read_safetensors, read_some_safetensors, whole_state
 from .types import TrainBatch, micro_plan, reduce_metrics
 
 BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
@@ -375,6 +375,21 @@ class PolicyTrainer:
             folder / "optimizer.pt",
         )
 
+    def _check_same_base(self, folder: Path) -> None:
+        """Adapters fit only the base they were trained on: the checkpoint's merged model must
+        hold this trainer's base weights wherever no adapter changed them. A ValueError names
+        the first that differs."""
+        mine = lora.unadapted({n: p.detach() for n, p in self.model.named_parameters()})
+        saved = read_some_safetensors(folder / "model", sorted(mine))
+        for name in sorted(mine):  # the same order on every rank: gathering a shard is collective
+            tensor = _full(mine[name]).cpu()
+            if name in saved and not torch.equal(saved[name].to(tensor.dtype), tensor):
+                raise ValueError(
+                    f"checkpoint {folder} was trained on another base model: its {name} differs from "
+                    "this run's (LoRA adapters fit only the base they were trained on): resume with the "
+                    "train.model_dir it was trained from, or start without --resume"
+                )
+
     def load(self, folder: str | Path) -> None:
         """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""
         folder = Path(folder)
@@ -384,6 +399,7 @@ class PolicyTrainer:
         if self.config.lora.rank:  # the adapter onto the base this trainer started from
             from safetensors.torch import load_file
 
+            self._check_same_base(folder)
             state = lora.from_saved(load_file(str(folder / "adapter" / "adapter_model.safetensors")))
         else:
             state = read_safetensors(folder / "model")
@@ -408,6 +424,11 @@ class PolicyTrainer:
         )
         self.scheduler.load_state_dict(saved["scheduler"])
         self.steps = int(saved["steps"])
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter whole (an FSDP2 shard gathered: collective, every rank calls it)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _dtype(p: torch.Tensor) -> str:

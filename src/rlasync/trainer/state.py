@@ -62,6 +62,25 @@ def read_safetensors(folder: Path) -> dict[str, Any]:
     return state
 
 
+def read_some_safetensors(folder: Path, names: list[str]) -> dict[str, Any]:
+    """Those of ``names`` that a Hugging Face folder's weights hold, read one by one (the
+    files are mapped, not read whole)."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    where = (
+        json.loads(index.read_text())["weight_map"]
+        if index.is_file()
+        else dict.fromkeys(names, "model.safetensors")
+    )
+    out: dict[str, Any] = {}
+    for file in sorted({where[n] for n in names if n in where}):
+        with safe_open(str(folder / file), framework="pt") as saved:
+            held = set(saved.keys())
+            out.update({n: saved.get_tensor(n) for n in names if where.get(n) == file and n in held})
+    return out
+
+
 def rng_state() -> dict[str, Any]:
     """This process's torch (CPU and CUDA) and Python random states."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
