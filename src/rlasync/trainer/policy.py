@@ -27,7 +27,7 @@ from ..config.train import TrainerConfig
 from . import lora
 from .activations import recompute_gated_activations, token_logprobs
 from .packing import packed_logits
-from .state import owned, read_safetensors, read_some_safetensors, whole_state
+from .state import iter_safetensors, owned, read_safetensors, whole_state
 from .types import TrainBatch, micro_plan, reduce_metrics
 
 BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
@@ -380,10 +380,10 @@ class PolicyTrainer:
         hold this trainer's base weights wherever no adapter changed them. A ValueError names
         the first that differs."""
         mine = lora.unadapted({n: p.detach() for n, p in self.model.named_parameters()})
-        saved = read_some_safetensors(folder / "model", sorted(mine))
-        for name in sorted(mine):  # the same order on every rank: gathering a shard is collective
+        # One tensor at a time, in the file's order on every rank (gathering a shard is collective).
+        for name, saved in iter_safetensors(folder / "model", mine):
             tensor = _full(mine[name]).cpu()
-            if name in saved and not torch.equal(saved[name].to(tensor.dtype), tensor):
+            if not torch.equal(saved.to(tensor.dtype), tensor):
                 raise ValueError(
                     f"checkpoint {folder} was trained on another base model: its {name} differs from "
                     "this run's (LoRA adapters fit only the base they were trained on): resume with the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,37 +49,28 @@ def owned(value: Any, live: set[int]) -> Any:
     return value
 
 
-def read_safetensors(folder: Path) -> dict[str, Any]:
-    """The tensors of a Hugging Face folder's weights: ``model.safetensors``, or every shard its
-    ``model.safetensors.index.json`` names (a sharded save)."""
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        return dict(load_file(str(folder / "model.safetensors")))
-    state: dict[str, Any] = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        state.update(load_file(str(folder / shard)))
-    return state
-
-
-def read_some_safetensors(folder: Path, names: list[str]) -> dict[str, Any]:
-    """Those of ``names`` that a Hugging Face folder's weights hold, read one by one (the
-    files are mapped, not read whole)."""
+def iter_safetensors(folder: Path, names: Container[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """The tensors of a Hugging Face folder's weights (``model.safetensors``, or every shard its
+    ``model.safetensors.index.json`` names), one at a time and in the same order on every call:
+    all, or those of ``names`` it holds (the files are mapped, so the others are not read)."""
     from safetensors import safe_open
 
     index = folder / "model.safetensors.index.json"
-    where = (
-        json.loads(index.read_text())["weight_map"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
         if index.is_file()
-        else dict.fromkeys(names, "model.safetensors")
+        else ["model.safetensors"]
     )
-    out: dict[str, Any] = {}
-    for file in sorted({where[n] for n in names if n in where}):
+    for file in files:
         with safe_open(str(folder / file), framework="pt") as saved:
-            held = set(saved.keys())
-            out.update({n: saved.get_tensor(n) for n in names if where.get(n) == file and n in held})
-    return out
+            for name in saved.keys():
+                if names is None or name in names:
+                    yield name, saved.get_tensor(name)
+
+
+def read_safetensors(folder: Path) -> dict[str, Any]:
+    """Every tensor of a Hugging Face folder's weights, by name (``iter_safetensors``)."""
+    return dict(iter_safetensors(folder))
 
 
 def rng_state() -> dict[str, Any]:
