@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config.train import LoraSettings
+from .state import iter_safetensors
 
 PREFIX = "base_model.model."
 """What peft puts before the base model's parameter names."""
@@ -116,6 +118,23 @@ def unadapted(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         for name, tensor in named.items()
         if not is_adapter(name) and ".base_layer." not in name
     }
+
+
+def check_base(model: Any, merged: Path) -> None:
+    """Adapters fit only the base they were trained on: the merged model a checkpoint holds
+    (the folder ``merged``) must hold ``model``'s base weights wherever no adapter changed them,
+    bit for bit. A ValueError names the first that differs. Every rank calls it: a shard is
+    gathered whole (collective), one tensor at a time in the file's order."""
+    mine = unadapted({n: p.detach() for n, p in model.named_parameters()})
+    for name, saved in iter_safetensors(merged, mine):
+        tensor = mine[name]
+        tensor = (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).cpu()
+        if not torch.equal(saved.to(tensor.dtype), tensor):
+            raise ValueError(
+                f"checkpoint {merged.parent} was trained on another base model: its {name} differs from "
+                "this run's (LoRA adapters fit only the base they were trained on): resume with the "
+                "train.model_dir it was trained from, or start without --resume"
+            )
 
 
 def from_saved(saved: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from ..algorithms import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from ..config.train import TrainerConfig
 from . import lora
-from .activations import recompute_gated_activations, token_logprobs
+from .activations import enable_checkpointing, recompute_gated_activations, token_logprobs
 from .packing import packed_logits
-from .state import iter_safetensors, owned, read_safetensors, whole_state
+from .state import owned, read_safetensors, whole_state
 from .types import TrainBatch, micro_plan, reduce_metrics
 
 BUCKET_BYTES = 32 << 20  # gradients are all-reduced in buckets of about this size
@@ -375,21 +375,6 @@ class PolicyTrainer:
             folder / "optimizer.pt",
         )
 
-    def _check_same_base(self, folder: Path) -> None:
-        """Adapters fit only the base they were trained on: the checkpoint's merged model must
-        hold this trainer's base weights wherever no adapter changed them. A ValueError names
-        the first that differs."""
-        mine = lora.unadapted({n: p.detach() for n, p in self.model.named_parameters()})
-        # One tensor at a time, in the file's order on every rank (gathering a shard is collective).
-        for name, saved in iter_safetensors(folder / "model", mine):
-            tensor = _full(mine[name]).cpu()
-            if not torch.equal(saved.to(tensor.dtype), tensor):
-                raise ValueError(
-                    f"checkpoint {folder} was trained on another base model: its {name} differs from "
-                    "this run's (LoRA adapters fit only the base they were trained on): resume with the "
-                    "train.model_dir it was trained from, or start without --resume"
-                )
-
     def load(self, folder: str | Path) -> None:
         """Restore parameters and optimiser/scheduler state saved by ``save`` (every rank)."""
         folder = Path(folder)
@@ -399,7 +384,7 @@ class PolicyTrainer:
         if self.config.lora.rank:  # the adapter onto the base this trainer started from
             from safetensors.torch import load_file
 
-            self._check_same_base(folder)
+            lora.check_base(self.model, folder / "model")
             state = lora.from_saved(load_file(str(folder / "adapter" / "adapter_model.safetensors")))
         else:
             state = read_safetensors(folder / "model")
@@ -424,11 +409,6 @@ class PolicyTrainer:
         )
         self.scheduler.load_state_dict(saved["scheduler"])
         self.steps = int(saved["steps"])
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A parameter whole (an FSDP2 shard gathered: collective, every rank calls it)."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _dtype(p: torch.Tensor) -> str:
@@ -461,21 +441,6 @@ def logged_entropy(logits: torch.Tensor) -> torch.Tensor:
     for start in range(0, flat.shape[0], ENTROPY_CHUNK):
         out[start : start + ENTROPY_CHUNK] = entropy_from_logits(flat[start : start + ENTROPY_CHUNK])
     return out.view(logits.shape[:-1])
-
-
-def enable_checkpointing(model: Any) -> None:
-    """Activation checkpointing on each transformer block (transformers' own, non-reentrant:
-    it composes with FSDP2 and needs no input that requires grad). A model transformers did not
-    build is a ``ValueError`` naming the setting."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ValueError(
-            f"trainer.gradient_checkpointing: {type(model).__name__} does not support it (a transformers model does)"
-        )
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # its name since transformers 5.2x
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _fully_shard(model: Any, device: torch.device) -> None:
