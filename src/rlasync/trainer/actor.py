@@ -325,8 +325,12 @@ class TrainerActor:
         return shard_rows(batch.size, self.world_size)
 
     def _micro_batches(self, batch: TrainBatch, shards: list[Any]) -> int:
-        """The most micro-batches any rank runs (FSDP2 ranks all run that many)."""
+        """The most micro-batches any rank runs: FSDP2 ranks all run that many (each forward
+        gathers parameters collectively). DDP ranks run their own, so 0: no pass over the
+        batch here that each rank makes again."""
         cfg = self.config
+        if cfg.strategy != "fsdp2" or self.world_size == 1:
+            return 0
         return max(
             len(micro_plan(batch.rows(s), cfg.micro_batch_size, cfg.micro_batch_tokens)) for s in shards
         )
