@@ -39,13 +39,14 @@ a heavy tail (median 4,000, sigma 1.0, cap 32,000), one step per version (k = 1)
 token at most 2 versions old (eta = 2). Fully async with pulled versions, ``interrupt=keep`` and
 long-tail repacking against the same with the global pause (``commit=together``,
 ``interrupt=abort``) at the same bound, on a virtual-time loop: the fraction of the pooled
-ideal of each, their ratio, token staleness p99, and the wall time the simulator took per
-simulated hour. ``--check-scale`` then runs the first at half the GPUs twice, on virtual time
+ideal of each, their ratio, the most of the pooled ideal the 3:1 split allows whatever the
+schedule (``Measure.split_ceiling``: the slower side busy all the time), token staleness p99,
+and the wall time the simulator took per simulated hour. ``--check-scale`` then runs the first at half the GPUs twice, on virtual time
 and against the wall clock (one simulated second per ``--wall-scale`` s), so the head's own
 work counts: how far the figures move, the process's CPU per trajectory (the head, the agent
 loops and the simulated GPUs all run in it), trajectories and turns it handles per second, and
 its loop lag from the first step to the last (how late a 10 ms timer wakes). JSON keys:
-``{"scale_gpus", "scale_fraction_of_pooled", "scale_together_fraction_of_pooled",
+``{"scale_gpus", "scale_fraction_of_pooled", "scale_together_fraction_of_pooled", "scale_split_ceiling",
 "scale_gain_vs_together", "scale_staleness_p99", "scale_wall_s_per_sim_hour",
 "scale_check_max_change", "scale_head_cpu_ms_per_trajectory", "scale_head_loop_lag_p99_ms",
 "scale_head_loop_lag_max_ms", "scale_head_trajectories_per_s"}``.
@@ -476,7 +477,7 @@ def at_scale(args: argparse.Namespace) -> dict[str, float]:
         clock = f"wall clock x{wall_scale:g}" if wall_scale else "virtual"
         print(
             f"  {gpus} GPUs, {commit}/{interrupt}{' + repack' if repack else ''} ({clock}): {result.steps_per_hour:.1f} steps/h, "
-            f"of pooled {result.fraction_of_pooled:.3f}, staleness p50/p99 {result.staleness_p50}/{result.staleness_p99}, "
+            f"of pooled {result.fraction_of_pooled:.3f} (the split allows {result.split_ceiling:.3f}), staleness p50/p99 {result.staleness_p50}/{result.staleness_p99}, "
             f"trainer busy {result.trainer_busy:.2f}, generation busy {result.generation_busy:.2f}; {wall:.0f} s wall "
             f"= {wall / simulated * 3600:.0f} s per simulated hour",
             flush=True,
@@ -493,6 +494,7 @@ def at_scale(args: argparse.Namespace) -> dict[str, float]:
         "scale_gpus": float(gpus),
         "scale_fraction_of_pooled": ours.fraction_of_pooled,
         "scale_together_fraction_of_pooled": together.fraction_of_pooled,
+        "scale_split_ceiling": ours.split_ceiling,
         "scale_gain_vs_together": ours.steps_per_hour / together.steps_per_hour,
         "scale_staleness_p99": float(ours.staleness_p99),
         "scale_wall_s_per_sim_hour": per_hour,

@@ -12,7 +12,7 @@ import pytest
 
 from rlasync.config import load_config
 from rlasync.engines.sim import LogNormalLengths
-from rlasync.modes.plan import plan, render
+from rlasync.modes.plan import _gpu_work, plan, pooled_step_s, render, split_step_s
 from rlasync.modes.profiles import PROFILES
 
 ROOT = Path(__file__).parents[2]
@@ -53,9 +53,29 @@ def test_the_marked_point_is_the_best_of_its_grid() -> None:
     assert f"trainer.world_size={m.trainer_gpus}" in best.overrides
     for point in result.points:  # what it measures holds together
         assert 0 < point.measure.fraction_of_pooled <= 1.0 + 1e-9
+        assert 0 < point.measure.split_ceiling <= 1.0 + 1e-9
         assert point.measure.staleness_p50 <= point.measure.staleness_p99 <= 4
         assert point.measure.generation_gpus + point.measure.trainer_gpus == 4
     assert result.sync.staleness_p99 == 0  # sync trains on-policy
+    assert result.sync.split_ceiling == 1.0  # sync is not split
+
+
+def test_the_split_ceiling_is_set_by_the_slower_side() -> None:
+    """A split's ideal step is its slower side's, so it is never shorter than the pooled ideal,
+    and it is longest at the extremes: one GPU generating, or one training."""
+    tokens, rows, gpus = 2e6, 1024, 64
+    pooled = pooled_step_s(PROFILE, tokens, rows, gpus, logprobs=True)
+    ceiling = {
+        g: pooled / split_step_s(PROFILE, tokens, rows, g, gpus - g, logprobs=True) for g in range(1, gpus)
+    }
+    assert all(0 < c <= 1 + 1e-12 for c in ceiling.values())
+    best = max(ceiling, key=lambda g: ceiling[g])
+    rising, falling = [ceiling[g] for g in range(1, best + 1)], [ceiling[g] for g in range(best, gpus)]
+    assert rising == sorted(rising) and falling == sorted(falling, reverse=True)  # one peak
+    generation, training, serial = _gpu_work(PROFILE, tokens, rows, logprobs=True)
+    # At the peak the sides swap: one GPU fewer generating and generation is the slower side.
+    assert generation / (best - 1) > serial + training / (gpus - best + 1)
+    assert generation / (best + 1) < serial + training / (gpus - best - 1)
 
 
 def test_a_large_grid_is_searched_by_descent_from_the_config_s_knobs() -> None:

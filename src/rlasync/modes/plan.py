@@ -44,6 +44,7 @@ class Measure(msgspec.Struct, frozen=True, kw_only=True):
     steps_per_hour: float
     samples_per_hour: float  # prompt groups trained on per hour: comparable across require_batches
     fraction_of_pooled: float  # the pooled ideal's time over the run's
+    split_ceiling: float  # the most fraction_of_pooled can be at this split (``split_step_s``); 1 for sync
     staleness_p50: int  # versions behind, over every trained token
     staleness_p99: int
     gpu_idle: float  # of all GPUs' time, the part neither generating nor training
@@ -93,13 +94,14 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def pooled_step_s(profile: Profile, tokens: float, rows: int, gpus: int, *, logprobs: bool) -> float:
-    """The pooled ideal of a step of ``tokens`` generated tokens and ``rows`` trajectories: every
-    GPU busy, generation at the largest batch the KV cache allows, nothing paused. A token's
-    decode costs ``a / b + c + k * context`` at the mean context of a running sequence (half its
-    answer, length-biased: E[L^2] / 2 E[L], plus the prompt), and no prefill. The moments are
-    the profile's distribution's, not the step's draws: over a few trajectories (a smoke run) a
-    heavy tail is rarely drawn, and a run can read above 1."""
+def _gpu_work(profile: Profile, tokens: float, rows: int, *, logprobs: bool) -> tuple[float, float, float]:
+    """A step's work at its ideal: GPU-seconds of generation and of training, and the trainer's
+    serial part (its fixed costs per batch of rows, which more GPUs do not shorten). A token's
+    decode costs ``a / b + c + k * context`` at the mean context of a running sequence (half
+    its answer, length-biased: E[L^2] / 2 E[L], plus the prompt), at the largest batch the KV
+    cache allows, and no prefill. The moments are the profile's distribution's, not the step's
+    draws: over a few trajectories (a smoke run) a heavy tail is rarely drawn, and a run can
+    read above 1."""
     latency = profile.latency()
     mean, square = lengths_moment(profile.lengths, 1), lengths_moment(profile.lengths, 2)
     context = profile.prompt_tokens + square / (2 * mean)
@@ -111,7 +113,26 @@ def pooled_step_s(profile: Profile, tokens: float, rows: int, gpus: int, *, logp
     phases = [profile.update, profile.logprob] if logprobs else [profile.update]
     training = sum(p.gpu_s_per_token * trained for p in phases)
     serial = sum(p.fixed_s * rows / p.batch_rows for p in phases)
+    return generation, training, serial
+
+
+def pooled_step_s(profile: Profile, tokens: float, rows: int, gpus: int, *, logprobs: bool) -> float:
+    """The pooled ideal of a step of ``tokens`` generated tokens and ``rows`` trajectories: every
+    GPU busy, generating (``_gpu_work``) or training, nothing paused, no split between the two."""
+    generation, training, serial = _gpu_work(profile, tokens, rows, logprobs=logprobs)
     return max(serial, (generation + training) / gpus)
+
+
+def split_step_s(
+    profile: Profile, tokens: float, rows: int, generation_gpus: int, trainer_gpus: int, *, logprobs: bool
+) -> float:
+    """The same step's ideal with its GPUs split: generation on ``generation_gpus`` and training on
+    ``trainer_gpus``, each busy all the time, so the slower side sets the step. The trainer pays
+    its serial part on top of its share of the tokens, as the simulated one does (``Phase``).
+    Its ratio to ``pooled_step_s`` is the most of the pooled ideal any schedule reaches at that
+    split."""
+    generation, training, serial = _gpu_work(profile, tokens, rows, logprobs=logprobs)
+    return max(generation / generation_gpus, serial + training / trainer_gpus)
 
 
 async def _lag(lags: list[float], counting: list[bool], period: float = 0.01) -> None:
@@ -146,6 +167,7 @@ async def _run(
     )
     times: list[float] = []
     ideal: list[float] = []
+    split: list[float] = []
     hist: list[int] = []
     gpus = generation_gpus if config.train.mode == "sync" else generation_gpus + trainer_gpus
     logprobs = config.train.mode == "sync" or not config.async_training.use_rollout_log_probs
@@ -162,6 +184,11 @@ async def _run(
             return
         tokens = record["response_tokens"] * BLOCK
         ideal.append(pooled_step_s(profile, tokens, rows, gpus, logprobs=logprobs))
+        split.append(
+            ideal[-1]
+            if config.train.mode == "sync"
+            else split_step_s(profile, tokens, rows, generation_gpus, trainer_gpus, logprobs=logprobs)
+        )
         for behind, count in enumerate(record.get("async/staleness_token_hist", [])):
             hist.extend([0] * (behind + 1 - len(hist)))
             hist[behind] += count
@@ -205,6 +232,7 @@ async def _run(
         steps_per_hour=counted / measured * 3600,
         samples_per_hour=counted * samples / measured * 3600,
         fraction_of_pooled=sum(ideal) / measured,
+        split_ceiling=sum(ideal) / sum(split) if split else 1.0,
         staleness_p50=_quantile(hist, 0.5),
         staleness_p99=_quantile(hist, 0.99),
         gpu_idle=max(0.0, idle),
@@ -394,21 +422,22 @@ def render(result: PlanResult, profile: Profile) -> str:
         f"{result.gpus} GPUs of profile {profile.name} ({profile.model.name} on {profile.hardware.name}; {profile.source})",
         *[f"  assumed: {a}" for a in profile.assumptions],
         "  samples/h: prompt groups trained on an hour; of pooled: the pooled ideal's time over the run's (every GPU busy,",
-        "  full batches, nothing paused); staleness: versions behind of the trained tokens; idle: GPU time with nothing to do",
+        "  full batches, nothing paused); ceiling: the most of it the split allows (the slower side busy all the time);",
+        "  staleness: versions behind of the trained tokens; idle: GPU time with nothing to do",
         "",
-        f"  {'':1s} {'gen:train':>10s} {'staleness':>9s} {'trigger':>7s} {'batches':>7s} {'samples/h':>10s} {'steps/h':>8s} {'of pooled':>9s} {'p50':>4s} {'p99':>4s} {'idle':>5s}",
+        f"  {'':1s} {'gen:train':>10s} {'staleness':>9s} {'trigger':>7s} {'batches':>7s} {'samples/h':>10s} {'steps/h':>8s} {'of pooled':>9s} {'ceiling':>7s} {'p50':>4s} {'p99':>4s} {'idle':>5s}",
     ]
     sync = result.sync
     lines.append(
         f"  {'':1s} {'sync ' + str(result.gpus):>10s} {'-':>9s} {'-':>7s} {'-':>7s} {sync.samples_per_hour:10.0f} {sync.steps_per_hour:8.1f} "
-        f"{sync.fraction_of_pooled:9.3f} {sync.staleness_p50:4d} {sync.staleness_p99:4d} {sync.gpu_idle:5.2f}"
+        f"{sync.fraction_of_pooled:9.3f} {sync.split_ceiling:7.3f} {sync.staleness_p50:4d} {sync.staleness_p99:4d} {sync.gpu_idle:5.2f}"
     )
     for point in result.points:
         m, k = point.measure, point.knobs
         lines.append(
             f"  {'*' if point is best else '':1s} {f'{m.generation_gpus}:{m.trainer_gpus}':>10s} {_number(k['staleness_threshold']):>9s} "
             f"{_number(k['trigger_parameter_sync_step']):>7s} {_number(k['require_batches']):>7s} {m.samples_per_hour:10.0f} {m.steps_per_hour:8.1f} "
-            f"{m.fraction_of_pooled:9.3f} {m.staleness_p50:4d} {m.staleness_p99:4d} {m.gpu_idle:5.2f}"
+            f"{m.fraction_of_pooled:9.3f} {m.split_ceiling:7.3f} {m.staleness_p50:4d} {m.staleness_p99:4d} {m.gpu_idle:5.2f}"
         )
     engines = best.measure.generation_gpus // profile.engine_gpus
     lines += [
@@ -420,4 +449,14 @@ def render(result: PlanResult, profile: Profile) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["HeadLoad", "Measure", "PlanResult", "Point", "measure", "plan", "pooled_step_s", "render"]
+__all__ = [
+    "HeadLoad",
+    "Measure",
+    "PlanResult",
+    "Point",
+    "measure",
+    "plan",
+    "pooled_step_s",
+    "render",
+    "split_step_s",
+]
