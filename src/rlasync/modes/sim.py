@@ -26,7 +26,6 @@ from ..compose.run import Run
 from ..config import ClusterConfig, Config
 from ..engines import EngineGroup
 from ..engines.sim import LatencyModel, LogNormalLengths, SimClock, SimEngine
-from ..runtime.stall import off_loop
 from ..weights import SyncReport
 from ..weights.commit import Commit, Interrupt, all_paused, in_waves, take_version
 from .profiles import Phase, Profile, ToolCalls
@@ -71,7 +70,7 @@ class SimTrainer:
         self.busy_s += self.clock.now() - began
 
     async def step(self, batch: Any, *, temperature: float = 1.0) -> dict[str, float]:
-        tokens = await off_loop(self._tokens, batch)  # a pass over a step's tokens: not on the loop
+        tokens = self._tokens(batch)
         phases = [self.logprob, self.update] if self.logprobs_in_step else [self.update]
         await self._work(phases, tokens, int(batch.response_mask.shape[0]))
         self.tokens += tokens
@@ -80,10 +79,8 @@ class SimTrainer:
     async def compute_logprobs(
         self, batch: Any, *, temperature: float = 1.0, reference: bool = False
     ) -> torch.Tensor:
-        await self._work(
-            [self.logprob], await off_loop(self._tokens, batch), int(batch.response_mask.shape[0])
-        )
-        return await off_loop(lambda: torch.as_tensor(batch.logprobs, dtype=torch.float32).clone())
+        await self._work([self.logprob], self._tokens(batch), int(batch.response_mask.shape[0]))
+        return torch.as_tensor(batch.logprobs, dtype=torch.float32).clone()
 
     async def close(self) -> None:
         return None
