@@ -409,16 +409,23 @@ class Router:
 
     async def _ask_stats(self, slots: list[EngineSlot]) -> list[asyncio.Future[Any]]:
         """Every engine's ``stats`` call, sent a slice at a time with the loop let go between
-        slices: at 768 engines, sending them all in one callback held the loop ~0.1 s."""
+        slices, so that with hundreds of engines the sending (and the collections its
+        allocations set off) does not hold the loop in one callback. Cancelled midway, it
+        cancels the calls it sent."""
         timeout = max(5 * self.config.load_refresh_s, 5.0)
         calls: list[asyncio.Future[Any]] = []
-        for start in range(0, len(slots), _STATS_SLICE):
-            if start:
-                await asyncio.sleep(0)
-            calls += [
-                asyncio.ensure_future(s.ref.stats.options(timeout=timeout)())
-                for s in slots[start : start + _STATS_SLICE]
-            ]
+        try:
+            for start in range(0, len(slots), _STATS_SLICE):
+                if start:
+                    await asyncio.sleep(0)
+                calls += [
+                    asyncio.ensure_future(s.ref.stats.options(timeout=timeout)())
+                    for s in slots[start : start + _STATS_SLICE]
+                ]
+        except asyncio.CancelledError:
+            for call in calls:
+                call.cancel()
+            raise
         return calls
 
     async def _refresh(self) -> None:
