@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 # An engine is gone when its node is lost or its actor no longer exists there.
 _GONE = (NodeLostError, ActorNotFound)
 T = TypeVar("T")
-_STATS_SLICE = 64  # load polls sent in one go (``Router._ask_stats``)
 
 
 class NoEngineError(EngineError):
@@ -407,34 +406,16 @@ class Router:
         self._retries += 1
         log.info("%s; retrying it on another engine", where)
 
-    async def _ask_stats(self, slots: list[EngineSlot]) -> list[asyncio.Future[Any]]:
-        """Every engine's ``stats`` call, sent a slice at a time with the loop let go between
-        slices, so that with hundreds of engines the sending (and the collections its
-        allocations set off) does not hold the loop in one callback. Cancelled midway, it
-        cancels the calls it sent."""
-        timeout = max(5 * self.config.load_refresh_s, 5.0)
-        calls: list[asyncio.Future[Any]] = []
-        try:
-            for start in range(0, len(slots), _STATS_SLICE):
-                if start:
-                    await asyncio.sleep(0)
-                calls += [
-                    asyncio.ensure_future(s.ref.stats.options(timeout=timeout)())
-                    for s in slots[start : start + _STATS_SLICE]
-                ]
-        except asyncio.CancelledError:
-            for call in calls:
-                call.cancel()
-            raise
-        return calls
-
     async def _refresh(self) -> None:
         """Poll every engine's load (what other routers put there) and liveness."""
         while not self._closed:
             await asyncio.sleep(self.config.load_refresh_s)
             slots = list(self._slots.values())
             before = [(s.outstanding, s.assigned) for s in slots]
-            replies = await asyncio.gather(*await self._ask_stats(slots), return_exceptions=True)
+            replies = await asyncio.gather(
+                *[s.ref.stats.options(timeout=max(5 * self.config.load_refresh_s, 5.0))() for s in slots],
+                return_exceptions=True,
+            )
             for slot, reply, (outstanding, assigned) in zip(slots, replies, before):
                 if isinstance(reply, _GONE):
                     self._engine_lost(slot, reply)
