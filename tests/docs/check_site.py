@@ -129,27 +129,33 @@ def _check_search(context, root: str) -> list[str]:  # type: ignore[no-untyped-d
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     page = context.new_page()
+    targets: list[str] = []
     try:
         page.goto(root + "reference/config/", wait_until="load")
         box = page.locator("input.md-search__input")
         hits = page.locator(".md-search-result__item a")
         deadline = time.monotonic() + PAGE_TIMEOUT_MS / 1000
-        while True:  # typed again until the search index (built in a worker) answers
+        while time.monotonic() < deadline:  # typed again until the search index (built in a worker) answers
             box.click()
             box.fill("")
             box.type(SEARCH_TERM)
             try:
                 hits.first.wait_for(state="attached", timeout=5_000)
-                break
             except PlaywrightTimeout:
-                if time.monotonic() > deadline:
-                    return [f"search for {SEARCH_TERM!r} found nothing within {PAGE_TIMEOUT_MS / 1000:.0f} s"]
-        targets = [hits.nth(i).get_attribute("href") or "" for i in range(hits.count())]
+                continue
+            # The list is re-rendered while the search settles (CI once saw it shrink between a
+            # count and a read by index): its links are read in one go, and read again until the
+            # setting's page is among them or the deadline passes.
+            while time.monotonic() < deadline:
+                targets = hits.evaluate_all("links => links.map(a => a.getAttribute('href') || '')")
+                if any(SEARCH_PAGE in target for target in targets):
+                    return []
+                page.wait_for_timeout(250)
     finally:
         page.close()
-    if not any(SEARCH_PAGE in target for target in targets):
-        return [f"search for {SEARCH_TERM!r} did not find {SEARCH_PAGE} (hits: {targets[:5]})"]
-    return []
+    if not targets:
+        return [f"search for {SEARCH_TERM!r} found nothing within {PAGE_TIMEOUT_MS / 1000:.0f} s"]
+    return [f"search for {SEARCH_TERM!r} did not find {SEARCH_PAGE} (hits: {targets[:5]})"]
 
 
 def main() -> int:
