@@ -229,38 +229,42 @@ def test_verl_rows_name_their_interaction_and_carry_their_tools_kwargs(
     for split in ("train", "test"):
         rows = datasets.Dataset.from_parquet(str(tmp_path / f"{split}.parquet")).to_list()
         for row in rows:
-            truth, question = row["reward_model"]["ground_truth"], row["extra_info"]["question"]
+            # The question the calculator task's warm-started model was trained on, so that its
+            # turns end (it calls the calculator, then answers): where a turn runs to its token
+            # limit the trajectory ends before any interaction. Out of its distribution (verl's
+            # own wording) it babbled to the limit on one CPU and stopped on another.
+            i = row["extra_info"]["index"]
+            question, truth = f"What is {i + 10}*{i + 20}?", str((i + 10) * (i + 20))
+            row["prompt"] = [{"role": "user", "content": question}]
             row["agent_name"] = "tool_agent"
             row["extra_info"]["interaction_kwargs"] = {
                 "name": "gsm8k",
                 "query": question,
                 "ground_truth": truth,
             }
-            row["extra_info"]["tools_kwargs"] = {
-                "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}
-            }
+            row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"ground_truth": truth}}}
         datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / f"{split}.parquet"))
     (tmp_path / "gsm8k_interaction.py").write_text(INTERACTION_PLUGIN)
-    # The calculator task's warm-started model ends its turns (an untrained one runs to its
-    # token limit, and a turn cut there ends its trajectory before any interaction).
     config = (
         CONFIG.format(model=calc_model, run_dir=tmp_path / "run", mode="sync")
         .replace("  val_size: 4\n", "  val_size: 4\n  trace_every: 1\n")
-        .replace("max_new_tokens: 8", "max_new_tokens: 48")
+        .replace("max_new_tokens: 8", "max_new_tokens: 40")
     )
     done = _train(
         tmp_path,
-        config + "plugins: [gsm8k_interaction.py]\n",
+        config + "agent:\n  tools: [calculator]\n  max_assistant_turns: 3\nplugins: [gsm8k_interaction.py]\n",
         "data.train_files=[train.parquet]",
         "data.val_files=[test.parquet]",
         "data.reward=verl_default",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     traces = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
-    answered = [t for t in traces if t["termination"] == "interaction"]
-    assert answered
+    # The interaction's reply is the user turn after the prompt. What the model does with it (a
+    # question it was never trained on) is not this test's concern, so no termination is required.
+    answered = [t for t in traces if [m for m in t["messages"] if m["role"] == "user"][1:]]
+    assert answered, [t["messages"] for t in traces]
     for trace in answered:
         question = trace["messages"][0]["content"]
-        i = int(re.match(r"Tom has (\d+) apples", question).group(1))  # type: ignore[union-attr]
+        a, b = map(int, re.match(r"What is (\d+)\*(\d+)\?", question).groups())  # type: ignore[union-attr]
         said = [m["content"] for m in trace["messages"] if m["role"] == "user"][1]
-        assert said == f"Not quite. {question[:8]}: {2 * i + 2}", trace
+        assert said == f"Not quite. {question[:8]}: {a * b}", trace
