@@ -72,6 +72,30 @@ def test_gpus_are_shared_out_on_each_machine_engines_first() -> None:
     )
 
 
+def test_every_rank_decides_auto_alike_and_a_cpu_fallback_beside_gpus_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ranks 0-2 after one engine's GPU need GPUs 1-3. On a 3-GPU machine rank 0 and 1 would fit
+    and rank 2 would not: ranks on GPUs (NCCL) and on the CPU (gloo) could not form a group, so
+    all of them train on the CPU, and say why."""
+    import torch
+
+    from rlasync.trainer.rank import pick_device
+
+    config = load_config(ROOT / "configs" / "quickstart.yaml", ["engine.device=cuda", "trainer.world_size=3"])
+    devices = Placement.of(config).trainer_devices(config)
+    assert devices == [1, 2, 3]
+    needed = max(devices) + 1  # what the trainer actor gives each rank (RankSpec.devices_needed)
+    for count, expected in ((0, ["cpu"] * 3), (3, ["cpu"] * 3), (4, ["cuda:1", "cuda:2", "cuda:3"])):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda count=count: count)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda count=count: count > 0)
+        caplog.clear()
+        assert [str(pick_device("auto", index, needed)) for index in devices] == expected
+        fell_back = [r.message for r in caplog.records if "runs on the CPU" in r.getMessage()]
+        assert len(fell_back) == (3 if count == 3 else 0)
+    assert str(pick_device("cpu", 1, needed)) == "cpu"
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

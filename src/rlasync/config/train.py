@@ -131,7 +131,9 @@ class TrainerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     each transformer block its own unit), for models one device cannot hold. Both take the same
     step; checkpoints are saved whole and load into either."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the ranks train: ``auto`` takes one GPU per rank when there are enough, else the CPU."""
+    """Where the ranks train: ``auto`` takes one GPU per rank (after the engines' on the same
+    machine) when the machines have enough for every rank, else the CPU for all of them, with a
+    warning where GPUs were there but too few; ``cuda`` insists on GPUs."""
     autocast_bf16: bool = True
     """On GPU, run forward and backward under bf16 autocast (weights and AdamW state stay float32)."""
     start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0

@@ -146,6 +146,7 @@ class TrainerActor:
                         store_port=port,
                         group=group,
                         device_index=self.devices[r],
+                        devices_needed=max(self.devices) + 1,
                         config=cfg,
                     )
                     for r in range(self.world_size)

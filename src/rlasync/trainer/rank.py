@@ -67,6 +67,10 @@ class RankSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The key prefix of this trainer's group in the store (one trainer, one prefix)."""
     device_index: int = 0
     """This rank's GPU among its machine's (the placement counts the machine's engines first)."""
+    devices_needed: int = 0
+    """GPUs a machine must have for ``trainer.device=auto`` to train on them: the highest
+    ``device_index`` of any rank, plus one. Every rank decides from the same number, so all train
+    on GPUs or all on the CPU (a group with both could not agree on NCCL or gloo)."""
     config: TrainerConfig = TrainerConfig()
 
 
@@ -133,7 +137,7 @@ class TrainerRank(Actor):
                 )
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.device = pick_device(cfg.device, self.spec.device_index)
+        self.device = pick_device(cfg.device, self.spec.device_index, self.spec.devices_needed)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -477,13 +481,26 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def pick_device(setting: str, index: int) -> torch.device:
-    """``auto``: GPU ``index`` of this machine when it has one, else the CPU."""
-    if setting == "cpu" or (setting == "auto" and torch.cuda.device_count() <= index):
+def pick_device(setting: str, index: int, needed: int = 0) -> torch.device:
+    """``auto``: GPU ``index`` of this machine when it has ``needed`` GPUs (at least ``index + 1``),
+    else the CPU; ``cuda``: GPU ``index``, wrapped onto the machine's GPUs when it has fewer."""
+    count = torch.cuda.device_count()
+    if setting == "auto" and count < max(needed, index + 1):
+        if count:
+            log.warning(
+                "trainer.device=auto: the ranks need GPUs up to index %d (after the engines' on the same "
+                "machine) and this machine has %d, so the trainer runs on the CPU. Share the engines' GPU "
+                "with cluster.colocate=true, place ranks on other machines (cluster.trainer), or set "
+                "trainer.device=cuda to put ranks on GPUs the engines use.",
+                max(needed, index + 1) - 1,
+                count,
+            )
+        return torch.device("cpu")
+    if setting == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("trainer.device=cuda but torch sees no GPU: use trainer.device=cpu (or auto)")
-    return torch.device("cuda", index % torch.cuda.device_count())
+    return torch.device("cuda", index % count)
 
 
 __all__ = ["GroupBroken", "RankSpec", "TrainerRank", "pick_device"]
