@@ -80,7 +80,7 @@ def test_every_rank_decides_auto_alike_and_a_cpu_fallback_beside_gpus_is_logged(
     all of them train on the CPU, and say why."""
     import torch
 
-    from rlasync.trainer.rank import pick_device
+    from rlasync.trainer.device import pick_device
 
     config = load_config(ROOT / "configs" / "quickstart.yaml", ["engine.device=cuda", "trainer.world_size=3"])
     devices = Placement.of(config).trainer_devices(config)

@@ -41,6 +41,7 @@ from ..runtime.address import host_of, interface_of
 from ..runtime.errors import first_line
 from ..weights.protocol import GroupAddress  # at import: join_weights's hint must resolve
 from .background import in_background
+from .device import pick_device
 from .policy import PolicyTrainer
 from .state import rng_state, set_rng_state
 from .thread import WorkThread
@@ -479,28 +480,6 @@ def _exit_now() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(0)
-
-
-def pick_device(setting: str, index: int, needed: int = 0) -> torch.device:
-    """``auto``: GPU ``index`` of this machine when it has ``needed`` GPUs (at least ``index + 1``),
-    else the CPU; ``cuda``: GPU ``index``, wrapped onto the machine's GPUs when it has fewer."""
-    count = torch.cuda.device_count()
-    if setting == "auto" and count < max(needed, index + 1):
-        if count:
-            log.warning(
-                "trainer.device=auto: the ranks need GPUs up to index %d (after the engines' on the same "
-                "machine) and this machine has %d, so the trainer runs on the CPU. Share the engines' GPU "
-                "with cluster.colocate=true, place ranks on other machines (cluster.trainer), or set "
-                "trainer.device=cuda to put ranks on GPUs the engines use.",
-                max(needed, index + 1) - 1,
-                count,
-            )
-        return torch.device("cpu")
-    if setting == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but torch sees no GPU: use trainer.device=cpu (or auto)")
-    return torch.device("cuda", index % count)
 
 
 __all__ = ["GroupBroken", "RankSpec", "TrainerRank", "pick_device"]
