@@ -55,6 +55,18 @@ def test_the_site_builds_strictly_with_every_page(site: Path) -> None:
     )  # mkdocstrings rendered
 
 
+def test_every_public_name_of_the_package_is_on_the_api_page() -> None:
+    """``rlasync.__all__`` is the runtime a script embeds: each of its names is rendered on the
+    API page (an error a caller may catch included), so none is public without a docstring shown."""
+    import re
+
+    import rlasync
+
+    page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    missing = [n for n in rlasync.__all__ if not re.search(rf"^::: rlasync[\w.]*\.{n}$", page, re.M)]
+    assert not missing, f"not on docs/reference/api.md: {missing}"
+
+
 @pytest.mark.skipif(
     find_chromium() is None, reason="needs chromium (apt-get install chromium; make docs-check does as root)"
 )
