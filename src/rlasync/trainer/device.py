@@ -1,6 +1,9 @@
 """Where a trainer rank computes: ``trainer.device`` resolved on the rank's machine.
 
-device = pick_device("auto", index=1, needed=3)   # cuda:1 on a 3-GPU machine, else the CPU
+    device = pick_device("auto", index=1, needed=3)   # cuda:1 on a 3-GPU machine, else the CPU
+
+``needed`` is the same for every rank of a trainer (``RankSpec.devices_needed``), so with
+``auto`` they all choose GPUs or all the CPU.
 """
 
 from __future__ import annotations
