@@ -440,7 +440,10 @@ def test_sigterm_to_every_node_at_once_checkpoints_and_the_same_command_with_res
     saved = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
     assert len(saved) == 1 and not verify(saved[0]), (saved, out[-4000:])
     assert int(saved[0].name.removeprefix("step_")) >= interrupted_at, (saved, interrupted_at)
-    assert "Traceback" not in out and "lost" not in out, out[-4000:]
+    # Nothing lost: no node, head or sample. The transport's safety timer may log a "lost
+    # wake-up rescued" (an edge it re-read, nothing lost; CI saw one as the nodes left).
+    losses = [line for line in out.splitlines() if "lost" in line and "wake-up rescued" not in line]
+    assert "Traceback" not in out and not losses, (losses, out[-4000:])
 
     procs, log = begin()  # the same command: it resumes
     try:
