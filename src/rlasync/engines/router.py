@@ -412,9 +412,9 @@ class Router:
             await asyncio.sleep(self.config.load_refresh_s)
             slots = list(self._slots.values())
             before = [(s.outstanding, s.assigned) for s in slots]
+            timeout = max(5 * self.config.load_refresh_s, 5.0)
             replies = await asyncio.gather(
-                *[s.ref.stats.options(timeout=max(5 * self.config.load_refresh_s, 5.0))() for s in slots],
-                return_exceptions=True,
+                *[s.ref.stats.options(timeout=timeout)() for s in slots], return_exceptions=True
             )
             for slot, reply, (outstanding, assigned) in zip(slots, replies, before):
                 if isinstance(reply, _GONE):

@@ -138,6 +138,7 @@ class TrainerActor:
                     *[node.start_child(preload=("rlasync.trainer.rank",), on=h) for h in self.hosts]
                 )
                 self.processes = [child.node_id for child in children]
+                needed = max(self.devices) + 1  # every rank decides trainer.device=auto alike
                 specs = [
                     RankSpec(
                         rank=r,
@@ -146,7 +147,7 @@ class TrainerActor:
                         store_port=port,
                         group=group,
                         device_index=self.devices[r],
-                        devices_needed=max(self.devices) + 1,
+                        devices_needed=needed,
                         config=cfg,
                     )
                     for r in range(self.world_size)
